@@ -1,0 +1,98 @@
+"""Command-line interface: argument parsing and dispatch only."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from mdtrain import __version__
+from mdtrain.errors import MDTrainError
+from mdtrain.log import setup_logging
+
+# command name -> "module:function"; the function takes the parsed arguments, returns an exit code
+_HANDLERS = {
+    "check": "mdtrain.check:run_check",
+    "neighbor-stat": "mdtrain.neighbors.command:run_neighbor_stat",
+    "train": "mdtrain.train.command:run_train",
+    "test": "mdtrain.infer.test:run_test",
+    "freeze": "mdtrain.infer.freeze:run_freeze",
+    "plot": "mdtrain.plot:run_plot",
+    "convert": "mdtrain.data.convert:run_convert",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mdtrain", description="Train DeePMD-style interatomic potentials."
+    )
+    parser.add_argument("--version", action="version", version=f"mdtrain {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("check", help="validate input.json and the systems it names")
+    p.add_argument("input", help="input.json")
+
+    p = sub.add_parser("neighbor-stat", help="neighbour statistics: min distance, max counts, sel")
+    p.add_argument("input", nargs="?", help="input.json (systems, rcut and type_map from it)")
+    p.add_argument("-s", "--system", nargs="+", help="systems (directories, .h5 files or file.h5#/group)")
+    p.add_argument("-r", "--rcut", type=float, help="cutoff radius in Å")
+    p.add_argument("-t", "--type-map", nargs="+", help="element names, in model type order")
+    p.add_argument("-o", "--output", default="neighbor_stat.json", help="JSON file to write")
+    p.add_argument("--sel-ratio", type=float, default=1.1, help='ratio for the "auto" sel')
+
+    p = sub.add_parser("train", help="train a model (also under torchrun, srun or mpirun)")
+    p.add_argument("input", help="input.json")
+    p.add_argument("--restart", metavar="CKPT", help='checkpoint to continue from, or "auto"')
+    p.add_argument("--init-model", metavar="CKPT", help="start from the weights of a checkpoint")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo", "mpi"], help="process-group backend")
+    p.add_argument("--neighbor-stat-file", help="use a file written by `mdtrain neighbor-stat`")
+    p.add_argument("--skip-neighbor-stat", action="store_true", help="trust the list sel given")
+    p.add_argument("-o", "--output-dir", default=".", help="where checkpoints and logs go")
+
+    p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")
+    p.add_argument("-m", "--model", required=True, help="checkpoint (.pt) or frozen model (.pth)")
+    p.add_argument("-s", "--system", nargs="+", required=True, help="systems to test on")
+    p.add_argument("-n", "--numb-test", type=int, default=0, help="frames per system (0: all)")
+    p.add_argument("--json", help="write the figures to this JSON file")
+    p.add_argument("--parity", help="draw predicted-vs-reference plots to this PNG file")
+
+    p = sub.add_parser("freeze", help="export a checkpoint to TorchScript")
+    p.add_argument("checkpoint", help="checkpoint (.pt)")
+    p.add_argument("-o", "--output", default="model.pth", help="TorchScript file to write")
+
+    p = sub.add_parser("plot", help="plot learning curves from lcurve.out")
+    p.add_argument("lcurve", nargs="?", default="lcurve.out")
+    p.add_argument("-o", "--output", default="lcurve.png")
+
+    p = sub.add_parser("convert", help="convert DFT outputs to deepmd/npy or deepmd/hdf5")
+    p.add_argument("inputs", nargs="+", help="files or directories dpdata or ASE can read")
+    p.add_argument("-o", "--output", required=True, help="output directory or .h5/.hdf5 file")
+    p.add_argument("-f", "--format", default="auto", help="input format (dpdata or ASE name)")
+    p.add_argument("--to", choices=["deepmd/npy", "deepmd/hdf5"], help="default: from -o suffix")
+    p.add_argument("-t", "--type-map", nargs="+", help="element order of type.raw")
+    p.add_argument("--valid-fraction", type=float, default=0.0, help="frames held out")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
+    p.add_argument("--set-size", type=int, default=5000, help="frames per set.* directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(debug=args.debug)
+    module_name, function_name = _HANDLERS[args.command].split(":")
+    try:
+        handler = getattr(importlib.import_module(module_name), function_name)
+        return int(handler(args) or 0)
+    except MDTrainError as exc:
+        if args.debug:
+            raise
+        logging.getLogger("mdtrain").error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
