@@ -4,16 +4,28 @@ Pairs come from the compiled ``vesin`` cell list. Indices and integer image shif
 computed here, outside autograd; the model rebuilds distance vectors from them as
 ``coord[j] - coord[i] + shift @ box`` so that forces and virials flow through the positions
 and the cell only.
+
+The ``vesin`` Python package imports torch when it is installed (≈1 s), which would make
+``mdtrain neighbor-stat`` start slowly. So the compiled library is called here through a thin
+ctypes binding, using the package's own declaration of its C structures (so the layout always
+matches the installed library); if that is not possible, the package's ``NeighborList`` is
+used instead.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
-import vesin
 
 _ZERO_BOX = np.zeros((3, 3))
+_NO_PBC = np.zeros(3, dtype=np.bool_)
+_ALL_PBC = np.ones(3, dtype=np.bool_)
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,170 @@ class Pairs:
     dist: np.ndarray  # (npairs,) float64
 
 
+class _CBinding:
+    """The compiled vesin library and its C structures, loaded once per process."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("vesin")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("vesin is not installed")
+        root = list(spec.submodule_search_locations)[0]
+        api_spec = importlib.util.spec_from_file_location(
+            "_mdtrain_vesin_c_api", os.path.join(root, "_c_api.py")
+        )
+        if api_spec is None or api_spec.loader is None:
+            raise ImportError("vesin C API declarations not found")
+        api = importlib.util.module_from_spec(api_spec)
+        api_spec.loader.exec_module(api)
+        name = "libvesin.dylib" if sys.platform == "darwin" else "libvesin.so"
+        lib = ctypes.CDLL(os.path.join(root, "lib", name))
+        api.setup_functions(lib)
+        # The call below follows the C API of vesin >= 0.5 (device argument, 8 parameters).
+        if len(lib.vesin_neighbors.argtypes) != 8 or not hasattr(api, "VesinDevice"):
+            raise ImportError("unsupported vesin C API version")
+        self.api = api
+        self.lib = lib
+        self.cpu = api.VesinDevice(api.VesinCPU, 0)
+        self.option_fields = {name for name, _ in api.VesinOptions._fields_}
+
+
+_binding: _CBinding | None = None
+_binding_failed = False
+_binding_lock = threading.Lock()
+
+
+def _get_binding() -> _CBinding | None:
+    global _binding, _binding_failed
+    if _binding is None and not _binding_failed:
+        with _binding_lock:
+            if _binding is None and not _binding_failed:
+                try:
+                    _binding = _CBinding()
+                except (ImportError, OSError, AttributeError):
+                    _binding_failed = True
+    return _binding
+
+
+def _copy_out(address: int, count: int, ctype, dtype) -> np.ndarray:
+    """Copy ``count`` C values starting at ``address`` into a new numpy array."""
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    buffer = (ctype * count).from_address(address)
+    return np.frombuffer(buffer, dtype=dtype).copy()
+
+
+class NeighborSearch:
+    """A reusable neighbour search at one cutoff; keeps the library's buffers between frames.
+
+    Not thread-safe: use one object per thread (``neighbor_pairs`` does this for you).
+    """
+
+    def __init__(self, rcut: float) -> None:
+        self.rcut = float(rcut)
+        self._binding = _get_binding()
+        if self._binding is not None:
+            self._result = self._binding.api.VesinNeighborList()
+        else:  # fallback: the Python package (imports torch when installed)
+            import vesin
+
+            self._full = vesin.NeighborList(cutoff=self.rcut, full_list=True)
+            self._half = vesin.NeighborList(cutoff=self.rcut, full_list=False)
+
+    def __del__(self) -> None:
+        binding = getattr(self, "_binding", None)
+        if binding is not None and hasattr(self, "_result"):
+            binding.lib.vesin_free(ctypes.byref(self._result))
+
+    def compute(
+        self, coord: np.ndarray, box: np.ndarray | None, full: bool = True, shifts: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """Raw pairs ``(i, j, shift, dist)`` with dist < rcut (strict), as new arrays.
+
+        ``full=False`` returns each pair once (either direction); a self-image pair of atom
+        ``i`` then appears once for the two images ``±shift``. ``shift`` is None unless asked.
+        """
+        coord = np.ascontiguousarray(coord, dtype=np.float64)
+        if coord.ndim != 2 or coord.shape[1] != 3:
+            raise ValueError(f"coordinates must have shape (natoms, 3), got {coord.shape}")
+        periodic = box is not None
+        cell = _ZERO_BOX if box is None else np.ascontiguousarray(box, dtype=np.float64)
+        if cell.shape != (3, 3):
+            raise ValueError(f"cell must have shape (3, 3), got {cell.shape}")
+        if self._binding is None:
+            calculator = self._full if full else self._half
+            quantities = "ijSd" if shifts else "ijd"
+            out = calculator.compute(coord, cell, periodic, quantities=quantities, copy=True)
+            i, j, dist = out[0], out[1], out[-1]
+            shift = out[2].astype(np.int64) if shifts else None
+            i, j = i.astype(np.int64), j.astype(np.int64)
+        else:
+            i, j, shift, dist = self._compute_c(coord, cell, periodic, full, shifts)
+        keep = dist < self.rcut  # the library includes pairs at exactly rcut; ours is strict
+        if not keep.all():
+            i, j, dist = i[keep], j[keep], dist[keep]
+            shift = None if shift is None else shift[keep]
+        return i, j, shift, dist
+
+    def pairs(self, coord: np.ndarray, box: np.ndarray | None) -> Pairs:
+        """Full (both directions) pairs with their image shifts."""
+        i, j, shift, dist = self.compute(coord, box, full=True, shifts=True)
+        return Pairs(i=i, j=j, shift=shift, dist=dist)
+
+    def _compute_c(self, coord, cell, periodic, full, shifts):
+        binding = self._binding
+        api = binding.api
+        options = api.VesinOptions()
+        options.cutoff = self.rcut
+        options.full = full
+        options.sorted = False
+        options.return_shifts = shifts
+        options.return_distances = True
+        options.return_vectors = False
+        if "n_threads" in binding.option_fields:
+            options.n_threads = 1  # callers parallelise over frames when it pays
+        pbc = _ALL_PBC if periodic else _NO_PBC
+        error = ctypes.c_char_p()
+        status = binding.lib.vesin_neighbors(
+            coord.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+            coord.shape[0],
+            cell.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+            pbc.ctypes.data_as(ctypes.POINTER(ctypes.c_bool)),
+            binding.cpu,
+            options,
+            ctypes.byref(self._result),
+            ctypes.byref(error),
+        )
+        if status != 0:
+            message = error.value.decode("utf8", "replace") if error.value else "unknown error"
+            raise ValueError(f"neighbour search failed: {message}")
+        result = self._result
+        n = int(result.length)
+
+        def address(pointer) -> int:
+            return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+        pairs = _copy_out(address(result.pairs), 2 * n, ctypes.c_size_t, np.uintp).reshape(n, 2)
+        pairs = pairs.astype(np.int64)
+        dist = _copy_out(address(result.distances), n, ctypes.c_double, np.float64)
+        shift = None
+        if shifts:
+            raw = _copy_out(address(result.shifts), 3 * n, ctypes.c_int32, np.int32)
+            shift = raw.reshape(n, 3).astype(np.int64)
+        return pairs[:, 0], pairs[:, 1], shift, dist
+
+
+_local = threading.local()
+
+
+def _search(rcut: float) -> NeighborSearch:
+    """This thread's cached search object for ``rcut``."""
+    search = getattr(_local, "search", None)
+    if search is None or search.rcut != float(rcut):
+        search = NeighborSearch(rcut)
+        _local.search = search
+    return search
+
+
 def neighbor_pairs(coord: np.ndarray, box: np.ndarray | None, rcut: float) -> Pairs:
     """Full (both directions) neighbour pairs of one frame.
 
@@ -33,18 +209,7 @@ def neighbor_pairs(coord: np.ndarray, box: np.ndarray | None, rcut: float) -> Pa
     shorter than 2·rcut are handled: one atom may see several images of the same neighbour
     and its own images.
     """
-    coord = np.ascontiguousarray(coord, dtype=np.float64)
-    periodic = box is not None
-    cell = _ZERO_BOX if box is None else np.ascontiguousarray(box, dtype=np.float64)
-    calculator = vesin.NeighborList(cutoff=float(rcut), full_list=True)
-    i, j, shift, dist = calculator.compute(coord, cell, periodic, quantities="ijSd", copy=True)
-    keep = dist < rcut  # vesin includes pairs at exactly rcut; DeePMD uses a strict bound
-    return Pairs(
-        i=i[keep].astype(np.int64),
-        j=j[keep].astype(np.int64),
-        shift=shift[keep].astype(np.int64),
-        dist=dist[keep],
-    )
+    return _search(rcut).pairs(coord, box)
 
 
 def build_nlist(
@@ -61,13 +226,16 @@ def build_nlist(
     number of neighbours of each type found within rcut before truncation to ``sel``. Slots
     are laid out as [type 0 block (sel[0]) | type 1 block | ...], nearest first in a block.
     """
+    atype = np.asarray(atype, dtype=np.int64)
     natoms = len(atype)
     ntypes = len(sel)
     nnei = int(sum(sel))
     pairs = neighbor_pairs(coord, box, rcut)
     jtype = atype[pairs.j]
-    # Sort by (centre, neighbour type, distance); ties broken by neighbour index for determinism.
-    order = np.lexsort((pairs.j, pairs.dist, jtype, pairs.i))
+    # Sort by (centre, neighbour type, distance); ties broken by neighbour index and image shift
+    # so that the layout does not depend on the library's internal order.
+    s = pairs.shift
+    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], pairs.j, pairs.dist, jtype, pairs.i))
     ci, cj, ct, cs = pairs.i[order], pairs.j[order], jtype[order], pairs.shift[order]
     group = ci * ntypes + ct
     counts = np.bincount(group, minlength=natoms * ntypes).reshape(natoms, ntypes)
