@@ -35,6 +35,7 @@ from mdtrain.schema import (
 log = logging.getLogger("mdtrain.config")
 
 __all__ = [
+    "complete_config",
     "dump_config",
     "format_problems",
     "load_config",
@@ -74,7 +75,7 @@ def parse_json(text: str, source: str) -> Any:
 
 def normalize_config(data: Any, source: str) -> dict:
     """The complete configuration for already-parsed input ``data`` (which is not modified)."""
-    config, problems = _normalize(data)
+    config, problems = complete_config(data)
     if problems:
         raise MDTrainError(format_problems(source, problems))
     return config
@@ -82,7 +83,7 @@ def normalize_config(data: Any, source: str) -> dict:
 
 def validate_config(data: Any) -> list[str]:
     """Every problem of already-parsed input ``data``, one message per problem (empty: valid)."""
-    return _normalize(data)[1]
+    return complete_config(data)[1]
 
 
 def format_problems(source: str, problems: list[str]) -> str:
@@ -120,7 +121,11 @@ def dump_config(config: dict, path: str | os.PathLike) -> None:
 # the pipeline
 
 
-def _normalize(data: Any) -> tuple[dict, list[str]]:
+def complete_config(data: Any) -> tuple[dict, list[str]]:
+    """The completed config and every problem; the config is usable only without problems.
+
+    ``mdtrain check`` uses the partial result to go on checking the data it names.
+    """
     if not isinstance(data, dict):
         return {}, [f"(top level): expected an object, got {_show(data)}"]
     schema = load_schema()
@@ -438,7 +443,7 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
         _get(config, "learning_rate.start_lr"),
         _get(config, "learning_rate.stop_lr"),
     )
-    if _number(start_lr) and _number(stop_lr) and stop_lr > start_lr:
+    if _number(start_lr) and _number(stop_lr) and 0 < start_lr < stop_lr:
         problems.append(
             f"learning_rate.stop_lr: must not exceed start_lr ({start_lr}), got {stop_lr}"
         )

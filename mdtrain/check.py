@@ -1,0 +1,150 @@
+"""``mdtrain check input.json``: validate the input and every system it names, in one pass.
+
+Unlike ``mdtrain train``, which stops at the first problem, this lists them all (config keys,
+missing or malformed systems, elements outside type_map, NaN/inf values with their frames),
+so a dataset can be fixed in one round before a long job is queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from mdtrain.config import complete_config, parse_json, resolve_path
+from mdtrain.data import expand_systems, open_system, validate_system
+from mdtrain.errors import MDTrainError
+from mdtrain.progress import progress
+
+_SECTIONS = ("training_data", "validation_data")
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Print every problem (one per line) or an OK summary; exit status 1 on any problem."""
+    source = args.input
+    try:
+        with open(source, encoding="utf-8") as handle:
+            data = parse_json(handle.read(), source)
+    except FileNotFoundError:
+        print(f"{source}: no such file")
+        return 1
+    except MDTrainError as exc:
+        print(exc)
+        return 1
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"{source}: cannot read: {exc}")
+        return 1
+
+    config, config_problems = complete_config(data)
+    problems = [f"{source}: {p}" for p in config_problems]
+    problems += _check_paths(config, source)
+    type_map = _get(config, "model", "type_map")
+    if not (isinstance(type_map, list) and all(isinstance(t, str) for t in type_map)):
+        type_map = None
+    summary = []
+    nsys_total = nframes_total = 0
+    for section in _SECTIONS:
+        part = _get(config, "training", section)
+        if not isinstance(part, dict) or not _is_paths(part.get("systems")):
+            continue  # absent, or already reported by the schema
+        paths, found = _expand(part["systems"], os.path.dirname(os.path.abspath(source)))
+        problems += found
+        found, nframes = _inspect(paths, type_map)
+        problems += found
+        problems += _check_per_system_lists(part, len(paths), f"training.{section}", source)
+        nsys_total += len(paths)
+        nframes_total += nframes
+        label = section.removesuffix("_data")
+        summary.append(f"{label}: {_plural(len(paths), 'system')}, {_plural(nframes, 'frame')}")
+
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"FAILED: {_plural(len(problems), 'problem')}")
+        return 1
+    print(
+        f"OK: {_plural(nsys_total, 'system')}, {_plural(nframes_total, 'frame')} "
+        f"({'; '.join(summary)})"
+    )
+    return 0
+
+
+def check_systems(paths: list[str], type_map: list[str] | None) -> list[str]:
+    """Problems of the given (already expanded) systems, one line each naming system and frame."""
+    return _inspect(paths, type_map)[0]
+
+
+def _inspect(paths: list[str], type_map: list[str] | None) -> tuple[list[str], int]:
+    """Problems and the total number of frames of the systems that could be opened."""
+    problems: list[str] = []
+    nframes = 0
+    for path in progress(paths, len(paths), "checking systems"):
+        try:
+            system = open_system(path, type_map)
+            problems += validate_system(system)
+        except MDTrainError as exc:
+            problems.append(str(exc))
+            continue
+        except (OSError, ValueError) as exc:  # a damaged file the reader did not anticipate
+            problems.append(f"system {path}: cannot be read: {exc}")
+            continue
+        nframes += system.nframes
+    return problems, nframes
+
+
+def _expand(entries: str | list[str], base_dir: str) -> tuple[list[str], list[str]]:
+    """Expand entry by entry, so that one missing entry does not hide the others."""
+    paths: list[str] = []
+    problems: list[str] = []
+    for entry in [entries] if isinstance(entries, str) else entries:
+        try:
+            paths += [p for p in expand_systems(entry, base_dir) if p not in paths]
+        except MDTrainError as exc:
+            problems.append(str(exc))
+    return paths, problems
+
+
+def _check_per_system_lists(part: dict, nsystems: int, where: str, source: str) -> list[str]:
+    """``batch_size`` and ``sys_probs`` lists need one entry per expanded system."""
+    problems = []
+    for key in ("batch_size", "sys_probs"):
+        value = part.get(key)
+        if isinstance(value, list) and nsystems and len(value) != nsystems:
+            problems.append(
+                f"{source}: {where}.{key}: needs one entry per system ({nsystems} after "
+                f"expanding 'systems'), got {len(value)}"
+            )
+    return problems
+
+
+def _check_paths(config: dict, source: str) -> list[str]:
+    """Files named by the training section that must already exist."""
+    problems = []
+    name = _get(config, "training", "neighbor_stat_file")
+    if isinstance(name, str) and not os.path.isfile(resolve_path(source, name)):
+        path = resolve_path(source, name)
+        problems.append(f"{source}: training.neighbor_stat_file: {path} does not exist")
+    stat = _get(config, "training", "stat_file")
+    if isinstance(stat, str):
+        parent = os.path.dirname(resolve_path(source, stat).partition("#")[0])
+        if not os.path.isdir(parent):
+            problems.append(f"{source}: training.stat_file: directory {parent} does not exist")
+    return problems
+
+
+def _get(config: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(config, dict):
+            return None
+        config = config.get(key)
+    return config
+
+
+def _is_paths(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
