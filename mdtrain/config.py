@@ -170,15 +170,30 @@ def _strip_private(value: Any) -> Any:
 
 
 def _apply_aliases(value: Any, node: dict, path: tuple, problems: list[str]) -> Any:
-    """Rename alias keys and alias values to their canonical names, following the schema."""
+    """Rename alias keys and alias values to their canonical names, following the schema.
+
+    Keys listed in an object's ``x-off-defaults`` (DeePMD options this trainer lacks) are
+    dropped when they hold their "off" value, and reported otherwise; keys in ``x-ignored``
+    are dropped whatever their value.
+    """
     node = resolve(node)
     if isinstance(value, dict) and "properties" in node:
         aliases = property_aliases(node)
+        off = node.get("x-off-defaults", {})
         renamed: dict = {}
         for key, item in value.items():
             name = aliases.get(key, key)
             if name in renamed or (name != key and name in value):
                 problems.append(f"{_join(path, name)}: given twice (also as {key!r})")
+                continue
+            if name in node.get("x-ignored", {}) and name not in node["properties"]:
+                continue
+            if name in off and name not in node["properties"]:
+                if not _same_json(item, off[name]):
+                    problems.append(
+                        f"{_join(path, name)}: not supported by mdtrain; remove it or set it "
+                        f"to {_show(off[name])}, got {_show(item)}"
+                    )
                 continue
             renamed[name] = item
         props = node["properties"]
@@ -194,6 +209,19 @@ def _apply_aliases(value: Any, node: dict, path: tuple, problems: list[str]) -> 
     if isinstance(value, str):
         return node.get("x-value-aliases", {}).get(value, value)
     return value
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality: ``false`` is not ``0`` (Python says it is), ``1`` is ``1.0``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _fill_defaults(value: Any, node: dict) -> Any:
@@ -332,11 +360,29 @@ def _unknown_key(path: tuple, key: str, node: dict) -> str:
     valid = list(node.get("properties", {}))
     candidates = valid + list(property_aliases(node))
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    elsewhere = _key_index().get(key, [])
     if close:
         hint = f"did you mean {property_aliases(node).get(close[0], close[0])!r}?"
+    elif elsewhere:
+        hint = f"it belongs in {' or '.join(p or '(top level)' for p in elsewhere)}"
     else:
         hint = f"valid keys: {', '.join(valid)}"
     return f"{_join(path, key)}: unknown key; {hint}"
+
+
+@functools.cache
+def _key_index() -> dict[str, list[str]]:
+    """Every property name of the schema -> the dotted paths of the objects that have it."""
+    index: dict[str, list[str]] = {}
+
+    def visit(node: dict, path: str) -> None:
+        node = resolve(node)
+        for name, sub in node.get("properties", {}).items():
+            index.setdefault(name, []).append(path)
+            visit(sub, f"{path}.{name}" if path else name)
+
+    visit(load_schema(), "")
+    return index
 
 
 def _join(path: Iterable, key: str | None = None) -> str:

@@ -63,6 +63,12 @@ def _section(path: str, node: dict, root: dict) -> str:
             child = f"{path}.{name}" if path else name
             text += f" See [`{child}`](#{child.replace('.', '')})."
         lines.append(f"| `{name}` | {_cell(_type_text(sub, root))} | {default} | {_cell(text)} |")
+    off = node.get("x-off-defaults")
+    if off:
+        listed = ", ".join(f"`{k}` (`{json.dumps(v)}`)" for k, v in off.items())
+        lines += ["", f"Not implemented; accepted only at this value and then ignored: {listed}."]
+    for key, why in node.get("x-ignored", {}).items():
+        lines += ["", f"`{key}` is accepted and ignored: {_cell(why)}."]
     return "\n".join(lines) + "\n"
 
 

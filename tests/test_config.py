@@ -430,3 +430,33 @@ def test_dump_config_round_trips(tmp_path):
     assert json.loads(out.read_text()) == config
     assert normalize_config(json.loads(out.read_text()), str(out)) == config
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_key_at_the_wrong_level_names_where_it_belongs():
+    data = water()
+    data["model"]["rcut"] = 6.0
+    assert single_problem(data) == "model.rcut: unknown key; it belongs in model.descriptor"
+
+
+def test_unimplemented_deepmd_options_only_at_their_off_value():
+    data = water(
+        learning_rate__smooth=False,
+        learning_rate__scale_by_worker="sqrt",
+        loss__use_huber=False,
+        loss__start_pref_ae=0,
+        training__tensorboard=False,
+        model__atom_exclude_types=[],
+    )
+    data["training"]["training_data"]["rglob_patterns"] = None
+    config = normalize_config(data, "input.json")
+    assert "smooth" not in config["learning_rate"]
+    assert "scale_by_worker" not in config["learning_rate"]
+    assert "use_huber" not in config["loss"] and "tensorboard" not in config["training"]
+    assert "rglob_patterns" not in config["training"]["training_data"]
+
+    assert single_problem(water(learning_rate__smooth=True)) == (
+        "learning_rate.smooth: not supported by mdtrain; remove it or set it to false, got true"
+    )
+    # JSON false is not 0
+    assert "not supported" in single_problem(water(training__disp_avg=0))
+    assert "not supported" in single_problem(water(loss__loss_func="mae"))

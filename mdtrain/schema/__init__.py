@@ -7,7 +7,10 @@ uses a few ``x-`` keywords that validators ignore:
 - ``x-aliases``: other names accepted for a property (renamed before validation);
 - ``x-value-aliases``: other values accepted for a string (``{"se_a": "se_e2_a"}``);
 - ``x-expected``: how to describe the accepted values in an error message;
-- ``x-error``: the message shown when the value is rejected.
+- ``x-error``: the message shown when the value is rejected;
+- ``x-off-defaults``: DeePMD keys of an object that mdtrain does not implement, with their
+  "off" value: accepted (and dropped) only at that value;
+- ``x-ignored``: DeePMD keys of an object that are accepted and dropped whatever their value.
 """
 
 from __future__ import annotations
