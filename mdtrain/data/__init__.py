@@ -1,0 +1,10 @@
+"""Training systems in deepmd/npy and deepmd/hdf5: expansion, lazy frames, type remapping.
+
+No torch here: ``mdtrain neighbor-stat`` and ``mdtrain check`` must start fast.
+"""
+
+from mdtrain.data.expand import expand_systems
+from mdtrain.data.system import LABELS, SetInfo, System, open_system
+from mdtrain.data.validate import validate_system
+
+__all__ = ["LABELS", "SetInfo", "System", "expand_systems", "open_system", "validate_system"]

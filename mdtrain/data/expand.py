@@ -1,0 +1,78 @@
+"""Expand the ``systems`` entries of input.json into individual system paths."""
+
+from __future__ import annotations
+
+import os
+
+from mdtrain.data.hdf5 import find_h5_systems, is_hdf5, join_h5_path, split_h5_path
+from mdtrain.errors import MDTrainError
+
+
+def expand_systems(entries: str | list[str], base_dir: str = ".") -> list[str]:
+    """Every system named by ``entries`` (relative paths against ``base_dir``).
+
+    - a directory: itself and every directory below it that holds ``type.raw``;
+    - ``file.h5``: every group (the root included) that holds ``type.raw``;
+    - ``file.h5#/group``: the group if it holds ``type.raw``, else the systems below it.
+
+    Each entry's systems are sorted; entries keep their order (so that a per-system list
+    such as ``sys_probs`` still lines up with an explicit list); duplicates are dropped.
+    Paths are absolute.
+    """
+    if isinstance(entries, (str, os.PathLike)):
+        entries = [entries]
+    if not entries:
+        raise MDTrainError("systems: the list of systems is empty")
+    result: list[str] = []
+    seen: set[str] = set()
+    for entry in entries:
+        for path in _expand_one(str(entry), base_dir):
+            if path not in seen:
+                seen.add(path)
+                result.append(path)
+    return result
+
+
+def _expand_one(entry: str, base_dir: str) -> list[str]:
+    file, sep, _ = entry.partition("#")
+    file = os.path.abspath(os.path.join(base_dir, os.path.expanduser(file)))
+    if sep:
+        _, group = split_h5_path(entry)
+        if not os.path.isfile(file):
+            raise MDTrainError(f"system {entry}: HDF5 file {file} does not exist")
+        if not is_hdf5(file):
+            raise MDTrainError(f"system {entry}: {file} is not an HDF5 file")
+        groups = find_h5_systems(file, group)
+        if not groups:
+            raise MDTrainError(f"system {entry}: no group holding type.raw at or below {group}")
+        return [join_h5_path(file, g) for g in groups]
+    if os.path.isdir(file):
+        found = _walk_dirs(file)
+        if not found:
+            raise MDTrainError(f"system {entry}: no directory holding type.raw under {file}")
+        return found
+    if os.path.isfile(file):
+        if not is_hdf5(file):
+            raise MDTrainError(f"system {entry}: {file} is neither a directory nor an HDF5 file")
+        groups = find_h5_systems(file)
+        if not groups:
+            raise MDTrainError(f"system {entry}: no group holding type.raw in {file}")
+        return [join_h5_path(file, g) for g in groups]
+    raise MDTrainError(f"system {entry} does not exist ({file})")
+
+
+def _walk_dirs(top: str) -> list[str]:
+    """Directories at or under ``top`` holding ``type.raw``; symlinks followed once."""
+    found: list[str] = []
+    visited: set[str] = set()
+    for root, dirs, files in os.walk(top, followlinks=True):
+        real = os.path.realpath(root)
+        if real in visited:
+            dirs[:] = []
+            continue
+        visited.add(real)
+        if "type.raw" in files:
+            found.append(os.path.normpath(root))
+        # set.* directories never hold systems: skip them (they can be many)
+        dirs[:] = [d for d in dirs if not d.startswith("set.")]
+    return sorted(found)

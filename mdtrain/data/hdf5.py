@@ -1,0 +1,185 @@
+"""deepmd/hdf5 storage: the deepmd/npy tree inside an HDF5 group (``file.h5#/group``).
+
+A file name of the npy layout is a dataset key here (``/water/set.000/coord.npy``). File
+handles are opened on demand and cached per process; the cache is keyed by the process id so
+that a forked DataLoader worker opens its own handles instead of sharing the parent's, and a
+handle is reopened when the file changed on disk (rewritten by a test or a converter).
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from mdtrain.data.npy import as_slice
+from mdtrain.errors import MDTrainError
+
+_handles: dict[str, tuple[tuple[int, int, int], h5py.File]] = {}
+_owner_pid = os.getpid()
+
+
+def split_h5_path(path: str) -> tuple[str, str]:
+    """``"file.h5#/a/b"`` → ``("file.h5", "/a/b")``; no ``#`` means the root group."""
+    file, _, group = path.partition("#")
+    group = "/" + group.strip("/")
+    return file, group
+
+
+def join_h5_path(file: str, group: str) -> str:
+    return f"{file}#/{group.strip('/')}"
+
+
+def is_hdf5(path: str) -> bool:
+    """True for a readable HDF5 file (by its signature, not its name)."""
+    try:
+        return os.path.isfile(path) and h5py.is_hdf5(path)
+    except OSError:
+        return False
+
+
+def open_h5(file: str) -> h5py.File:
+    """A read-only handle to ``file``, cached for this process."""
+    global _owner_pid
+    if os.getpid() != _owner_pid:
+        # handles inherited through fork belong to the parent: forget them, never close them
+        _handles.clear()
+        _owner_pid = os.getpid()
+    key = os.path.abspath(file)
+    try:
+        stat = os.stat(key)
+    except OSError as exc:
+        raise MDTrainError(f"{file}: cannot open HDF5 file ({exc.strerror})") from None
+    signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    cached = _handles.get(key)
+    if cached is not None:
+        if cached[0] == signature and cached[1].id.valid:
+            return cached[1]
+        close_h5(file)
+    try:
+        handle = h5py.File(key, "r")
+    except OSError as exc:
+        raise MDTrainError(f"{file}: not a readable HDF5 file ({exc})") from None
+    _handles[key] = (signature, handle)
+    return handle
+
+
+def close_h5(file: str | None = None) -> None:
+    """Close the cached handle of ``file`` (all handles when None), e.g. before rewriting it."""
+    keys = list(_handles) if file is None else [os.path.abspath(file)]
+    for key in keys:
+        cached = _handles.pop(key, None)
+        if cached is not None and os.getpid() == _owner_pid:
+            cached[1].close()
+
+
+def find_h5_systems(file: str, group: str = "/") -> list[str]:
+    """Every group at or under ``group`` that holds a ``type.raw`` dataset, as group paths."""
+    root = open_h5(file)
+    if group not in root or not isinstance(root[group], h5py.Group):
+        raise MDTrainError(f"{join_h5_path(file, group)}: no such group in {file}")
+    found = []
+    start = root[group]
+    if "type.raw" in start:
+        found.append(start.name)
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Group) and "type.raw" in obj:
+            found.append(obj.name)
+
+    start.visititems(visit)
+    return sorted(set(found))
+
+
+class H5Store:
+    """Read access to one system group of an HDF5 file."""
+
+    kind = "deepmd/hdf5"
+
+    def __init__(self, file: str, group: str):
+        self.file = file
+        self.group = "/" + group.strip("/")
+        self.path = join_h5_path(file, self.group)
+        self._group()  # fail now on a missing file or group
+
+    def _group(self) -> h5py.Group:
+        root = open_h5(self.file)
+        try:
+            group = root[self.group]
+        except KeyError:
+            raise MDTrainError(f"{self.path}: no such group in {self.file}") from None
+        if not isinstance(group, h5py.Group):
+            raise MDTrainError(f"{self.path}: is a dataset, not a group")
+        return group
+
+    def where(self, set_name: str | None = None, name: str | None = None) -> str:
+        parts = [p for p in (set_name, name) if p]
+        return self.path.rstrip("/") + ("/" + "/".join(parts) if parts else "")
+
+    def _dataset(self, name: str) -> h5py.Dataset | None:
+        group = self._group()
+        if name not in group:
+            return None
+        obj = group[name]
+        if not isinstance(obj, h5py.Dataset):
+            raise MDTrainError(f"{self.where(name=name)}: expected a dataset")
+        return obj
+
+    def _read(self, dataset: h5py.Dataset, name: str) -> np.ndarray:
+        try:
+            return np.asarray(dataset[()])
+        except OSError as exc:
+            raise MDTrainError(f"{self.where(name=name)}: cannot read ({exc})") from None
+
+    def _words(self, name: str) -> list[str] | None:
+        dataset = self._dataset(name)
+        if dataset is None:
+            return None
+        values = np.atleast_1d(self._read(dataset, name))
+        words: list[str] = []
+        for value in values.tolist():
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            words.extend(text.split())
+        return words
+
+    def types(self) -> np.ndarray | None:
+        words = self._words("type.raw")
+        if words is None:
+            return None
+        try:
+            return np.array([int(float(word)) for word in words], dtype=np.int64)
+        except ValueError:
+            raise MDTrainError(f"{self.where(name='type.raw')}: expected integers") from None
+
+    def type_map(self) -> list[str] | None:
+        return self._words("type_map.raw")
+
+    def nopbc(self) -> bool:
+        return "nopbc" in self._group()
+
+    def set_names(self) -> list[str]:
+        group = self._group()
+        return sorted(
+            name
+            for name in group
+            if name.startswith("set.") and isinstance(group[name], h5py.Group)
+        )
+
+    def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
+        dataset = self._dataset(f"{set_name}/{name}.npy")
+        return None if dataset is None else (tuple(dataset.shape), dataset.dtype)
+
+    def array(self, set_name: str, name: str) -> np.ndarray:
+        dataset = self._dataset(f"{set_name}/{name}.npy")
+        return self._read(dataset, f"{set_name}/{name}.npy")
+
+    def rows(self, set_name: str, name: str, rows: np.ndarray) -> np.ndarray:
+        """Frames ``rows`` (sorted, unique) of one dataset: h5py reads only those."""
+        dataset = self._dataset(f"{set_name}/{name}.npy")
+        try:
+            return np.asarray(dataset[as_slice(rows)])
+        except OSError as exc:
+            raise MDTrainError(
+                f"{self.where(set_name, name + '.npy')}: cannot read ({exc})"
+            ) from None

@@ -1,0 +1,265 @@
+"""One training system: fixed atoms and types, frames read lazily from deepmd/npy or deepmd/hdf5.
+
+Opening a system reads only ``type.raw``, ``type_map.raw``, ``nopbc`` and the array headers,
+and checks shapes; frames are read on request. Atom types are remapped by element name to the
+model's ``type_map`` and atoms are sorted by type (stable), the same rule as DeePMD, so every
+array handed out is in that order; ``atom_order`` maps it back to the file's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mdtrain.data.hdf5 import H5Store, find_h5_systems, is_hdf5, split_h5_path
+from mdtrain.data.npy import NpyStore
+from mdtrain.errors import MDTrainError
+
+LABELS = ("energy", "force", "virial")
+# values per frame, as a multiple of natoms (True) or a fixed count (False)
+_LAYOUT = {
+    "coord": (3, True),
+    "box": (9, False),
+    "energy": (1, False),
+    "force": (3, True),
+    "virial": (9, False),
+}
+
+
+@dataclass(frozen=True)
+class SetInfo:
+    """One ``set.*`` directory: its frames are ``start .. start + nframes - 1`` of the system."""
+
+    name: str
+    start: int
+    nframes: int
+
+
+def open_system(path: str, type_map: list[str] | None = None) -> System:
+    """Open a deepmd/npy directory, ``file.h5#/group``, or an HDF5 file whose root is a system."""
+    path = str(path)
+    if "#" in path:
+        file, group = split_h5_path(path)
+        if not os.path.isfile(file):
+            raise MDTrainError(f"system {path}: HDF5 file {file} does not exist")
+        if not is_hdf5(file):
+            raise MDTrainError(f"system {path}: {file} is not an HDF5 file")
+        return System(H5Store(file, group), type_map)
+    if os.path.isdir(path):
+        return System(NpyStore(path), type_map)
+    if os.path.isfile(path):
+        if not is_hdf5(path):
+            raise MDTrainError(
+                f"system {path}: a file that is not HDF5 (expected a directory with type.raw, "
+                "file.h5 or file.h5#/group)"
+            )
+        groups = find_h5_systems(path)
+        if "/" in groups:
+            return System(H5Store(path, "/"), type_map)
+        raise MDTrainError(
+            f"system {path}: the HDF5 file holds {len(groups)} systems; name one as "
+            f"{path}#/group or list the file in 'systems' to use them all"
+        )
+    raise MDTrainError(f"system {path} does not exist")
+
+
+class System:
+    """A read-only view of one system; see docs/developer.md (``mdtrain.data``)."""
+
+    def __init__(self, store: NpyStore | H5Store, type_map: list[str] | None = None):
+        self._store = store
+        self.path: str = store.path
+        self.type_map = list(type_map) if type_map else None
+        own_types = store.types()
+        if own_types is None:
+            raise MDTrainError(f"system {self.path}: type.raw is missing")
+        if own_types.size == 0:
+            raise MDTrainError(f"system {self.path}: type.raw is empty")
+        if own_types.min() < 0:
+            raise MDTrainError(f"system {self.path}: type.raw holds a negative type")
+        self._own_types = own_types
+        self._own_map = store.type_map()
+        self.natoms = int(own_types.size)
+        model_types, self.elements = self._remap(own_types)
+        self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
+        self.atype = model_types[self.atom_order]
+        self.periodic = not store.nopbc()
+        self.sets, self.labels = self._scan_sets()
+        self.nframes = sum(s.nframes for s in self.sets)
+        if self.nframes == 0:
+            raise MDTrainError(f"system {self.path}: has no frames (every set.* is empty)")
+        self._starts = np.array([s.start for s in self.sets], dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"System({self.path!r}, natoms={self.natoms}, nframes={self.nframes})"
+
+    def __len__(self) -> int:
+        return self.nframes
+
+    # -- types ------------------------------------------------------------------------------
+
+    def _remap(self, own: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Model types of the atoms (file order) and the names of the system's own types."""
+        ntypes_own = int(own.max()) + 1
+        own_map = self._own_map
+        if own_map is not None and len(own_map) < ntypes_own:
+            raise MDTrainError(
+                f"system {self.path}: type.raw uses type {ntypes_own - 1} but type_map.raw "
+                f"names only {len(own_map)} elements"
+            )
+        model_map = self.type_map
+        if own_map is None:
+            if model_map is not None and ntypes_own > len(model_map):
+                raise MDTrainError(
+                    f"system {self.path}: type.raw uses type {ntypes_own - 1} but type_map has "
+                    f"{len(model_map)} elements {model_map} (and there is no type_map.raw)"
+                )
+            elements = (
+                list(model_map[:ntypes_own])
+                if model_map
+                else [f"type_{t}" for t in range(ntypes_own)]
+            )
+            return own.astype(np.int64), elements
+        if model_map is None:
+            return own.astype(np.int64), list(own_map)
+        lookup = np.full(len(own_map), -1, dtype=np.int64)
+        for t, name in enumerate(own_map):
+            if name in model_map:
+                lookup[t] = model_map.index(name)
+        missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
+        if missing:
+            raise MDTrainError(
+                f"system {self.path}: element {', '.join(missing)} is not in type_map {model_map}"
+            )
+        return lookup[own], list(own_map)
+
+    # -- layout checks ----------------------------------------------------------------------
+
+    def _nframes_of(self, set_name: str, name: str) -> int | None:
+        """Frame count of one array from its header, after checking its shape."""
+        header = self._store.header(set_name, name)
+        if header is None:
+            return None
+        shape, dtype = header
+        where = self._store.where(set_name, name + ".npy")
+        if dtype.kind not in "fiu":
+            raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
+        width, per_atom = _LAYOUT[name]
+        expected = width * self.natoms if per_atom else width
+        if len(shape) == 0 or int(np.prod(shape[1:], dtype=np.int64)) != expected:
+            unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
+            raise MDTrainError(
+                f"{where}: shape {list(shape)} does not match [nframes, {expected}]{unit}"
+            )
+        return int(shape[0])
+
+    def _scan_sets(self) -> tuple[list[SetInfo], frozenset[str]]:
+        names = self._store.set_names()
+        if not names:
+            raise MDTrainError(f"system {self.path}: no set.* directories (no frames)")
+        sets: list[SetInfo] = []
+        labels: frozenset[str] | None = None
+        start = 0
+        for set_name in names:
+            nf = self._nframes_of(set_name, "coord")
+            if nf is None:
+                raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
+            present = set()
+            for name in ("box", *LABELS):
+                count = self._nframes_of(set_name, name)
+                if count is None:
+                    continue
+                if count != nf:
+                    raise MDTrainError(
+                        f"{self._store.where(set_name, name + '.npy')}: {count} frames but "
+                        f"coord.npy has {nf}"
+                    )
+                present.add(name)
+            if self.periodic and "box" not in present:
+                raise MDTrainError(
+                    f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
+                    "(add an empty 'nopbc' file if the system is not periodic)"
+                )
+            here = frozenset(present & set(LABELS))
+            if labels is None:
+                labels, first = here, set_name
+            elif here != labels:
+                extra = sorted(here ^ labels)[0]
+                has, lacks = (set_name, first) if extra in here else (first, set_name)
+                raise MDTrainError(
+                    f"system {self.path}: {has} has {extra}.npy but {lacks} does not "
+                    "(every set must hold the same labels)"
+                )
+            sets.append(SetInfo(set_name, start, nf))
+            start += nf
+        return sets, labels or frozenset()
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def has(self, label: str) -> bool:
+        """True when every frame has ``label`` (``energy``, ``force`` or ``virial``)."""
+        return label in self.labels
+
+    def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of one array as float64 (n, values per frame)."""
+        data = self._store.rows(set_info.name, name, rows)
+        return np.asarray(data, dtype=np.float64).reshape(len(rows), -1)
+
+    def frames(self, indices) -> dict[str, np.ndarray]:
+        """Frames ``indices`` (global over sets, in the given order, repeats allowed)."""
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < -self.nframes or index.max() >= self.nframes):
+            raise IndexError(f"{self.path}: frame index out of range 0..{self.nframes - 1}")
+        index = np.where(index < 0, index + self.nframes, index)
+        n, natoms = len(index), self.natoms
+        names = ["coord"] + (["box"] if self.periodic else []) + sorted(self.labels)
+        out = {name: np.empty((n, self._width(name))) for name in names}
+        which = np.searchsorted(self._starts, index, side="right") - 1
+        for s in np.unique(which):
+            set_info = self.sets[s]
+            mask = which == s
+            rows, inverse = np.unique(index[mask] - set_info.start, return_inverse=True)
+            for name in names:
+                out[name][mask] = self._read(set_info, name, rows)[inverse]
+        order = self.atom_order
+        result = {"coord": out["coord"].reshape(n, natoms, 3)[:, order]}
+        if self.periodic:
+            result["box"] = out["box"].reshape(n, 3, 3)
+        if "energy" in out:
+            result["energy"] = out["energy"][:, 0]
+        if "force" in out:
+            result["force"] = out["force"].reshape(n, natoms, 3)[:, order]
+        if "virial" in out:
+            result["virial"] = out["virial"].reshape(n, 3, 3)
+        return result
+
+    def _width(self, name: str) -> int:
+        width, per_atom = _LAYOUT[name]
+        return width * self.natoms if per_atom else width
+
+    # -- identity ---------------------------------------------------------------------------
+
+    def fingerprint(self) -> dict:
+        """Path, sizes and a SHA-256 of types, coordinates and cells (streamed set by set).
+
+        Arrays are hashed as little-endian float64, so the same data in deepmd/npy and
+        deepmd/hdf5 hashes the same.
+        """
+        digest = hashlib.sha256()
+        digest.update(np.ascontiguousarray(self._own_types, dtype="<i8").tobytes())
+        if self._own_map is not None:
+            digest.update(" ".join(self._own_map).encode())
+        digest.update(b"pbc" if self.periodic else b"nopbc")
+        for set_info in self.sets:
+            for name in ("coord", "box") if self.periodic else ("coord",):
+                data = self._store.array(set_info.name, name)
+                digest.update(np.ascontiguousarray(data, dtype="<f8").data)
+        return {
+            "path": self.path,
+            "nframes": self.nframes,
+            "natoms": self.natoms,
+            "sha256": digest.hexdigest(),
+        }

@@ -1,0 +1,65 @@
+"""Shared fixtures: small labelled water-like systems in deepmd/npy and deepmd/hdf5."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+import numpy as np
+import pytest
+
+from tests.datagen import (
+    lj_labels,
+    random_water_like,
+    water_labeled,
+    write_hdf5_system,
+    write_npy_system,
+)
+
+
+@cache
+def _water(nframes: int, seed: int, triclinic: bool) -> dict:
+    return water_labeled(nframes=nframes, seed=seed, triclinic=triclinic)
+
+
+@pytest.fixture
+def water_data() -> dict:
+    """Six labelled frames of 8 water-like molecules (24 atoms) in a 6.4 Å cubic box, rcut 4.
+
+    Keys are the writers' keyword arguments: coords, types (O H H ... order), type_map
+    ["O", "H"], boxes, energy, force, virial. A fresh copy per test.
+    """
+    return copy.deepcopy(_water(6, 0, False))
+
+
+@pytest.fixture
+def water_system(tmp_path, water_data) -> str:
+    """``water_data`` as a deepmd/npy directory in two sets (4 + 2 frames)."""
+    return write_npy_system(tmp_path / "water", set_size=4, **water_data)
+
+
+@pytest.fixture
+def water_h5(tmp_path, water_data) -> str:
+    """``water_data`` as ``water.h5#/water`` (deepmd/hdf5, two sets)."""
+    return write_hdf5_system(tmp_path / "water.h5", "water", set_size=4, **water_data)
+
+
+@pytest.fixture
+def water_triclinic(tmp_path) -> str:
+    """Six labelled frames in a triclinic cell, deepmd/npy, one set."""
+    return write_npy_system(tmp_path / "water_tri", **copy.deepcopy(_water(6, 1, True)))
+
+
+@pytest.fixture
+def water_nopbc(tmp_path) -> str:
+    """Four labelled frames of a 4-molecule cluster without a cell (``nopbc``), no virial."""
+    coords, types, _ = random_water_like(4, 4, 6.0, seed=2)
+    energy, force, _ = lj_labels(coords, types, None, rcut=4.0)
+    return write_npy_system(
+        tmp_path / "cluster", coords, types, ["O", "H"], None, energy=energy, force=force
+    )
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)

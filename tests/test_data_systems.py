@@ -1,0 +1,421 @@
+"""mdtrain.data: deepmd/npy and deepmd/hdf5 systems, type remapping, expansion, errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from mdtrain.data import expand_systems, open_system, validate_system
+from mdtrain.data.hdf5 import close_h5
+from mdtrain.errors import MDTrainError
+from tests.datagen import random_water_like, write_hdf5_system, write_npy_system
+
+
+def _same_frames(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def test_npy_frames_match_written_arrays(water_system, water_data):
+    system = open_system(water_system, ["O", "H"])
+    assert (system.natoms, system.nframes, system.periodic) == (24, 6, True)
+    assert [(s.name, s.start, s.nframes) for s in system.sets] == [
+        ("set.000", 0, 4),
+        ("set.001", 4, 2),
+    ]
+    assert all(system.has(label) for label in ("energy", "force", "virial"))
+    # interleaved O H H ... is sorted by type: the 8 oxygens first, in file order
+    order = system.atom_order
+    np.testing.assert_array_equal(order[:8], np.arange(0, 24, 3))
+    np.testing.assert_array_equal(system.atype, [0] * 8 + [1] * 16)
+    np.testing.assert_array_equal(water_data["types"][order], system.atype)
+    index = [5, 0, 3, 4, 4]  # across both sets, unordered, repeated
+    got = system.frames(index)
+    np.testing.assert_array_equal(got["coord"], water_data["coords"][index][:, order])
+    np.testing.assert_array_equal(got["force"], water_data["force"][index][:, order])
+    np.testing.assert_array_equal(got["box"], water_data["boxes"][index])
+    np.testing.assert_array_equal(got["energy"], water_data["energy"][index])
+    np.testing.assert_array_equal(got["virial"], water_data["virial"][index])
+    assert got["coord"].dtype == np.float64 and got["energy"].shape == (5,)
+
+
+def test_npy_and_hdf5_give_identical_frames(water_system, water_h5):
+    a = open_system(water_system, ["O", "H"])
+    b = open_system(water_h5, ["O", "H"])
+    assert (a.natoms, a.nframes, a.sets, a.labels) == (b.natoms, b.nframes, b.sets, b.labels)
+    np.testing.assert_array_equal(a.atype, b.atype)
+    everything = np.arange(a.nframes)
+    _same_frames(a.frames(everything), b.frames(everything))
+    _same_frames(a.frames([3, 1, 1]), b.frames([3, 1, 1]))
+    assert a.fingerprint()["sha256"] == b.fingerprint()["sha256"]
+
+
+def test_negative_and_out_of_range_indices(water_system):
+    system = open_system(water_system)
+    _same_frames(system.frames([-1]), system.frames([5]))
+    with pytest.raises(IndexError):
+        system.frames([6])
+
+
+def test_nopbc_system_has_no_box(water_nopbc):
+    system = open_system(water_nopbc, ["O", "H"])
+    assert not system.periodic
+    frames = system.frames([0, 1])
+    assert "box" not in frames and "virial" not in frames
+    assert system.has("force") and not system.has("virial")
+
+
+def test_energy_as_column_and_float32_files(tmp_path, water_data):
+    path = write_npy_system(tmp_path / "w", **water_data)
+    energy = np.load(path + "/set.000/energy.npy")
+    np.save(path + "/set.000/energy.npy", energy[:, None])
+    coord = np.load(path + "/set.000/coord.npy")
+    np.save(path + "/set.000/coord.npy", coord.astype(np.float32))
+    frames = open_system(path).frames([2])
+    assert frames["energy"].shape == (1,) and frames["energy"][0] == energy[2]
+    assert frames["coord"].dtype == np.float64
+    np.testing.assert_allclose(frames["coord"][0].reshape(-1)[:3], coord[2, [0, 1, 2]], rtol=1e-6)
+
+
+def test_reading_is_lazy_and_memory_mapped(water_system):
+    system = open_system(water_system)
+    store = system._store
+    assert store._maps == {}  # opening read headers only
+    system.frames([1])
+    assert isinstance(store._maps[("set.000", "coord")], np.memmap)
+    assert ("set.001", "coord") not in store._maps  # the other set was never touched
+
+
+def test_frame_count_comes_from_the_header(tmp_path, water_data):
+    path = write_npy_system(tmp_path / "w", **water_data)
+    file = path + "/set.000/force.npy"
+    size = os.path.getsize(file)
+    with open(file, "r+b") as handle:
+        handle.truncate(size - 100)  # header intact, data cut short
+    system = open_system(path)  # opens: counts from the header
+    assert system.nframes == 6
+    with pytest.raises(MDTrainError, match="force.npy"):
+        system.frames([0])
+
+
+def test_system_pickles_without_its_data(water_system, water_h5):
+    for path in (water_system, water_h5):
+        system = open_system(path, ["O", "H"])
+        system.frames([0, 5])  # populate memory maps / handles
+        blob = pickle.dumps(system)
+        assert len(blob) < 4000
+        _same_frames(pickle.loads(blob).frames([2, 5]), system.frames([2, 5]))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_hdf5_reads_after_fork(water_h5):
+    system = open_system(water_h5, ["O", "H"])
+    parent = system.frames([1, 4])["coord"]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: read through its own handle, report by exit code
+        ok = False
+        try:
+            ok = np.array_equal(system.frames([1, 4])["coord"], parent)
+        finally:
+            os._exit(0 if ok else 1)
+    os.close(write)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(system.frames([1, 4])["coord"], parent)  # parent still reads
+
+
+def test_hdf5_handle_reopens_after_rewrite(tmp_path, water_data):
+    h5 = tmp_path / "d.h5"
+    first = write_hdf5_system(h5, "a", **water_data)
+    open_system(first).frames([0])
+    second = write_hdf5_system(h5, "b", **water_data)  # append while mdtrain holds it open
+    _same_frames(open_system(second).frames([0, 1]), open_system(first).frames([0, 1]))
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, mdtrain.data, mdtrain.data.convert; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- type remapping -------------------------------------------------------------------------
+
+
+def test_type_map_raw_in_another_order(tmp_path, water_data):
+    data = dict(water_data)
+    oh = open_system(write_npy_system(tmp_path / "oh", **data), ["O", "H"])
+    data["types"] = 1 - water_data["types"]  # H = 0, O = 1
+    data["type_map"] = ["H", "O"]
+    ho = open_system(write_npy_system(tmp_path / "ho", **data), ["O", "H"])
+    assert ho.elements == ["H", "O"]
+    np.testing.assert_array_equal(ho.atype, oh.atype)
+    np.testing.assert_array_equal(ho.atom_order, oh.atom_order)
+    _same_frames(ho.frames(range(6)), oh.frames(range(6)))
+    # without a model type_map the system's own types are used (H first)
+    own = open_system(tmp_path / "ho")
+    np.testing.assert_array_equal(own.atype, [0] * 16 + [1] * 8)
+
+
+def test_subset_and_unused_elements(tmp_path):
+    coords = np.random.default_rng(0).uniform(0, 5, size=(2, 3, 3))
+    box = np.repeat(np.eye(3)[None] * 5, 2, 0)
+    path = write_npy_system(tmp_path / "h", coords, [0, 0, 0], ["H", "Cl"], box)
+    system = open_system(path, ["C", "O", "H"])  # Cl is listed but unused: fine
+    np.testing.assert_array_equal(system.atype, [2, 2, 2])
+    path = write_npy_system(tmp_path / "hcl", coords, [0, 1, 0], ["H", "Cl"], box)
+    with pytest.raises(MDTrainError, match=r"hcl.*element Cl is not in type_map"):
+        open_system(path, ["C", "O", "H"])
+
+
+def test_types_without_type_map_raw(tmp_path):
+    coords = np.zeros((1, 3, 3)) + np.arange(3)[:, None]
+    path = write_npy_system(tmp_path / "s", coords, [2, 0, 1], None, None)
+    system = open_system(path, ["A", "B", "C"])
+    np.testing.assert_array_equal(system.atype, [0, 1, 2])
+    np.testing.assert_array_equal(system.atom_order, [1, 2, 0])
+    assert system.elements == ["A", "B", "C"]
+    with pytest.raises(MDTrainError, match="type 2 but type_map has 2 elements"):
+        open_system(path, ["A", "B"])
+
+
+# -- expansion ------------------------------------------------------------------------------
+
+
+def test_directory_expansion(tmp_path, water_data):
+    for name in ("b/sys1", "a", "b/deep/sys2"):
+        write_npy_system(tmp_path / "root" / name, **water_data)
+    (tmp_path / "root" / "empty").mkdir()
+    found = expand_systems("root", base_dir=str(tmp_path))
+    assert found == [str(tmp_path / "root" / n) for n in ("a", "b/deep/sys2", "b/sys1")]
+    # a list keeps entry order, drops duplicates; a system directory is itself
+    again = expand_systems([str(tmp_path / "root/b/sys1"), "root/a", "root"], str(tmp_path))
+    assert again[:2] == [str(tmp_path / "root/b/sys1"), str(tmp_path / "root/a")]
+    assert len(again) == 3
+
+
+def test_hdf5_expansion(tmp_path, water_data):
+    h5 = tmp_path / "data.h5"
+    for group in ("train/w2", "train/w1", "valid/w3"):
+        write_hdf5_system(h5, group, **water_data)
+    assert expand_systems(str(h5)) == [f"{h5}#/{g}" for g in ("train/w1", "train/w2", "valid/w3")]
+    assert expand_systems("data.h5#/train", str(tmp_path)) == [
+        f"{h5}#/train/w1",
+        f"{h5}#/train/w2",
+    ]
+    assert expand_systems(f"{h5}#valid/w3") == [f"{h5}#/valid/w3"]
+    with pytest.raises(MDTrainError, match="no such group"):
+        expand_systems(f"{h5}#/nothing")
+    with pytest.raises(MDTrainError, match="holds 3 systems"):
+        open_system(str(h5))
+
+
+def test_hdf5_root_system(tmp_path, water_data):
+    h5 = tmp_path / "root.h5"
+    write_hdf5_system(h5, "/", **water_data)
+    assert expand_systems(str(h5)) == [f"{h5}#/"]
+    assert open_system(str(h5)).nframes == 6
+
+
+def test_expansion_errors(tmp_path):
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(MDTrainError, match="no directory holding type.raw"):
+        expand_systems(str(tmp_path / "nothing"))
+    with pytest.raises(MDTrainError, match="does not exist"):
+        expand_systems("missing", str(tmp_path))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(MDTrainError, match="neither a directory nor an HDF5 file"):
+        expand_systems(str(tmp_path / "notes.txt"))
+
+
+# -- layout errors --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A writer of a 2-set, 3-atom system with labels; returns its path."""
+
+    def make(name="s", **overrides):
+        rng = np.random.default_rng(1)
+        kwargs = dict(
+            coords=rng.uniform(0, 4, size=(4, 3, 3)),
+            types=[0, 1, 1],
+            type_map=["O", "H"],
+            boxes=np.repeat(np.eye(3)[None] * 4, 4, 0),
+            energy=rng.normal(size=4),
+            force=rng.normal(size=(4, 3, 3)),
+            set_size=2,
+        )
+        kwargs.update(overrides)
+        return write_npy_system(tmp_path / name, **kwargs)
+
+    return make
+
+
+def test_error_missing_type_raw(small):
+    path = small()
+    os.remove(path + "/type.raw")
+    with pytest.raises(MDTrainError, match=r"system .*/s: type.raw is missing"):
+        open_system(path)
+
+
+def test_error_missing_coord(small):
+    path = small()
+    os.remove(path + "/set.001/coord.npy")
+    with pytest.raises(MDTrainError, match=r"s/set.001/coord.npy: missing"):
+        open_system(path)
+
+
+def test_error_shape_mismatch(small):
+    path = small()
+    np.save(path + "/set.001/coord.npy", np.zeros((2, 12)))
+    with pytest.raises(
+        MDTrainError, match=r"set.001/coord.npy: shape \[2, 12\].*\[nframes, 9\] \(3 atoms"
+    ):
+        open_system(path)
+    path = small("f")
+    np.save(path + "/set.000/force.npy", np.zeros((2, 6)))
+    with pytest.raises(MDTrainError, match=r"set.000/force.npy: shape"):
+        open_system(path)
+
+
+def test_error_frame_count_mismatch(small):
+    path = small()
+    np.save(path + "/set.000/energy.npy", np.zeros(3))
+    with pytest.raises(MDTrainError, match=r"set.000/energy.npy: 3 frames but coord.npy has 2"):
+        open_system(path)
+
+
+def test_error_box_missing_for_periodic(small):
+    path = small()
+    os.remove(path + "/set.000/box.npy")
+    with pytest.raises(MDTrainError, match=r"set.000/box.npy: missing in a periodic system"):
+        open_system(path)
+    open(path + "/nopbc", "w").close()  # declared non-periodic: fine
+    assert not open_system(path).periodic
+
+
+def test_error_inconsistent_labels(small):
+    path = small()
+    os.remove(path + "/set.001/force.npy")
+    with pytest.raises(MDTrainError, match=r"s: set.000 has force.npy but set.001 does not"):
+        open_system(path)
+
+
+def test_error_empty_system(small):
+    path = small(set_size=None, energy=None, force=None)
+    np.save(path + "/set.000/coord.npy", np.zeros((0, 9)))
+    np.save(path + "/set.000/box.npy", np.zeros((0, 9)))
+    with pytest.raises(MDTrainError, match="has no frames"):
+        open_system(path)
+    path = small("nosets")
+    for set_name in ("set.000", "set.001"):
+        for f in os.listdir(f"{path}/{set_name}"):
+            os.remove(f"{path}/{set_name}/{f}")
+        os.rmdir(f"{path}/{set_name}")
+    with pytest.raises(MDTrainError, match="no set.. directories"):
+        open_system(path)
+
+
+def test_error_bad_type_files(small):
+    path = small()
+    with open(path + "/type.raw", "w") as handle:
+        handle.write("0 1 x\n")
+    with pytest.raises(MDTrainError, match="type.raw: expected whitespace-separated integers"):
+        open_system(path)
+    path = small("short_map", type_map=["O"])
+    with pytest.raises(MDTrainError, match="type_map.raw names only 1 elements"):
+        open_system(path)
+
+
+def test_error_corrupt_hdf5(tmp_path, water_data):
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"not an hdf5 file at all" * 100)
+    with pytest.raises(MDTrainError, match=r"garbage.h5 is not an HDF5 file"):
+        open_system(f"{garbage}#/water")
+    with pytest.raises(MDTrainError, match="garbage.h5 is neither"):
+        expand_systems(str(garbage))
+    h5 = tmp_path / "cut.h5"
+    write_hdf5_system(h5, "water", **water_data)
+    size = os.path.getsize(h5)
+    with open(h5, "r+b") as handle:
+        handle.truncate(size // 2)
+    close_h5()
+    with pytest.raises(MDTrainError, match=r"cut.h5"):
+        open_system(f"{h5}#/water").frames(np.arange(6))
+
+
+def test_error_missing_paths(tmp_path, water_h5):
+    with pytest.raises(MDTrainError, match="does not exist"):
+        open_system(str(tmp_path / "nowhere"))
+    with pytest.raises(MDTrainError, match="HDF5 file .* does not exist"):
+        open_system(str(tmp_path / "none.h5") + "#/a")
+    with pytest.raises(MDTrainError, match="no such group"):
+        open_system(water_h5 + "x")
+    with h5py.File(water_h5.split("#")[0], "r") as handle:
+        assert "water" in handle
+
+
+# -- fingerprint and content checks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["npy", "hdf5"])
+def test_fingerprint_tracks_coordinates(kind, tmp_path, water_data):
+    def write(name, data):
+        if kind == "npy":
+            return write_npy_system(tmp_path / name, set_size=4, **data)
+        return write_hdf5_system(tmp_path / f"{name}.h5", "w", set_size=4, **data)
+
+    base = open_system(write("a", water_data)).fingerprint()
+    assert base == open_system(write("a2", water_data)).fingerprint() | {"path": base["path"]}
+    assert set(base) == {"path", "nframes", "natoms", "sha256"}
+    assert (base["nframes"], base["natoms"]) == (6, 24)
+    changed = dict(water_data, coords=water_data["coords"].copy())
+    changed["coords"][5, 7, 1] += 1e-9
+    assert open_system(write("b", changed)).fingerprint()["sha256"] != base["sha256"]
+    boxed = dict(water_data, boxes=water_data["boxes"] * 1.0001)
+    assert open_system(write("c", boxed)).fingerprint()["sha256"] != base["sha256"]
+    relabeled = dict(water_data, energy=water_data["energy"] + 1)  # labels are not hashed
+    assert open_system(write("d", relabeled)).fingerprint()["sha256"] == base["sha256"]
+
+
+def test_validate_system_reports_bad_frames(tmp_path, water_data):
+    assert validate_system(open_system(write_npy_system(tmp_path / "ok", **water_data))) == []
+    data = dict(water_data, coords=water_data["coords"].copy(), force=water_data["force"].copy())
+    data["coords"][4, 0, 0] = np.nan
+    data["force"][1, 3, 2] = np.inf
+    data["boxes"] = water_data["boxes"].copy()
+    data["boxes"][2, 2] = 0.0
+    system = open_system(write_npy_system(tmp_path / "bad", set_size=4, **data))
+    problems = validate_system(system, chunk=3)
+    assert any("coord holds NaN or inf in frame 4" in p for p in problems)
+    assert any("force holds NaN or inf in frame 1" in p for p in problems)
+    assert any("box is singular" in p and "frame 2" in p for p in problems)
+    assert len(problems) == 3 and all(system.path in p for p in problems)
+
+
+def test_random_water_is_sane():
+    coords, types, boxes = random_water_like(3, 27, 9.3, seed=4, triclinic=True)
+    from ase import Atoms
+    from ase.neighborlist import neighbor_list
+
+    for f in range(3):
+        atoms = Atoms(
+            numbers=np.where(types == 0, 8, 1), positions=coords[f], cell=boxes[f], pbc=True
+        )
+        i, j, d = neighbor_list("ijd", atoms, 1.2)
+        # only intramolecular O-H bonds are shorter than 1.2 Å
+        assert len(d) == 2 * 2 * 27
+        assert np.all(np.abs(d - 0.957) < 0.04)
+        assert np.all(i // 3 == j // 3)
