@@ -1,0 +1,247 @@
+"""The training loop: one step = sample a batch, forward, loss, backward (micro-batched on
+OOM), average gradients across ranks, Adam update; plus display, validation, checkpoints and
+preemption. Every rank takes every decision (retry, stop) together."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mdtrain import distributed as dist_rt
+from mdtrain.batching import make_batch
+from mdtrain.data import System
+from mdtrain.distributed import Runtime
+from mdtrain.train.batch_controller import MicroBatchController, frame_weights
+from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
+from mdtrain.train.lcurve import LcurveWriter
+from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
+from mdtrain.train.lr import ExpDecayLR
+from mdtrain.train.oom import maybe_simulate_oom
+from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
+from mdtrain.train.signals import PreemptionHandler
+
+log = logging.getLogger("mdtrain")
+CHECKPOINT_FORMAT = "mdtrain-checkpoint"
+
+
+@dataclass
+class TrainResult:
+    step: int
+    preempted: bool
+    checkpoint: str | None
+
+
+def _make_sampler(systems: list[System], data_cfg: dict, seed: int, rt: Runtime, section: str):
+    natoms = [s.natoms for s in systems]
+    nframes = [s.nframes for s in systems]
+    sizes = batch_sizes(data_cfg["batch_size"], natoms, f"training.{section}.batch_size")
+    nbatch = batches_per_epoch(nframes, sizes, rt.world_size)
+    probs = system_probs(
+        nbatch, data_cfg.get("sys_probs"), data_cfg.get("auto_prob", "prob_sys_size"),
+        f"training.{section}",
+    )  # fmt: skip
+    return TrainingSampler(nframes, sizes, probs, seed, rt.rank, rt.world_size)
+
+
+class Trainer:
+    """Owns the optimiser, samplers and writers of one run; ``run()`` trains to numb_steps."""
+
+    def __init__(
+        self,
+        config: dict,
+        model: torch.nn.Module,
+        train_systems: list[System],
+        valid_systems: list[System],
+        runtime: Runtime,
+        out_dir: str = ".",
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.rt = runtime
+        self.out_dir = out_dir
+        training, lr_cfg = config["training"], config["learning_rate"]
+        self.numb_steps = int(training["numb_steps"])
+        self.train_systems, self.valid_systems = train_systems, valid_systems
+        seed = int(training.get("seed") or 0)
+        self.sampler = _make_sampler(train_systems, training["training_data"], seed, runtime, "training_data")
+        self.valid_sampler = None
+        self.numb_valid = 0
+        if valid_systems:
+            vcfg = training["validation_data"]
+            self.valid_sampler = _make_sampler(valid_systems, vcfg, seed + 1, runtime, "validation_data")
+            self.numb_valid = int(vcfg.get("numb_btch", 1))
+        self.lr = ExpDecayLR(
+            lr_cfg["start_lr"], lr_cfg["stop_lr"], lr_cfg["decay_steps"], self.numb_steps,
+            lr_cfg.get("decay_rate"),
+        )  # fmt: skip
+        self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=lr_cfg["start_lr"])
+        ctrl = training.get("batch_controller", {})
+        self.controller = MicroBatchController(
+            retry_interval=int(ctrl.get("retry_interval", 200)), grow=bool(ctrl.get("grow", False))
+        )
+        self.descriptor = config["model"]["descriptor"]
+        self.disp_freq = int(training["disp_freq"])
+        self.save_freq = int(training["save_freq"])
+        self.max_norm = training.get("gradient_max_norm")
+        self.step = 0
+        self.ckpt = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
+        self.lcurve_path = os.path.join(out_dir, training["disp_file"])
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": 1,
+            "step": self.step,
+            "model_config": self.model.get_model_config(),
+            "model_state": self.model.state_dict(),
+            "optimizer_state": self.optimizer.state_dict(),
+            "sampler_state": self.sampler.state_dict(),
+            "valid_sampler_state": None if self.valid_sampler is None else self.valid_sampler.state_dict(),
+            "controller_state": self.controller.state_dict(),
+            "rng_state": rng_state_dict(),
+            "config": self.config,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a run exactly: everything that changes the next step is restored."""
+        self.model.load_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
+        self.sampler.load_state_dict(state["sampler_state"])
+        if self.valid_sampler is not None and state.get("valid_sampler_state"):
+            self.valid_sampler.load_state_dict(state["valid_sampler_state"])
+        self.controller.load_state_dict(state["controller_state"])
+        load_rng_state(state["rng_state"])
+        self.step = int(state["step"])
+
+    # ----------------------------------------------------------------- one step
+    def _batch(self, systems: list[System], sampler: TrainingSampler):
+        system, frames = sampler.next_batch()
+        d = self.descriptor
+        return make_batch(systems[system], frames, d["rcut"], d["sel"], self.rt.device)
+
+    def train_step(self, lr: float) -> dict[str, float]:
+        """One optimisation step on this rank's share of the global batch; returns its metrics."""
+        batch = self._batch(self.train_systems, self.sampler)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        def attempt(slices: list[slice]) -> dict[str, float]:
+            parts = []
+            for part, weight in zip(slices, frame_weights(slices, batch.nframes)):
+                micro = batch.select(part)
+                maybe_simulate_oom(micro.nframes * micro.natoms, self.rt.rank)
+                pred = self.model(*micro.inputs())
+                loss, metrics = self.loss(pred, micro.labels, micro.natoms, lr, weight=weight)
+                loss.backward()
+                del pred, loss
+                parts.append((metrics, weight))
+            return merge_metrics(parts)
+
+        metrics = self.controller.run_step(
+            attempt, batch.nframes, batch.natoms, batch.system, dist_rt.any_rank,
+            zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
+        )  # fmt: skip
+        dist_rt.all_reduce_gradients(self.params, self.rt.world_size)
+        if self.max_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, float(self.max_norm))
+        self.optimizer.step()
+        return metrics
+
+    def validate(self, lr: float) -> dict[str, float] | None:
+        """Errors on ``numb_btch`` validation batches, pooled as sums over every rank."""
+        if self.valid_sampler is None:
+            return None
+        acc = ErrorAccumulator()
+        self.model.eval()
+        try:
+            for _ in range(self.numb_valid):
+                batch = self._batch(self.valid_systems, self.valid_sampler)
+                pred = self.model(*batch.inputs())
+                loss, _ = self.loss(
+                    {k: v.detach() for k, v in pred.items()}, batch.labels, batch.natoms, lr
+                )
+                acc.add(pred, batch.labels, batch.natoms, loss=loss)
+        finally:
+            self.model.train()
+        total = ErrorAccumulator.from_tensor(dist_rt.all_reduce_sum(acc.to_tensor()))
+        return total.rmse()
+
+    # ----------------------------------------------------------------- the loop
+    def save(self) -> str | None:
+        if not self.rt.is_main:  # ranks hold identical state; one writes
+            return None
+        path = self.ckpt.save(self.step, self.state_dict())
+        log.info("saved checkpoint %s", path)
+        return path
+
+    def run(self, append_lcurve: bool = False) -> TrainResult:
+        keys = self.loss.metric_keys()
+        writer = None
+        if self.rt.is_main:
+            writer = LcurveWriter(
+                self.lcurve_path, keys, self.valid_sampler is not None, append=append_lcurve,
+                resume_step=self.step if append_lcurve else None,
+            )  # fmt: skip
+        start_step, start_time = self.step, time.perf_counter()
+        last_saved, preempted = None, False
+        self.model.train()
+        try:
+            with PreemptionHandler() as preemption:
+                while self.step < self.numb_steps:
+                    lr = self.lr.value(self.step)
+                    metrics = self.train_step(lr)
+                    self.step += 1
+                    if self.step % self.disp_freq == 0 or self.step == 1:
+                        valid = self.validate(lr)
+                        if writer is not None:
+                            writer.write(self.step, lr, metrics, valid)
+                        self._log_progress(lr, metrics, valid, start_step, start_time)
+                    done = self.step == self.numb_steps
+                    stop = dist_rt.any_rank(preemption.requested)
+                    if done or stop or self.step % self.save_freq == 0:
+                        last_saved = self.save() or last_saved
+                    if stop and not done:
+                        preempted = True
+                        log.warning("stopping at step %d on request (signal); checkpoint written", self.step)
+                        break
+        finally:
+            if writer is not None:
+                writer.close()
+        return TrainResult(self.step, preempted, last_saved)
+
+    def _log_progress(self, lr, metrics, valid, start_step, start_time) -> None:
+        done = self.step - start_step
+        per_step = (time.perf_counter() - start_time) / max(done, 1)
+        eta = per_step * (self.numb_steps - self.step)
+        parts = [f"step {self.step}/{self.numb_steps}"]
+        for key in self.loss.metric_keys():
+            if valid is not None:
+                parts.append(f"{key} {valid[key]:.3e} (trn {metrics[key]:.3e})")
+            else:
+                parts.append(f"{key} {metrics[key]:.3e}")
+        parts.append(f"lr {lr:.2e}")
+        parts.append(f"{per_step:.3f} s/step")
+        parts.append(f"ETA {_hms(eta)}")
+        log.info("  ".join(parts))
+
+
+def _hms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def seed_everything(seed: int) -> None:
+    """Model initialisation must be identical on every rank (parameters are also broadcast)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)

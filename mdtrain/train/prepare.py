@@ -1,0 +1,110 @@
+"""Everything before the first step: systems, neighbour statistics and sel, the model and its
+data statistics. Work that one rank suffices for runs on rank 0 and is broadcast."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass
+
+from mdtrain import distributed as dist_rt
+from mdtrain.config import resolve_path
+from mdtrain.data import System, expand_systems, open_system
+from mdtrain.errors import MDTrainError
+from mdtrain.neighbors.stat import (
+    check_neighbor_stat_matches,
+    compute_neighbor_stat,
+    load_neighbor_stat,
+    parse_sel,
+    resolve_sel,
+)
+
+log = logging.getLogger("mdtrain")
+
+
+@dataclass
+class DataSets:
+    train: list[System]
+    valid: list[System]
+
+
+def open_datasets(config: dict, config_path: str) -> DataSets:
+    """Expand and open the training and validation systems named by the input (lazy reads)."""
+    type_map = config["model"]["type_map"]
+
+    def systems_of(section: str) -> list[System]:
+        data = config["training"].get(section)
+        if not data:
+            return []
+        entries = data["systems"]
+        entries = [entries] if isinstance(entries, str) else entries
+        paths = expand_systems([resolve_path(config_path, e) for e in entries], ".")
+        if not paths:
+            raise MDTrainError(f"{config_path}: training.{section}.systems names no system")
+        return [open_system(p, type_map) for p in paths]
+
+    return DataSets(train=systems_of("training_data"), valid=systems_of("validation_data"))
+
+
+def resolve_model_sel(
+    config: dict,
+    config_path: str,
+    data: DataSets,
+    neighbor_stat_file: str | None,
+    skip_neighbor_stat: bool,
+) -> dict:
+    """Return a copy of the config whose descriptor ``sel`` is a list, from the statistics.
+
+    Order of precedence: ``--skip-neighbor-stat`` (sel must already be a list), a neighbour-stat
+    file (checked against rcut, type_map and the data), else a fresh computation on rank 0.
+    """
+    config = copy.deepcopy(config)
+    model = config["model"]
+    descriptor = model["descriptor"]
+    type_map, rcut = model["type_map"], float(descriptor["rcut"])
+    parsed = parse_sel(descriptor["sel"])
+    if skip_neighbor_stat:
+        if not isinstance(parsed, list):
+            raise MDTrainError(
+                f'{config_path}: model.descriptor.sel is "{descriptor["sel"]}": '
+                "--skip-neighbor-stat needs a list sel"
+            )
+        descriptor["sel"] = parsed
+        return config
+    systems = data.train + data.valid
+    stat_path = neighbor_stat_file or config["training"].get("neighbor_stat_file")
+    if stat_path:
+        stat_path = stat_path if neighbor_stat_file else resolve_path(config_path, stat_path)
+
+        def from_file() -> tuple[float, list[int]]:
+            stat = load_neighbor_stat(stat_path)
+            check_neighbor_stat_matches(stat, rcut, type_map, systems)
+            return stat["min_nbor_dist"], stat["max_nbor_size"]
+
+        min_dist, max_size = dist_rt.run_on_main(from_file)
+        log.info("neighbour statistics read from %s", stat_path)
+    else:
+
+        def compute() -> tuple[float, list[int]]:
+            stat = compute_neighbor_stat(systems, rcut, len(type_map))
+            return stat.min_nbor_dist, stat.max_nbor_size
+
+        min_dist, max_size = dist_rt.run_on_main(compute)
+    log.info("neighbour statistics: min distance %.6f Å, max neighbours %s", min_dist, max_size)
+    if isinstance(parsed, list) and config["training"].get("strict_sel"):
+        short = [t for t, (s, n) in enumerate(zip(parsed, max_size)) if s and n > s]
+        if short:
+            raise MDTrainError(
+                f"{config_path}: model.descriptor.sel {parsed} is smaller than the data's "
+                f"largest neighbour counts {max_size} for type(s) "
+                + ", ".join(type_map[t] for t in short)
+                + " (training.strict_sel is true)"
+            )
+    descriptor["sel"] = resolve_sel(descriptor["sel"], max_size)
+    log.info("sel = %s", descriptor["sel"])
+    return config
+
+
+def output_path(out_dir: str, name: str) -> str:
+    return name if os.path.isabs(name) else os.path.join(out_dir, name)
