@@ -1,0 +1,139 @@
+"""Normalise the ``model`` section of input.json for the model builder.
+
+The config loader normally fills defaults already; this repeats DeePMD's argcheck defaults so
+that a model can be built from any partial dict (tests, checkpoints of older versions), and
+rejects features this trainer does not implement with a one-line error naming the JSON path.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from mdtrain.errors import MDTrainError
+
+DESCRIPTOR_DEFAULTS: dict[str, Any] = {
+    "type": "se_e2_a",
+    "rcut": 6.0,
+    "rcut_smth": 0.5,
+    "neuron": [10, 20, 40],
+    "axis_neuron": 4,
+    "activation_function": "tanh",
+    "resnet_dt": False,
+    "type_one_side": False,
+    "precision": "default",
+    "trainable": True,
+    "seed": None,
+    "exclude_types": [],
+    "env_protection": 0.0,
+    "set_davg_zero": False,
+}
+FITTING_DEFAULTS: dict[str, Any] = {
+    "type": "ener",
+    "numb_fparam": 0,
+    "numb_aparam": 0,
+    "neuron": [120, 120, 120],
+    "activation_function": "tanh",
+    "precision": "default",
+    "resnet_dt": True,
+    "trainable": True,
+    "rcond": None,
+    "seed": None,
+    "atom_ener": [],
+}
+MODEL_DEFAULTS: dict[str, Any] = {
+    "data_stat_nbatch": 10,
+    "data_stat_protect": 1e-2,
+    "pair_exclude_types": [],
+    "atom_exclude_types": [],
+    "preset_out_bias": None,
+}
+_ALIASES = {"n_axis_neuron": "axis_neuron", "n_neuron": "neuron"}
+# Settings accepted only at their default value: key -> value meaning "off".
+_UNSUPPORTED = {
+    "descriptor": {},
+    "fitting_net": {
+        "numb_fparam": 0,
+        "numb_aparam": 0,
+        "atom_ener": [],
+        "dim_case_embd": 0,
+        "default_fparam": None,
+        "use_aparam_as_mask": False,
+    },
+    "model": {"pair_exclude_types": [], "preset_out_bias": None},
+}
+
+
+def _fill(section: dict, defaults: dict, where: str) -> dict:
+    out = dict(section)
+    for alias, name in _ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise MDTrainError(f"{where}: both {alias!r} and its alias target {name!r} given")
+            out[name] = out.pop(alias)
+    for key, value in defaults.items():
+        out.setdefault(key, copy.deepcopy(value))
+    return out
+
+
+def _check_off(section: dict, name: str, where: str) -> None:
+    for key, off in _UNSUPPORTED[name].items():
+        value = section.get(key, off)
+        if value != off and not (off == [] and value in (None, [])):
+            raise MDTrainError(f"{where}/{key}: {value!r} is not supported by mdtrain")
+
+
+def normalize_model_config(model_config: dict) -> dict:
+    """A full copy of the ``model`` section with defaults filled and values checked."""
+    if not isinstance(model_config, dict):
+        raise MDTrainError("model: expected a JSON object")
+    cfg = _fill(model_config, MODEL_DEFAULTS, "model")
+    type_map = cfg.get("type_map")
+    if (
+        not isinstance(type_map, list)
+        or not type_map
+        or not all(isinstance(t, str) for t in type_map)
+    ):
+        raise MDTrainError("model/type_map: a non-empty list of element names is required")
+    ntypes = len(type_map)
+    desc = _fill(cfg.get("descriptor") or {}, DESCRIPTOR_DEFAULTS, "model/descriptor")
+    fit = _fill(cfg.get("fitting_net") or {}, FITTING_DEFAULTS, "model/fitting_net")
+    if desc["type"] not in ("se_e2_a", "se_a"):
+        raise MDTrainError(f"model/descriptor/type: {desc['type']!r} is not supported (se_e2_a)")
+    desc["type"] = "se_e2_a"
+    if fit["type"] != "ener":
+        raise MDTrainError(f"model/fitting_net/type: {fit['type']!r} is not supported (ener)")
+    sel = desc.get("sel")
+    if not isinstance(sel, list):
+        raise MDTrainError(
+            f"model/descriptor/sel: {sel!r} must be resolved to a list before building the model"
+        )
+    if len(sel) != ntypes or not all(isinstance(s, int) and s >= 0 for s in sel):
+        raise MDTrainError(
+            f"model/descriptor/sel: expected {ntypes} non-negative integers (one per type_map entry), got {sel}"
+        )
+    if sum(sel) == 0:
+        raise MDTrainError("model/descriptor/sel: all entries are 0")
+    if not float(desc["rcut_smth"]) < float(desc["rcut"]):
+        raise MDTrainError(
+            f"model/descriptor/rcut_smth: {desc['rcut_smth']} must be smaller than rcut {desc['rcut']}"
+        )
+    if not desc["neuron"]:
+        raise MDTrainError("model/descriptor/neuron: at least one layer is required")
+    if not 0 < int(desc["axis_neuron"]) <= int(desc["neuron"][-1]):
+        raise MDTrainError(
+            f"model/descriptor/axis_neuron: {desc['axis_neuron']} must be in 1..neuron[-1]"
+        )
+    for pair in desc["exclude_types"]:
+        if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):
+            raise MDTrainError(f"model/descriptor/exclude_types: bad pair {pair!r}")
+    for t in cfg["atom_exclude_types"]:
+        if not 0 <= int(t) < ntypes:
+            raise MDTrainError(f"model/atom_exclude_types: type {t!r} out of range")
+    if isinstance(fit["trainable"], list):
+        raise MDTrainError("model/fitting_net/trainable: only true/false is supported")
+    _check_off(fit, "fitting_net", "model/fitting_net")
+    _check_off(cfg, "model", "model")
+    cfg["descriptor"] = desc
+    cfg["fitting_net"] = fit
+    return cfg

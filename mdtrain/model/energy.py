@@ -1,0 +1,172 @@
+"""The energy model: se_e2_a descriptor + per-type fitting + energy bias, with exact forces
+and virials by automatic differentiation.
+
+Neighbour lists come from outside (``mdtrain.neighbors.nlist.build_nlist``); the model only
+gathers positions, adds ``shift @ box`` and differentiates through that.
+
+Virial convention (DeePMD's): ``virial[k][j] = Σ_i F_ik x_ij`` over all atoms and periodic
+images, i.e. ``-Σ_pairs ∂E/∂d_k d_j`` for neighbour-minus-centre vectors d. It is obtained
+from a zero strain ε applied to every pair vector, ``d' = d + d @ ε`` (the same as straining
+both coordinates and cell, ``r' = r + r @ ε``, ``box' = box + box @ ε``):
+``virial = -(∂E/∂ε)ᵀ``. Non-periodic frames use the same formula (there is no cell term).
+"""
+
+import copy
+import json
+
+import torch
+from torch import Tensor, nn
+
+from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptor import DescriptorSeA
+from mdtrain.model.fitting import EnergyFitting
+from mdtrain.model.network import check_activation, dtype_of
+
+
+class EnergyModel(nn.Module):
+    """se_e2_a energy model. ``forward`` returns energy, atom_energy, force and virial."""
+
+    type_map: list[str]
+    rcut: float
+    sel: list[int]
+    ntypes: int
+    model_config_json: str
+    has_atom_exclusions: bool
+
+    def __init__(self, model_config: dict) -> None:
+        super().__init__()
+        cfg = normalize_model_config(model_config)
+        self._config = cfg
+        self.model_config_json = json.dumps(cfg, sort_keys=True)
+        desc, fit = cfg["descriptor"], cfg["fitting_net"]
+        self.type_map = list(cfg["type_map"])
+        self.ntypes = len(self.type_map)
+        self.rcut = float(desc["rcut"])
+        self.sel = [int(s) for s in desc["sel"]]
+        self.descriptor = DescriptorSeA(
+            ntypes=self.ntypes,
+            sel=self.sel,
+            rcut=self.rcut,
+            rcut_smth=float(desc["rcut_smth"]),
+            neuron=[int(n) for n in desc["neuron"]],
+            axis_neuron=int(desc["axis_neuron"]),
+            type_one_side=bool(desc["type_one_side"]),
+            resnet_dt=bool(desc["resnet_dt"]),
+            activation=check_activation(
+                desc["activation_function"], "model/descriptor/activation_function"
+            ),
+            dtype=dtype_of(desc["precision"], "model/descriptor/precision"),
+            seed=desc["seed"],
+            exclude_types=desc["exclude_types"],
+            set_davg_zero=bool(desc["set_davg_zero"]),
+            env_protection=float(desc["env_protection"]),
+            trainable=bool(desc["trainable"]),
+        )
+        self.fitting = EnergyFitting(
+            ntypes=self.ntypes,
+            dim_in=self.descriptor.dim_out,
+            neuron=[int(n) for n in fit["neuron"]],
+            activation=check_activation(
+                fit["activation_function"], "model/fitting_net/activation_function"
+            ),
+            resnet_dt=bool(fit["resnet_dt"]),
+            dtype=dtype_of(fit["precision"], "model/fitting_net/precision"),
+            seed=fit["seed"],
+            trainable=bool(fit["trainable"]),
+        )
+        self.register_buffer("out_bias", torch.zeros(self.ntypes, dtype=torch.float64))
+        self.register_buffer("out_std", torch.ones(self.ntypes, dtype=torch.float64))
+        keep = torch.ones(self.ntypes, dtype=torch.float64)
+        for t in cfg["atom_exclude_types"]:
+            keep[int(t)] = 0.0
+        self.register_buffer("atom_keep", keep, persistent=False)
+        self.has_atom_exclusions = len(cfg["atom_exclude_types"]) > 0
+
+    @torch.jit.unused
+    def get_model_config(self) -> dict:
+        """The normalised ``model`` section; ``EnergyModel(cfg)`` rebuilds this architecture."""
+        return copy.deepcopy(self._config)
+
+    @torch.jit.unused
+    def set_out_bias(self, bias, std=None) -> None:
+        """Install the per-type energy bias (ntypes,) and, optionally, its std."""
+        self.out_bias.copy_(torch.as_tensor(bias, dtype=torch.float64).reshape(self.ntypes))
+        if std is not None:
+            self.out_std.copy_(torch.as_tensor(std, dtype=torch.float64).reshape(self.ntypes))
+
+    def pair_vectors(
+        self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
+    ) -> Tensor:
+        """Neighbour-minus-centre vectors (nf, N, nnei, 3); arbitrary in padded slots."""
+        nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
+        index = nlist.clamp(min=0).reshape(nf, natoms * nnei, 1).expand(nf, natoms * nnei, 3)
+        neigh = torch.gather(coord, 1, index).view(nf, natoms, nnei, 3)
+        diff = neigh - coord.unsqueeze(2)
+        if box is not None:
+            images = torch.bmm(shift.reshape(nf, natoms * nnei, 3).to(coord.dtype), box)
+            diff = diff + images.view(nf, natoms, nnei, 3)
+        return diff
+
+    def atomic_energy(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """Atomic energies (nf, N) float64, bias included, from pair vectors."""
+        descriptor = self.descriptor(diff, nlist, atype)
+        energy = self.fitting(descriptor, atype) + self.out_bias[atype]
+        if self.has_atom_exclusions:
+            energy = energy * self.atom_keep[atype]
+        return energy
+
+    def forward(
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+    ) -> dict[str, Tensor]:
+        """Energy (nf,), atom_energy (nf, N), force (nf, N, 3), virial (nf, 3, 3), float64.
+
+        ``coord`` (nf, N, 3), ``atype`` (N,) int64, ``box`` (nf, 3, 3) or None, ``nlist``
+        (nf, N, nnei) int64 with -1 padding, ``shift`` (nf, N, nnei, 3) integer image shifts.
+        """
+        grad_enabled = torch.is_grad_enabled()
+        create_graph = grad_enabled and self.training
+        if torch.jit.is_scripting():
+            # TorchScript cannot switch grad mode: a scripted model must be called with grad
+            # enabled (the calculator does so).
+            out = self._evaluate(coord, atype, box, nlist, shift, create_graph)
+        else:
+            with torch.enable_grad():
+                out = self._evaluate(coord, atype, box, nlist, shift, create_graph)
+        if not grad_enabled:
+            out = {k: v.detach() for k, v in out.items()}
+        return out
+
+    def _evaluate(
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+        create_graph: bool,
+    ) -> dict[str, Tensor]:
+        x = coord.to(torch.float64)
+        if not x.requires_grad:
+            x = x.detach().requires_grad_(True)
+        strain = torch.zeros(x.shape[0], 3, 3, dtype=torch.float64, device=x.device)
+        strain.requires_grad_(True)
+        cell: Tensor | None = None
+        if box is not None:
+            cell = box.to(torch.float64)
+        diff = self.pair_vectors(x, cell, nlist, shift)
+        diff = diff + torch.matmul(diff, strain.unsqueeze(1))
+        atom_energy = self.atomic_energy(diff, nlist, atype)
+        energy = atom_energy.sum(dim=-1)
+        grads = torch.autograd.grad(
+            [energy.sum()], [x, strain], create_graph=create_graph, retain_graph=create_graph
+        )
+        dx, dstrain = grads[0], grads[1]
+        assert dx is not None and dstrain is not None
+        force = -dx
+        virial = -dstrain.transpose(1, 2)
+        return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

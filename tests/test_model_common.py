@@ -1,0 +1,169 @@
+"""Shared helpers for the model tests (small models, random frames), plus config checks."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model import EnergyModel
+from mdtrain.neighbors.nlist import build_nlist
+
+torch.set_num_threads(1)
+
+BASE = {
+    "type_map": ["O", "H"],
+    "descriptor": {
+        "type": "se_e2_a",
+        "sel": [12, 24],
+        "rcut": 3.5,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8, 16],
+        "axis_neuron": 4,
+        "type_one_side": True,
+        "resnet_dt": True,
+        "seed": 1,
+    },
+    "fitting_net": {"neuron": [16, 16], "resnet_dt": True, "seed": 2},
+}
+
+
+def small_config(descriptor: dict | None = None, fitting: dict | None = None, **model) -> dict:
+    cfg = copy.deepcopy(BASE)
+    cfg["descriptor"].update(descriptor or {})
+    cfg["fitting_net"].update(fitting or {})
+    cfg.update(model)
+    return cfg
+
+
+def set_random_stats(model: EnergyModel, seed: int = 0) -> EnergyModel:
+    """Non-trivial davg/dstd (tiled per centre type, angular mean 0, as statistics give) and bias."""
+    rng = np.random.default_rng(seed)
+    desc = model.descriptor
+    davg = np.zeros((desc.ntypes, desc.nnei, 4))
+    dstd = np.ones((desc.ntypes, desc.nnei, 4))
+    for t in range(desc.ntypes):
+        if not desc.set_davg_zero:
+            davg[t, :, 0] = rng.uniform(0.05, 0.3)
+        dstd[t, :, 0] = rng.uniform(0.1, 0.4)
+        dstd[t, :, 1:] = rng.uniform(0.05, 0.2)
+    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    model.set_out_bias(rng.uniform(-3, -1, size=desc.ntypes))
+    return model
+
+
+def make_model(descriptor: dict | None = None, fitting: dict | None = None, **kw) -> EnergyModel:
+    return set_random_stats(EnergyModel(small_config(descriptor, fitting, **kw)))
+
+
+def water_like(nmol: int, box: np.ndarray | None, seed: int = 0, min_dist: float = 1.4):
+    """Random non-overlapping H2O-like molecules; atoms sorted O first, then H."""
+    rng = np.random.default_rng(seed)
+    span = np.diag([4.0, 4.0, 4.0]) if box is None else box
+    centres: list[np.ndarray] = []
+    while len(centres) < nmol:
+        c = rng.random(3) @ span
+        ok = True
+        for other in centres:
+            d = c - other
+            if box is not None:
+                frac = np.linalg.solve(box.T, d)
+                d = (frac - np.round(frac)) @ box
+            if np.linalg.norm(d) < 2.2:
+                ok = False
+                break
+        if ok:
+            centres.append(c)
+    o = np.array(centres)
+    h = []
+    for c in o:
+        u, v = rng.normal(size=3), rng.normal(size=3)
+        u /= np.linalg.norm(u)
+        v -= u * (u @ v)
+        v /= np.linalg.norm(v)
+        ang = np.deg2rad(104.5)
+        h.append(c + 0.96 * u)
+        h.append(c + 0.96 * (np.cos(ang) * u + np.sin(ang) * v))
+    coord = np.concatenate([o, np.array(h)])
+    atype = np.array([0] * nmol + [1] * (2 * nmol), dtype=np.int64)
+    return coord, atype
+
+
+def triclinic(a: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.diag([a, a * 1.05, a * 0.95]) + np.triu(rng.uniform(-0.3, 0.3, (3, 3)) * a, 1)
+
+
+def evaluate(model, coord, box, atype, sel=None, rcut=None) -> dict[str, np.ndarray]:
+    """One frame through the model with a freshly built neighbour list; numpy outputs."""
+    sel = list(model.sel) if sel is None else sel
+    rcut = float(model.rcut) if rcut is None else rcut
+    nlist, shift, _ = build_nlist(coord, box, atype, rcut, sel)
+    out = model(
+        torch.tensor(coord)[None],
+        torch.tensor(atype),
+        None if box is None else torch.tensor(box)[None],
+        torch.tensor(nlist)[None],
+        torch.tensor(shift)[None],
+    )
+    return {k: v.detach()[0].numpy() for k, v in out.items()}
+
+
+def energy_of(model, coord, box, atype) -> float:
+    return float(evaluate(model, coord, box, atype)["energy"])
+
+
+def strained(coord, box, eps):
+    """Apply r' = r (I + eps) to coordinates and cell."""
+    m = np.eye(3) + eps
+    return coord @ m, None if box is None else box @ m
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_missing_defaults_are_filled():
+    model = EnergyModel({"type_map": ["A"], "descriptor": {"sel": [5]}, "fitting_net": {}})
+    cfg = model.get_model_config()
+    assert cfg["descriptor"]["neuron"] == [10, 20, 40]
+    assert cfg["descriptor"]["axis_neuron"] == 4
+    assert cfg["descriptor"]["type_one_side"] is False
+    assert cfg["fitting_net"]["neuron"] == [120, 120, 120]
+    assert cfg["fitting_net"]["resnet_dt"] is True
+    assert model.rcut == 6.0 and model.sel == [5] and model.type_map == ["A"]
+    rebuilt = EnergyModel(cfg)
+    assert rebuilt.get_model_config() == cfg
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"descriptor": {"sel": "auto"}}, "sel"),
+        ({"descriptor": {"sel": [3]}}, "sel"),
+        ({"descriptor": {"rcut_smth": 4.0}}, "rcut_smth"),
+        ({"descriptor": {"precision": "float16"}}, "precision"),
+        ({"descriptor": {"activation_function": "swish"}}, "activation_function"),
+        ({"fitting_net": {"numb_fparam": 2}}, "numb_fparam"),
+        ({"descriptor": {"exclude_types": [[0, 5]]}}, "exclude_types"),
+    ],
+)
+def test_bad_config_names_the_key(change, match):
+    cfg = small_config(change.get("descriptor"), change.get("fitting_net"))
+    with pytest.raises(MDTrainError, match=match):
+        EnergyModel(cfg)
+
+
+def test_aliases_and_seeded_init_reproducible():
+    cfg = small_config()
+    cfg["descriptor"]["n_axis_neuron"] = cfg["descriptor"].pop("axis_neuron")
+    a, b = EnergyModel(cfg), EnergyModel(cfg)
+    assert a.descriptor.axis_neuron == 4
+    for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert na == nb and torch.equal(pa, pb)
+    other = EnergyModel(small_config({"seed": 7}))
+    w_a = a.descriptor.networks[0].layers[0].weight
+    w_o = other.descriptor.networks[0].layers[0].weight
+    assert not torch.equal(w_a, w_o)
