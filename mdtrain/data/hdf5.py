@@ -101,16 +101,30 @@ class H5Store:
         self.file = file
         self.group = "/" + group.strip("/")
         self.path = join_h5_path(file, self.group)
+        self._root: h5py.File | None = None
+        self._cached_group: h5py.Group | None = None
+        self._datasets: dict[str, h5py.Dataset | None] = {}
         self._group()  # fail now on a missing file or group
 
+    def __getstate__(self) -> dict:
+        return {"file": self.file, "group": self.group}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["file"], state["group"])
+
     def _group(self) -> h5py.Group:
+        """The system group, looked up again only when the file handle changed."""
         root = open_h5(self.file)
+        if root is self._root:
+            return self._cached_group
         try:
             group = root[self.group]
         except KeyError:
             raise MDTrainError(f"{self.path}: no such group in {self.file}") from None
         if not isinstance(group, h5py.Group):
             raise MDTrainError(f"{self.path}: is a dataset, not a group")
+        # first use, a reopened file, or a forked process: forget the old objects
+        self._root, self._cached_group, self._datasets = root, group, {}
         return group
 
     def where(self, set_name: str | None = None, name: str | None = None) -> str:
@@ -118,12 +132,14 @@ class H5Store:
         return self.path.rstrip("/") + ("/" + "/".join(parts) if parts else "")
 
     def _dataset(self, name: str) -> h5py.Dataset | None:
+        """The dataset ``name`` of the system group (None when absent), cached per handle."""
         group = self._group()
-        if name not in group:
-            return None
-        obj = group[name]
-        if not isinstance(obj, h5py.Dataset):
+        if name in self._datasets:
+            return self._datasets[name]
+        obj = group.get(name)
+        if obj is not None and not isinstance(obj, h5py.Dataset):
             raise MDTrainError(f"{self.where(name=name)}: expected a dataset")
+        self._datasets[name] = obj
         return obj
 
     def _read(self, dataset: h5py.Dataset, name: str) -> np.ndarray:

@@ -1,0 +1,156 @@
+"""``mdtrain convert``: DFT/MD outputs → deepmd/npy directories or a deepmd/hdf5 file.
+
+Frames are grouped into one system per composition (and periodicity), atoms sorted by the
+type order (``-t``, else order of first appearance), optionally split into train/ and valid/
+by random frames, and written in ``set.*`` chunks of ``--set-size`` frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from mdtrain.data.readers import Block, read_blocks
+from mdtrain.data.write import SystemData, write_hdf5, write_npy
+from mdtrain.errors import MDTrainError
+from mdtrain.progress import progress
+
+log = logging.getLogger("mdtrain.convert")
+_LABELS = ("energy", "force", "virial")
+
+
+def run_convert(args) -> int:
+    """Entry point of ``mdtrain convert`` (arguments defined in mdtrain/cli.py)."""
+    output = args.output
+    to = args.to or ("deepmd/hdf5" if output.endswith((".h5", ".hdf5")) else "deepmd/npy")
+    if not 0.0 <= args.valid_fraction < 1.0:
+        raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
+    if args.set_size < 1:
+        raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
+    _check_output_free(output, to)
+    blocks: list[Block] = []
+    for path in progress(args.inputs, len(args.inputs), "reading"):
+        blocks.extend(read_blocks(path, args.format, args.type_map))
+    if not blocks:
+        raise MDTrainError(f"no frames found in {' '.join(args.inputs)}")
+    type_map = _type_map(blocks, args.type_map)
+    systems = group_frames(blocks, type_map)
+    splits = split_frames(systems, args.valid_fraction, args.seed)
+    _write(output, to, splits, args.set_size)
+    for part, group in splits.items():
+        total = sum(data.nframes for data in group.values())
+        where = f"{output}/{part}" if part else output
+        log.info("%s: %d systems, %d frames (%s)", where, len(group), total, to)
+    return 0
+
+
+def _check_output_free(output: str, to: str) -> None:
+    if to == "deepmd/hdf5":
+        if os.path.exists(output):
+            raise MDTrainError(f"-o {output}: already exists; remove it or choose another name")
+    elif os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise MDTrainError(f"-o {output}: already exists and is not an empty directory")
+
+
+def _type_map(blocks: list[Block], given: list[str] | None) -> list[str]:
+    """``-t`` (checked to name every element), else elements in order of first appearance."""
+    if given:
+        if len(set(given)) != len(given):
+            raise MDTrainError(f"-t {' '.join(given)}: an element is listed twice")
+        for block in blocks:
+            missing = sorted(set(block.symbols.tolist()) - set(given))
+            if missing:
+                raise MDTrainError(
+                    f"{block.source}: element {', '.join(missing)} is not in -t {' '.join(given)}"
+                )
+        return list(given)
+    seen: dict[str, None] = {}
+    for block in blocks:
+        for symbol in block.symbols.tolist():
+            seen.setdefault(symbol, None)
+    return list(seen)
+
+
+def group_frames(blocks: list[Block], type_map: list[str]) -> dict[str, SystemData]:
+    """One system per composition and periodicity, named like ``O64H128`` (``_nopbc``)."""
+    index = {name: t for t, name in enumerate(type_map)}
+    groups: dict[tuple, list[tuple[Block, np.ndarray]]] = defaultdict(list)
+    for block in blocks:
+        types = np.array([index[s] for s in block.symbols.tolist()], dtype=np.int64)
+        order = np.argsort(types, kind="stable")
+        key = (tuple(types[order].tolist()), block.box is not None)
+        groups[key].append((block, order))
+    systems = {}
+    for (types, periodic), members in groups.items():
+        counts = np.bincount(types, minlength=len(type_map))
+        name = "".join(f"{type_map[t]}{counts[t]}" for t in range(len(type_map)) if counts[t])
+        name += "" if periodic else "_nopbc"
+        systems[name] = _merge(name, np.array(types), type_map, members)
+    return dict(sorted(systems.items()))
+
+
+def _merge(name, types, type_map, members) -> SystemData:
+    def stack(attr: str, per_atom: bool) -> np.ndarray | None:
+        parts = [getattr(b, attr) for b, _ in members]
+        if all(p is None for p in parts):
+            return None
+        if any(p is None for p in parts):
+            have = sum(len(p) for p in parts if p is not None)
+            total = sum(len(b.coord) for b, _ in members)
+            log.warning("%s: %s dropped: only %d of %d frames have it", name, attr, have, total)
+            return None
+        return np.concatenate(
+            [p[:, order] if per_atom else p for p, (_, order) in zip(parts, members, strict=True)]
+        )
+
+    return SystemData(
+        types=types,
+        type_map=list(type_map),
+        coord=stack("coord", True),
+        box=stack("box", False),
+        energy=stack("energy", False),
+        force=stack("force", True),
+        virial=stack("virial", False),
+    )
+
+
+def split_frames(
+    systems: dict[str, SystemData], valid_fraction: float, seed: int
+) -> dict[str, dict[str, SystemData]]:
+    """``{"": systems}``, or ``{"train": ..., "valid": ...}`` split by random frames.
+
+    Each system with at least two frames gives ``round(fraction · nframes)`` frames (at
+    least one, at most all but one) to validation; frames keep their order in each part.
+    """
+    if valid_fraction <= 0:
+        return {"": systems}
+    rng = np.random.default_rng(seed)
+    train, valid = {}, {}
+    for name, data in systems.items():
+        nf = data.nframes
+        n_valid = min(max(round(valid_fraction * nf), 1), nf - 1)
+        perm = rng.permutation(nf)
+        if n_valid > 0:
+            valid[name] = data.take(np.sort(perm[:n_valid]))
+        else:
+            log.warning("%s: only %d frame, kept for training", name, nf)
+        train[name] = data.take(np.sort(perm[n_valid:]))
+    return {"train": train, "valid": valid}
+
+
+def _write(output: str, to: str, splits: dict, set_size: int) -> None:
+    items = [(part, name, data) for part, group in splits.items() for name, data in group.items()]
+    if to == "deepmd/npy":
+        for part, name, data in progress(items, len(items), "writing"):
+            write_npy(os.path.join(output, part, name), data, set_size)
+        return
+    import h5py
+
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    with h5py.File(output, "w") as handle:
+        for part, name, data in progress(items, len(items), "writing"):
+            write_hdf5(handle, f"{part}/{name}" if part else name, data, set_size)
