@@ -1,0 +1,340 @@
+"""Model statistics: descriptor davg/dstd, the per-type energy bias, and their HDF5 cache.
+
+Descriptor statistics (DeePMD-compatible): for each centre type t, over all its atoms and all
+``sum(sel)`` slots *including padding zeros*, the raw radial column accumulates ``r_t`` and
+the three angular columns, pooled, accumulate ``a_t``, each as [number, sum, squared_sum]
+summed over systems. ``davg[t,:,0] = mean(r_t)`` (angular means are 0), ``dstd`` is the
+population std (angular std centred on the pooled mean), floored at 1e-2, 0.1 when no data.
+
+The energy bias is the least-squares solution of ``N_types · bias = E`` over the sampled
+frames; its residual std is stored for every type.
+
+Stat file layout (HDF5): ``/<type_map joined by spaces>/<sha1 of the descriptor settings>/
+{r_0, a_0, r_1, ...}`` and ``/<type_map>/bias_atom_energy``, ``std_atom_energy`` (ntypes, 1).
+The hash covers every setting that changes the numbers (rcut, rcut_smth, sel, exclusions,
+env_protection), at full precision, so a changed setting never reuses stale entries. The
+data themselves are not hashed (as in DeePMD): delete the file after changing the systems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model.config import normalize_model_config
+from mdtrain.neighbors.nlist import build_nlist
+
+log = logging.getLogger("mdtrain.model.stats")
+
+STD_PROTECTION = 1e-2
+STD_DEFAULT = 0.1
+
+
+@dataclass
+class StatItem:
+    """Running count, sum and sum of squares of one group of environment-matrix entries."""
+
+    number: float = 0.0
+    sum: float = 0.0
+    squared_sum: float = 0.0
+
+    def __add__(self, other: StatItem) -> StatItem:
+        return StatItem(
+            self.number + other.number,
+            self.sum + other.sum,
+            self.squared_sum + other.squared_sum,
+        )
+
+    def avg(self, default: float = 0.0) -> float:
+        return default if self.number == 0 else self.sum / self.number
+
+    def std(self, default: float = STD_DEFAULT, protection: float = STD_PROTECTION) -> float:
+        if self.number == 0:
+            return default
+        mean = self.sum / self.number
+        val = math.sqrt(max(self.squared_sum / self.number - mean * mean, 0.0))
+        return protection if val < protection else val
+
+    def to_array(self) -> np.ndarray:
+        return np.array([self.number, self.sum, self.squared_sum], dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, arr: np.ndarray) -> StatItem:
+        number, total, squared = (float(v) for v in np.asarray(arr, dtype=np.float64).ravel())
+        return cls(number, total, squared)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+
+
+def auto_batch_size(natoms: int) -> int:
+    """Frames per statistics batch: DeePMD's "auto" rule, ceil(32 / natoms)."""
+    return max(1, math.ceil(32 / natoms))
+
+
+def collect_stat_batches(
+    systems: Sequence[Any],
+    model_config: dict,
+    nbatch: int,
+    batch_size: int | None = None,
+) -> list[dict[str, Any]]:
+    """The first ``min(nbatch, nbatches)`` batches of every system, with neighbour lists.
+
+    A batch holds ``batch_size`` consecutive frames (default ``ceil(32/natoms)``, DeePMD's
+    "auto" batch size), so sampling is deterministic. Each batch is a dict of numpy arrays:
+    ``coord`` (nf,N,3), ``box`` (nf,3,3) or None, ``atype`` (N,), ``nlist``, ``shift``,
+    ``natoms_per_type`` (ntypes,), ``energy`` (nf,) when the system has energies, ``system``.
+    """
+    cfg = normalize_model_config(model_config)
+    desc = cfg["descriptor"]
+    rcut, sel, ntypes = float(desc["rcut"]), list(desc["sel"]), len(cfg["type_map"])
+    batches = []
+    for system in systems:
+        bs = batch_size or auto_batch_size(system.natoms)
+        nbatches = math.ceil(system.nframes / bs)
+        nframes = min(min(nbatch, nbatches) * bs, system.nframes)
+        if nframes == 0:
+            continue
+        data = system.frames(np.arange(nframes))
+        atype = np.asarray(system.atype, dtype=np.int64)
+        has_energy = "energy" in data and (not hasattr(system, "has") or system.has("energy"))
+        for start in range(0, nframes, bs):
+            stop = min(start + bs, nframes)
+            coord = np.asarray(data["coord"][start:stop], dtype=np.float64)
+            box = data.get("box")
+            box = None if box is None else np.asarray(box[start:stop], dtype=np.float64)
+            lists = [
+                build_nlist(coord[f], None if box is None else box[f], atype, rcut, sel)
+                for f in range(stop - start)
+            ]
+            batch = {
+                "system": str(getattr(system, "path", "")),
+                "coord": coord,
+                "box": box,
+                "atype": atype,
+                "nlist": np.stack([nl for nl, _, _ in lists]),
+                "shift": np.stack([sh for _, sh, _ in lists]),
+                "natoms_per_type": np.bincount(atype, minlength=ntypes)[:ntypes],
+            }
+            if has_energy:
+                batch["energy"] = np.asarray(data["energy"][start:stop], dtype=np.float64)
+            batches.append(batch)
+    return batches
+
+
+# --------------------------------------------------------------------------------------------
+# Descriptor statistics
+
+
+def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str, StatItem]:
+    """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed)."""
+    desc = model.descriptor
+    items = {f"{k}_{t}": StatItem() for t in range(desc.ntypes) for k in ("r", "a")}
+    with torch.no_grad():
+        for batch in batches:
+            coord = torch.as_tensor(batch["coord"], dtype=torch.float64)
+            box = batch.get("box")
+            box = None if box is None else torch.as_tensor(box, dtype=torch.float64)
+            atype = torch.as_tensor(batch["atype"], dtype=torch.long)
+            nlist = torch.as_tensor(batch["nlist"], dtype=torch.long)
+            shift = torch.as_tensor(batch["shift"], dtype=torch.long)
+            diff = model.pair_vectors(coord, box, nlist, shift)
+            raw = desc.env_matrix(diff, nlist >= 0)
+            raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
+            for t in range(desc.ntypes):
+                rows = raw[:, atype == t]
+                r, a = rows[..., 0], rows[..., 1:]
+                items[f"r_{t}"] += StatItem(r.numel(), r.sum().item(), (r * r).sum().item())
+                items[f"a_{t}"] += StatItem(a.numel(), a.sum().item(), (a * a).sum().item())
+    return items
+
+
+def davg_dstd_from_items(
+    items: dict[str, StatItem], ntypes: int, nnei: int, set_davg_zero: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ntypes, nnei, 4) mean and std arrays, tiled over the slots of each centre type."""
+    davg = np.zeros((ntypes, nnei, 4))
+    dstd = np.ones((ntypes, nnei, 4))
+    for t in range(ntypes):
+        r = items.get(f"r_{t}", StatItem())
+        a = items.get(f"a_{t}", StatItem())
+        if not set_davg_zero:
+            davg[t, :, 0] = r.avg()
+        dstd[t, :, 0] = r.std()
+        dstd[t, :, 1:] = a.std()
+    return davg, dstd
+
+
+def compute_descriptor_stats(
+    batches: Iterable[dict[str, Any]], model
+) -> tuple[np.ndarray, np.ndarray]:
+    """davg and dstd (ntypes, nnei, 4) of the model's descriptor over the given batches."""
+    desc = model.descriptor
+    items = descriptor_stat_items(batches, model)
+    return davg_dstd_from_items(items, desc.ntypes, desc.nnei, desc.set_davg_zero)
+
+
+# --------------------------------------------------------------------------------------------
+# Energy bias
+
+
+def compute_energy_bias(
+    natoms_per_type: np.ndarray, energies: np.ndarray, rcond: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares per-type energy (ntypes,) and the residual std (same value per type)."""
+    n = np.asarray(natoms_per_type, dtype=np.float64)
+    e = np.asarray(energies, dtype=np.float64).reshape(-1, 1)
+    if n.ndim != 2 or n.shape[0] != e.shape[0]:
+        raise ValueError(f"natoms_per_type {n.shape} does not match energies {e.shape}")
+    bias = np.linalg.lstsq(n, e, rcond=rcond)[0]
+    std = np.std(e - n @ bias, axis=0)
+    return bias.ravel(), np.full(n.shape[1], float(std[0]))
+
+
+def _bias_inputs(batches: Iterable[dict[str, Any]], ntypes: int) -> tuple[np.ndarray, np.ndarray]:
+    rows, energies = [], []
+    for batch in batches:
+        if "energy" not in batch:
+            continue
+        nf = len(batch["energy"])
+        rows.append(np.tile(np.asarray(batch["natoms_per_type"])[:ntypes], (nf, 1)))
+        energies.append(np.asarray(batch["energy"], dtype=np.float64))
+    if not rows:
+        return np.zeros((0, ntypes)), np.zeros(0)
+    return np.concatenate(rows).astype(np.float64), np.concatenate(energies)
+
+
+# --------------------------------------------------------------------------------------------
+# Stat file
+
+
+def descriptor_stat_hash(model) -> str:
+    """sha1 of every descriptor setting the env-matrix sums depend on."""
+    desc = model.descriptor
+    settings = {
+        "type": "se_e2_a",
+        "ntypes": desc.ntypes,
+        "rcut": repr(float(desc.rcut)),
+        "rcut_smth": repr(float(desc.rcut_smth)),
+        "sel": list(desc.sel),
+        "exclude_types": sorted(list(p) for p in desc.exclude_types),
+        "env_protection": repr(float(desc.env_protection)),
+    }
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def read_stat_file(path: str) -> dict[str, np.ndarray]:
+    """All datasets of an HDF5 stat file, keyed by their path (no leading slash)."""
+    if not os.path.exists(path):
+        return {}
+    out: dict[str, np.ndarray] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(
+                lambda name, obj: (
+                    out.__setitem__(name, np.asarray(obj[()]))
+                    if isinstance(obj, h5py.Dataset)
+                    else None
+                )
+            )
+    except OSError as err:
+        raise MDTrainError(
+            f"training/stat_file: {path} is not a readable HDF5 file ({err})"
+        ) from err
+    return out
+
+
+def write_stat_file(path: str, entries: dict[str, np.ndarray]) -> None:
+    """Add or replace datasets, keeping all others; written to a temp file then renamed."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as dst:
+            if os.path.exists(path):
+                with h5py.File(path, "r") as src:
+                    for name in src:
+                        src.copy(src[name], dst, name=name)
+            for name, value in entries.items():
+                if name in dst:
+                    del dst[name]
+                dst.create_dataset(name, data=np.asarray(value, dtype=np.float64))
+        os.replace(tmp, path)
+    except OSError as err:
+        raise MDTrainError(f"training/stat_file: cannot write {path} ({err})") from err
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def compute_or_load_stats(
+    model,
+    systems: Sequence[Any],
+    stat_file: str | None,
+    nbatch: int,
+    batch_size: int | None = None,
+) -> None:
+    """Set the model's davg/dstd and energy bias, from the stat file where possible.
+
+    Missing entries are computed from ``collect_stat_batches`` (first ``nbatch`` batches of
+    every system) and, when ``stat_file`` is given, written back to it.
+    """
+    desc = model.descriptor
+    ntypes = desc.ntypes
+    root = " ".join(model.type_map)
+    dkey = f"{root}/{descriptor_stat_hash(model)}"
+    stored = read_stat_file(stat_file) if stat_file else {}
+    new: dict[str, np.ndarray] = {}
+    cached_batches: list[dict[str, Any]] | None = None
+
+    def batches() -> list[dict[str, Any]]:
+        nonlocal cached_batches
+        if cached_batches is None:
+            cached_batches = collect_stat_batches(
+                systems, model.get_model_config(), nbatch, batch_size
+            )
+        return cached_batches
+
+    names = [f"{k}_{t}" for t in range(ntypes) for k in ("r", "a")]
+    if all(f"{dkey}/{n}" in stored for n in names):
+        items = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
+        log.info("descriptor statistics loaded from %s", stat_file)
+    else:
+        items = descriptor_stat_items(batches(), model)
+        new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
+    davg, dstd = davg_dstd_from_items(items, ntypes, desc.nnei, desc.set_davg_zero)
+    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+
+    bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
+    if bkey in stored and skey in stored:
+        bias, std = stored[bkey].ravel(), stored[skey].ravel()
+        log.info("energy bias loaded from %s", stat_file)
+    else:
+        counts, energies = _bias_inputs(batches(), ntypes)
+        if len(energies) == 0:
+            log.warning("no sampled frame has an energy label: the energy bias stays 0")
+            bias, std = np.zeros(ntypes), np.ones(ntypes)
+        else:
+            keep = model.atom_keep.cpu().numpy()  # atom_exclude_types contribute no energy
+            bias, std = compute_energy_bias(
+                counts * keep, energies, model.get_model_config()["fitting_net"]["rcond"]
+            )
+            new[bkey], new[skey] = bias.reshape(ntypes, 1), std.reshape(ntypes, 1)
+    model.set_out_bias(bias, std)
+    log.info(
+        "energy bias per type: %s",
+        ", ".join(f"{t} {b:.6g}" for t, b in zip(model.type_map, bias, strict=True)),
+    )
+    if stat_file and new:
+        write_stat_file(stat_file, new)
+        log.info("statistics written to %s", stat_file)

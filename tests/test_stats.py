@@ -1,0 +1,206 @@
+"""Descriptor statistics, energy bias, sampling and the HDF5 stat file."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.model import EnergyModel
+from mdtrain.model.stats import (
+    collect_stat_batches,
+    compute_descriptor_stats,
+    compute_energy_bias,
+    compute_or_load_stats,
+    descriptor_stat_hash,
+)
+from tests.test_model_common import small_config, triclinic, water_like
+from tests.test_model_descriptor import ref_neighbours, ref_switch
+
+
+class FakeSystem:
+    """The parts of mdtrain.data.System that statistics use."""
+
+    def __init__(self, coord, box, atype, energy=None, path="fake"):
+        self.coord, self.box, self.atype, self.energy = coord, box, atype, energy
+        self.path, self.natoms, self.nframes = path, len(atype), len(coord)
+        self.periodic = box is not None
+
+    def has(self, label: str) -> bool:
+        return label == "energy" and self.energy is not None
+
+    def frames(self, indices) -> dict[str, np.ndarray]:
+        out = {"coord": self.coord[indices]}
+        if self.box is not None:
+            out["box"] = self.box[indices]
+        if self.energy is not None:
+            out["energy"] = self.energy[indices]
+        return out
+
+
+def make_system(nmol, periodic, nframes, seed, bias=(-5.0, -1.0), path="sys", retype=0):
+    """Random water-like frames; ``retype`` O atoms relabelled H to vary the composition."""
+    rng = np.random.default_rng(seed)
+    box = triclinic(4.0 + nmol * 0.3, seed) if periodic else None
+    coords = []
+    for f in range(nframes):
+        coord, atype = water_like(nmol, box, seed=seed * 100 + f)
+        coords.append(coord)
+    atype = atype.copy()
+    atype[:retype] = 1
+    counts = np.bincount(atype, minlength=2)
+    energy = counts @ np.array(bias) + rng.normal(scale=0.01, size=nframes)
+    boxes = None if box is None else np.repeat(box[None], nframes, axis=0)
+    return FakeSystem(np.array(coords), boxes, atype, energy, path=path)
+
+
+def direct_stats(systems, frames_per_system, rcut, rcut_smth, sel, ntypes):
+    """Brute-force numpy davg/dstd, padded slots counted as zeros."""
+    r_vals = {t: [] for t in range(ntypes)}
+    a_vals = {t: [] for t in range(ntypes)}
+    for system, nf in zip(systems, frames_per_system, strict=True):
+        for f in range(nf):
+            box = None if system.box is None else system.box[f]
+            neigh = ref_neighbours(system.coord[f], box, system.atype, rcut, sel)
+            for i, blocks in enumerate(neigh):
+                rows = []
+                for t in range(ntypes):
+                    block = np.zeros((sel[t], 4))
+                    for k, (r, d, _) in enumerate(blocks[t]):
+                        block[k] = ref_switch(r, rcut_smth, rcut) * np.array([1 / r, *(d / r**2)])
+                    rows.append(block)
+                rows = np.concatenate(rows)
+                r_vals[system.atype[i]].append(rows[:, 0])
+                a_vals[system.atype[i]].append(rows[:, 1:].ravel())
+    nnei = sum(sel)
+    davg, dstd = np.zeros((ntypes, nnei, 4)), np.ones((ntypes, nnei, 4))
+    for t in range(ntypes):
+        if not r_vals[t]:
+            dstd[t] = 0.1
+            continue
+        r, a = np.concatenate(r_vals[t]), np.concatenate(a_vals[t])
+        davg[t, :, 0] = r.mean()
+        dstd[t, :, 0] = max(r.std(), 1e-2)
+        dstd[t, :, 1:] = max(a.std(), 1e-2)
+    return davg, dstd
+
+
+def test_davg_dstd_match_numpy():
+    systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
+    cfg = small_config()
+    model = EnergyModel(cfg)
+    # natoms 9 and 6: auto batch size ceil(32/9) = 4 and ceil(32/6) = 6 frames
+    batches = collect_stat_batches(systems, cfg, nbatch=10)
+    assert [len(b["coord"]) for b in batches] == [3, 2]
+    davg, dstd = compute_descriptor_stats(batches, model)
+    ref_davg, ref_dstd = direct_stats(systems, [3, 2], 3.5, 0.5, [12, 24], 2)
+    np.testing.assert_allclose(davg, ref_davg, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dstd, ref_dstd, rtol=1e-10)
+    assert davg[0, 0, 0] > 0 and np.all(davg[..., 1:] == 0)
+
+
+def test_absent_type_and_set_davg_zero():
+    systems = [make_system(2, True, 2, seed=3)]
+    cfg = small_config({"sel": [12, 24, 4], "set_davg_zero": True}, type_map=["O", "H", "C"])
+    model = EnergyModel(cfg)
+    davg, dstd = compute_descriptor_stats(collect_stat_batches(systems, cfg, 10), model)
+    assert np.all(davg == 0)
+    assert np.all(dstd[2] == 0.1)  # no C centre: default std
+    ref_davg, ref_dstd = direct_stats(systems, [2], 3.5, 0.5, [12, 24, 4], 3)
+    np.testing.assert_allclose(dstd[:2], ref_dstd[:2], rtol=1e-10)
+    assert ref_davg[0, 0, 0] > 0  # the mean would not have been zero
+
+
+def test_excluded_pairs_count_as_zeros():
+    systems = [make_system(3, True, 1, seed=4)]
+    plain = small_config()
+    excl = small_config({"exclude_types": [[0, 1]]})
+    d_plain = compute_descriptor_stats(collect_stat_batches(systems, plain, 1), EnergyModel(plain))
+    d_excl = compute_descriptor_stats(collect_stat_batches(systems, excl, 1), EnergyModel(excl))
+    assert d_excl[0][0, 0, 0] < d_plain[0][0, 0, 0]  # fewer non-zero entries for O centres
+
+
+def test_nbatch_limits_the_sample():
+    system = make_system(3, True, 10, seed=5)  # 9 atoms: 4 frames per batch, 3 batches
+    cfg = small_config()
+    assert [len(b["coord"]) for b in collect_stat_batches([system], cfg, 2)] == [4, 4]
+    assert [len(b["coord"]) for b in collect_stat_batches([system], cfg, 10)] == [4, 4, 2]
+    batch = collect_stat_batches([system], cfg, 1, batch_size=3)[0]
+    np.testing.assert_array_equal(batch["coord"], system.coord[:3])
+    assert batch["nlist"].shape == (3, 9, 36) and batch["shift"].shape == (3, 9, 36, 3)
+    np.testing.assert_array_equal(batch["natoms_per_type"], [3, 6])
+
+
+def test_energy_bias_least_squares():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 20, size=(12, 3)).astype(float)
+    true = np.array([-3.0, -0.5, -7.25])
+    energy = counts @ true + rng.normal(scale=0.1, size=12)
+    bias, std = compute_energy_bias(counts, energy)
+    ref = np.linalg.lstsq(counts, energy, rcond=None)[0]
+    np.testing.assert_allclose(bias, ref, rtol=1e-12)
+    np.testing.assert_allclose(bias, true, atol=0.05)
+    assert std.shape == (3,) and np.all(std == std[0])
+    assert std[0] == pytest.approx(np.std(energy - counts @ ref), rel=1e-12)
+    # one composition only: rank deficient, minimum-norm solution like lstsq
+    bias, _ = compute_energy_bias(np.array([[2.0, 4.0]] * 3), np.array([-10.0] * 3))
+    np.testing.assert_allclose(bias, np.linalg.pinv(np.array([[2.0, 4.0]])) @ [-10.0])
+
+
+def test_stat_file_round_trip_and_stale_keys(tmp_path):
+    path = str(tmp_path / "stat.h5")
+    with h5py.File(path, "w") as f:
+        f["other/keep_me"] = np.arange(3.0)
+    systems = [make_system(3, True, 2, seed=6), make_system(2, True, 2, seed=7, path="b", retype=1)]
+    first = EnergyModel(small_config())
+    compute_or_load_stats(first, systems, path, nbatch=10)
+    batches = collect_stat_batches(systems, small_config(), 10)
+    davg, dstd = compute_descriptor_stats(batches, first)
+    np.testing.assert_allclose(first.descriptor.davg.numpy(), davg)
+    np.testing.assert_allclose(first.descriptor.dstd.numpy(), dstd)
+    assert first.out_bias.numpy() == pytest.approx([-5.0, -1.0], abs=0.1)
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["other/keep_me"][()], np.arange(3.0))
+        group = f[f"O H/{descriptor_stat_hash(first)}"]
+        assert sorted(group) == ["a_0", "a_1", "r_0", "r_1"]
+        assert group["r_0"].shape == (3,)
+        assert f["O H/bias_atom_energy"].shape == (2, 1)
+        assert f["O H/std_atom_energy"].shape == (2, 1)
+    assert os.listdir(tmp_path) == ["stat.h5"]  # no temporary file left behind
+
+    # loaded, not recomputed: other systems would give other numbers
+    other = [make_system(2, False, 1, seed=8, bias=(-9.0, 2.0))]
+    second = EnergyModel(small_config())
+    compute_or_load_stats(second, other, path, nbatch=10)
+    for name, value in first.state_dict().items():
+        if name in ("descriptor.davg", "descriptor.dstd", "out_bias", "out_std"):
+            torch.testing.assert_close(second.state_dict()[name], value)
+
+    # a changed rcut never reuses the stored descriptor numbers (the bias is kept)
+    cfg = small_config({"rcut": 3.0})
+    third = EnergyModel(cfg)
+    assert descriptor_stat_hash(third) != descriptor_stat_hash(first)
+    compute_or_load_stats(third, other, path, nbatch=10)
+    ref_davg, _ = compute_descriptor_stats(collect_stat_batches(other, cfg, 10), third)
+    np.testing.assert_allclose(third.descriptor.davg.numpy(), ref_davg)
+    torch.testing.assert_close(third.out_bias, first.out_bias)
+    with h5py.File(path, "r") as f:
+        assert len([k for k in f["O H"] if not k.endswith("_energy")]) == 2
+    # a changed sel, too
+    fourth = EnergyModel(small_config({"sel": [12, 20]}))
+    assert descriptor_stat_hash(fourth) not in (
+        descriptor_stat_hash(first),
+        descriptor_stat_hash(third),
+    )
+
+
+def test_no_stat_file_and_no_energies():
+    system = make_system(2, True, 2, seed=9)
+    system.energy = None
+    model = EnergyModel(small_config())
+    compute_or_load_stats(model, [system], None, nbatch=10)
+    assert torch.all(model.out_bias == 0)
+    assert model.descriptor.davg[0, 0, 0] > 0
