@@ -296,7 +296,7 @@ def test_sigkill_at_random_moments_always_leaves_a_loadable_newest_checkpoint(tm
     rng = random.Random(1234)
     mgr = CheckpointManager(tmp_path, max_keep=3)
     last = 0
-    for _ in range(4):
+    for _ in range(3):
         proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
         )
