@@ -35,7 +35,9 @@ def _check_compatible(state: dict, model_config: dict, path: str) -> None:
     old = state["model_config"]
     for key in ("type_map",):
         if old.get(key) != model_config.get(key):
-            raise MDTrainError(f"checkpoint {path}: {key} {old.get(key)} differs from the input's {model_config.get(key)}")
+            raise MDTrainError(
+                f"checkpoint {path}: {key} {old.get(key)} differs from the input's {model_config.get(key)}"
+            )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -57,7 +59,9 @@ def run_train(args: argparse.Namespace) -> int:
         restart = _restart_path(args.restart or training.get("restart"), out_dir, training)
         if restart and args.init_model:
             raise MDTrainError("--restart and --init-model exclude each other")
-        state = load_checkpoint(restart or args.init_model) if (restart or args.init_model) else None
+        state = (
+            load_checkpoint(restart or args.init_model) if (restart or args.init_model) else None
+        )
         data = open_datasets(config, args.input)
         if restart:
             config["model"] = state["model_config"]  # sel and sizes of the run being continued

@@ -69,12 +69,16 @@ class Trainer:
         self.numb_steps = int(training["numb_steps"])
         self.train_systems, self.valid_systems = train_systems, valid_systems
         seed = int(training.get("seed") or 0)
-        self.sampler = _make_sampler(train_systems, training["training_data"], seed, runtime, "training_data")
+        self.sampler = _make_sampler(
+            train_systems, training["training_data"], seed, runtime, "training_data"
+        )
         self.valid_sampler = None
         self.numb_valid = 0
         if valid_systems:
             vcfg = training["validation_data"]
-            self.valid_sampler = _make_sampler(valid_systems, vcfg, seed + 1, runtime, "validation_data")
+            self.valid_sampler = _make_sampler(
+                valid_systems, vcfg, seed + 1, runtime, "validation_data"
+            )
             self.numb_valid = int(vcfg.get("numb_btch", 1))
         self.lr = ExpDecayLR(
             lr_cfg["start_lr"], lr_cfg["stop_lr"], lr_cfg["decay_steps"], self.numb_steps,
@@ -92,7 +96,9 @@ class Trainer:
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
         self.step = 0
-        self.ckpt = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
+        self.ckpt = CheckpointManager(
+            out_dir, training["save_ckpt"], int(training["max_ckpt_keep"])
+        )
         self.lcurve_path = os.path.join(out_dir, training["disp_file"])
 
     # ----------------------------------------------------------------- state
@@ -105,7 +111,9 @@ class Trainer:
             "model_state": self.model.state_dict(),
             "optimizer_state": self.optimizer.state_dict(),
             "sampler_state": self.sampler.state_dict(),
-            "valid_sampler_state": None if self.valid_sampler is None else self.valid_sampler.state_dict(),
+            "valid_sampler_state": None
+            if self.valid_sampler is None
+            else self.valid_sampler.state_dict(),
             "controller_state": self.controller.state_dict(),
             "rng_state": rng_state_dict(),
             "config": self.config,
@@ -211,7 +219,9 @@ class Trainer:
                         last_saved = self.save() or last_saved
                     if stop and not done:
                         preempted = True
-                        log.warning("stopping at step %d on request (signal); checkpoint written", self.step)
+                        log.warning(
+                            "stopping at step %d on request (signal); checkpoint written", self.step
+                        )
                         break
         finally:
             if writer is not None:
