@@ -172,3 +172,41 @@ def test_initialisation_distributions():
     assert [ly.skip for ly in fit] == [0, 1, 0] and fit[-1].activation == "linear"
     assert fit[1].idt is not None and fit[2].idt is None
     assert len(EnergyModel(small_config({"type_one_side": False})).descriptor.networks) == 4
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [{}, {"type_one_side": False}, {"exclude_types": [[0, 1]], "type_one_side": False}],
+    ids=["one_side", "pairwise", "exclude"],
+)
+def test_skipping_padded_slots_changes_nothing(descriptor):
+    """The optimised path (net only on columns with a real neighbour, padded tail summed
+    once per centre type) equals running the net on every slot, including gradients."""
+    from mdtrain.neighbors.nlist import build_nlist
+
+    model = make_model({"sel": [20, 40], **descriptor}).train()
+    box = triclinic(5.0, seed=9)
+    frames = [water_like(3, box, seed=s)[0] for s in (9, 10)]
+    atype = water_like(3, box, seed=9)[1]
+    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
+    args = (
+        torch.tensor(np.stack(frames)),
+        torch.tensor(atype),
+        torch.tensor(np.stack([box, box])),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
+    assert (args[3][..., :20] < 0).all(dim=(0, 1)).any()  # some columns are padding everywhere
+    results = []
+    for skip in (True, False):
+        model.descriptor.skip_padded = skip
+        model.zero_grad()
+        out = model(*args)
+        ((out["force"] ** 2).sum() + out["energy"].sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append(({k: v.detach() for k, v in out.items()}, grads))
+    (a, ga), (b, gb) = results
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-12, atol=1e-12)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)

@@ -123,43 +123,59 @@ class DescriptorSeA(nn.Module):
         nf, natoms = diff.shape[0], diff.shape[1]
         mask = nlist >= 0
         raw = self.env_matrix(diff.to(self.dtype), mask)
-        davg = self.davg.to(self.dtype)[atype]
-        dstd = self.dstd.to(self.dtype)[atype]
-        rr = (raw - davg) / dstd
+        davg_all, dstd_all = self.davg.to(self.dtype), self.dstd.to(self.dtype)
+        rr = (raw - davg_all[atype]) / dstd_all[atype]
         if self.has_exclusions:
             rr = rr * self.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
+        pad = -davg_all / dstd_all  # normalised rows of padded slots, per centre type
         if self.type_one_side:
-            t = self._contract_one_side(rr.view(nf * natoms, self.nnei, 4))
+            types = atype.repeat(nf)
+            t = self._contract(
+                rr.view(nf * natoms, self.nnei, 4), mask.view(-1, self.nnei), pad, types, -1
+            )
             return self._descriptor(t).view(nf, natoms, self.dim_out)
         out = torch.zeros(nf, natoms, self.dim_out, dtype=rr.dtype, device=rr.device)
         for c in range(self.ntypes):
             idx = torch.nonzero(atype == c).view(-1)
             rr_c = rr.index_select(1, idx).reshape(-1, self.nnei, 4)
-            t = self._contract_pair(rr_c, c)
+            mask_c = mask.index_select(1, idx).reshape(-1, self.nnei)
+            t = self._contract(rr_c, mask_c, pad, None, c)
             out = out.index_copy(1, idx, self._descriptor(t).view(nf, -1, self.dim_out))
         return out
 
-    def _contract_one_side(self, rr: Tensor) -> Tensor:
-        """T (B, 4, M) = Σ_t R̃_tᵀ G_t(s_t) for rows rr (B, nnei, 4), net t per neighbour type."""
-        tmat = torch.zeros(rr.shape[0], 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
-        for t, net in enumerate(self.networks):
-            lo, hi = self.offsets[t], self.offsets[t + 1]
-            if hi > lo:
-                rr_t = rr[:, lo:hi]
-                g = net(rr_t[:, :, 0].reshape(-1, 1)).view(rr.shape[0], hi - lo, self.neuron_out)
-                tmat = tmat + torch.matmul(rr_t.transpose(1, 2), g)
-        return tmat
+    def _contract(
+        self, rr: Tensor, mask: Tensor, pad: Tensor, types: Tensor | None, centre: int
+    ) -> Tensor:
+        """T (B, 4, M) = Σ_t R̃_tᵀ G(s_t) for rows rr (B, nnei, 4).
 
-    def _contract_pair(self, rr: Tensor, centre: int) -> Tensor:
-        """As ``_contract_one_side`` for atoms of one centre type, net index centre + t·ntypes."""
-        tmat = torch.zeros(rr.shape[0], 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
+        ``centre`` -1: one net per neighbour type, rows of any centre type (``types`` (B,));
+        otherwise only rows of that centre type and nets ``centre + t·ntypes``.
+        With ``skip_padded``, the net runs only on the leading columns of each block that
+        hold a real neighbour for some row; the trailing columns are padded for every row,
+        so their sum is computed once per centre type from the padded rows ``pad``
+        (ntypes, nnei, 4) and added: the same numbers, up to summation order.
+        """
+        nrows = rr.shape[0]
+        rr_cols = rr.transpose(1, 2).contiguous()  # (B, 4, nnei): blocks are plain bmm operands
+        tmat = torch.zeros(nrows, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
         for k, net in enumerate(self.networks):
-            t = k // self.ntypes
+            t = k if centre < 0 else k // self.ntypes
             lo, hi = self.offsets[t], self.offsets[t + 1]
-            if k % self.ntypes == centre and hi > lo:
-                rr_t = rr[:, lo:hi]
-                g = net(rr_t[:, :, 0].reshape(-1, 1)).view(rr.shape[0], hi - lo, self.neuron_out)
-                tmat = tmat + torch.matmul(rr_t.transpose(1, 2), g)
+            mine = centre < 0 or k % self.ntypes == centre
+            n = hi - lo if mine else 0
+            if self.skip_padded and n > 0:
+                used = torch.nonzero(mask[:, lo:hi].any(dim=0))
+                n = int(used.max()) + 1 if used.numel() > 0 else 0
+            if n > 0:
+                rr_t = rr_cols[:, :, lo : lo + n]
+                g = net(rr_t[:, 0].reshape(-1, 1)).view(nrows, n, self.neuron_out)
+                tmat = tmat + torch.bmm(rr_t, g)
+            if mine and lo + n < hi:
+                first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
+                rows = pad[first:last, lo + n : hi]
+                g = net(rows[:, :, 0].reshape(-1, 1)).view(rows.shape[0], hi - lo - n, -1)
+                tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
+                tmat = tmat + (tail[types] if types is not None else tail)
         return tmat
 
     def _descriptor(self, tmat: Tensor) -> Tensor:

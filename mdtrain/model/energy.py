@@ -163,10 +163,13 @@ class EnergyModel(nn.Module):
         atom_energy = self.atomic_energy(diff, nlist, atype)
         energy = atom_energy.sum(dim=-1)
         grads = torch.autograd.grad(
-            [energy.sum()], [x, strain], create_graph=create_graph, retain_graph=create_graph
+            [energy.sum()],
+            [x, strain],
+            create_graph=create_graph,
+            retain_graph=create_graph,
+            allow_unused=True,  # atoms without any neighbour: the energy ignores positions
         )
         dx, dstrain = grads[0], grads[1]
-        assert dx is not None and dstrain is not None
-        force = -dx
-        virial = -dstrain.transpose(1, 2)
+        force = -dx if dx is not None else torch.zeros_like(x)
+        virial = -dstrain.transpose(1, 2) if dstrain is not None else torch.zeros_like(strain)
         return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

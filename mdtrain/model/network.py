@@ -104,7 +104,7 @@ class ResidualLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.n_in == 1:
-            y = x * self.weight + self.bias  # outer product: cheaper than a K=1 matmul
+            y = torch.addcmul(self.bias, x, self.weight)  # outer product, one fused pass
         else:
             y = torch.addmm(self.bias, x, self.weight)
         y = activate(y, self.activation)

@@ -1,0 +1,168 @@
+"""Time the model on a synthetic 192-atom water-like frame (64 H2O, 12.44 Å cubic box).
+
+Measures (median over --steps repetitions, after warm-up):
+  * eval: one forward with forces and virial (model.eval(), no second-order graph);
+  * train: one training-style step: forward, forces, loss on E and F, backward, Adam step.
+Settings follow the DeePMD water example: sel [46, 92], rcut 6, neuron [25, 50, 100],
+axis_neuron 16, fitting [240, 240, 240]. The neighbour list is built once, outside the timing.
+
+    python benchmarks/model_step.py [--precision float64|float32] [--steps N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from mdtrain.model import EnergyModel
+from mdtrain.model.stats import compute_descriptor_stats
+from mdtrain.neighbors.nlist import build_nlist
+
+BOX = 12.44
+CONFIG = {
+    "type_map": ["O", "H"],
+    "descriptor": {
+        "type": "se_e2_a",
+        "sel": [46, 92],
+        "rcut": 6.0,
+        "rcut_smth": 0.5,
+        "neuron": [25, 50, 100],
+        "axis_neuron": 16,
+        "type_one_side": True,
+        "resnet_dt": False,
+        "seed": 1,
+    },
+    "fitting_net": {"neuron": [240, 240, 240], "resnet_dt": True, "seed": 1},
+}
+
+
+def water_box(nmol: int = 64, box: float = BOX, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random rigid H2O molecules with O–O distances ≥ 2.5 Å (minimum image); O first."""
+    rng = np.random.default_rng(seed)
+    oxygens: list[np.ndarray] = []
+    while len(oxygens) < nmol:
+        trial = rng.random(3) * box
+        if oxygens:
+            d = np.array(oxygens) - trial
+            d -= box * np.round(d / box)
+            if np.min(np.linalg.norm(d, axis=1)) < 2.5:
+                continue
+        oxygens.append(trial)
+    hydrogens = []
+    angle = np.deg2rad(104.5)
+    for o in oxygens:
+        u = rng.normal(size=3)
+        u /= np.linalg.norm(u)
+        v = rng.normal(size=3)
+        v -= u * (u @ v)
+        v /= np.linalg.norm(v)
+        hydrogens += [o + 0.9572 * u, o + 0.9572 * (np.cos(angle) * u + np.sin(angle) * v)]
+    coord = np.concatenate([np.array(oxygens), np.array(hydrogens)])
+    atype = np.array([0] * nmol + [1] * (2 * nmol), dtype=np.int64)
+    return coord, atype
+
+
+def median_time(fn, steps: int, warmup: int = 2) -> tuple[float, float]:
+    """Median wall time and median process CPU time (less sensitive to a busy machine)."""
+    for _ in range(warmup):
+        fn()
+    wall, cpu = [], []
+    for _ in range(steps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--no-skip-padded", action="store_true", help="run the embedding net on padded slots too"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print a profiler table of a train step"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    config = {**CONFIG}
+    config["descriptor"] = {**CONFIG["descriptor"], "precision": args.precision}
+    config["fitting_net"] = {**CONFIG["fitting_net"], "precision": args.precision}
+    model = EnergyModel(config)
+    model.descriptor.skip_padded = not args.no_skip_padded
+    coord, atype = water_box()
+    box = np.eye(3) * BOX
+    nlist, shift, counts = build_nlist(coord, box, atype, model.rcut, model.sel)
+    batch = {
+        "coord": coord[None],
+        "box": box[None],
+        "atype": atype,
+        "nlist": nlist[None],
+        "shift": shift[None],
+    }
+    davg, dstd = compute_descriptor_stats([batch], model)
+    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    model.set_out_bias([-93.5, -187.0 / 2])
+    inputs = (
+        torch.tensor(coord[None]),
+        torch.tensor(atype),
+        torch.tensor(box[None]),
+        torch.tensor(nlist[None]),
+        torch.tensor(shift[None]),
+    )
+    e_label = torch.tensor([-187.0 * 64 / 2 * 3 / 3])
+    f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def eval_step() -> None:
+        model.eval()
+        model(*inputs)
+
+    def train_step() -> None:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(*inputs)
+        natoms = len(atype)
+        loss = 0.02 * ((out["energy"] - e_label) ** 2).mean() / natoms
+        loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+
+    real = int((nlist >= 0).sum())
+    print(
+        f"frame: {len(atype)} atoms, box {BOX} Å, max neighbours O/H {counts.max(axis=0).tolist()}, "
+        f"{real}/{nlist.size} slots real ({100 * real / nlist.size:.0f}%)"
+    )
+    print(
+        f"precision {args.precision}, torch threads {torch.get_num_threads()}, torch {torch.__version__}"
+    )
+    t_eval = median_time(eval_step, args.steps)
+    t_train = median_time(train_step, args.steps)
+    for name, (wall, cpu) in (
+        ("eval  (forward + force + virial)", t_eval),
+        ("train (forward, forces, E+F loss, backward, Adam)", t_train),
+    ):
+        print(
+            f"{name}: wall {1000 * wall:8.1f} ms, cpu {1000 * cpu:8.1f} ms (medians of {args.steps})"
+        )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            train_step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
