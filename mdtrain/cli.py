@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--rcut", type=float, help="cutoff radius in Å")
     p.add_argument("-t", "--type-map", nargs="+", help="element names, in model type order")
     p.add_argument("-o", "--output", default="neighbor_stat.json", help="JSON file to write")
-    p.add_argument("--sel-ratio", type=float, default=1.1, help='ratio for the "auto" sel')
+    p.add_argument(
+        "--sel-ratio", type=float, help='ratio for the "auto" sel (default: the input\'s "auto:x", else 1.1)'
+    )
 
     p = sub.add_parser("train", help="train a model (also under torchrun, srun or mpirun)")
     p.add_argument("input", help="input.json")

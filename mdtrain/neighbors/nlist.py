@@ -82,14 +82,6 @@ def _get_binding() -> _CBinding | None:
     return _binding
 
 
-def _copy_out(address: int, count: int, ctype, dtype) -> np.ndarray:
-    """Copy ``count`` C values starting at ``address`` into a new numpy array."""
-    if count == 0:
-        return np.empty(0, dtype=dtype)
-    buffer = (ctype * count).from_address(address)
-    return np.frombuffer(buffer, dtype=dtype).copy()
-
-
 class NeighborSearch:
     """A reusable neighbour search at one cutoff; keeps the library's buffers between frames.
 
@@ -101,6 +93,7 @@ class NeighborSearch:
         self._binding = _get_binding()
         if self._binding is not None:
             self._result = self._binding.api.VesinNeighborList()
+            self._option_cache: dict[tuple[bool, bool], object] = {}
         else:  # fallback: the Python package (imports torch when installed)
             import vesin
 
@@ -113,12 +106,19 @@ class NeighborSearch:
             binding.lib.vesin_free(ctypes.byref(self._result))
 
     def compute(
-        self, coord: np.ndarray, box: np.ndarray | None, full: bool = True, shifts: bool = True
+        self,
+        coord: np.ndarray,
+        box: np.ndarray | None,
+        full: bool = True,
+        shifts: bool = True,
+        copy: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """Raw pairs ``(i, j, shift, dist)`` with dist < rcut (strict), as new arrays.
+        """Raw pairs ``(i, j, shift, dist)`` with dist < rcut (strict).
 
         ``full=False`` returns each pair once (either direction); a self-image pair of atom
         ``i`` then appears once for the two images ``±shift``. ``shift`` is None unless asked.
+        With ``copy=False`` the arrays may be views of this object's buffers, valid only
+        until its next call (cheaper when they are consumed at once).
         """
         coord = np.ascontiguousarray(coord, dtype=np.float64)
         if coord.ndim != 2 or coord.shape[1] != 3:
@@ -131,15 +131,17 @@ class NeighborSearch:
             calculator = self._full if full else self._half
             quantities = "ijSd" if shifts else "ijd"
             out = calculator.compute(coord, cell, periodic, quantities=quantities, copy=True)
-            i, j, dist = out[0], out[1], out[-1]
+            i, j, dist = out[0].astype(np.int64), out[1].astype(np.int64), out[-1]
             shift = out[2].astype(np.int64) if shifts else None
-            i, j = i.astype(np.int64), j.astype(np.int64)
         else:
             i, j, shift, dist = self._compute_c(coord, cell, periodic, full, shifts)
         keep = dist < self.rcut  # the library includes pairs at exactly rcut; ours is strict
         if not keep.all():
             i, j, dist = i[keep], j[keep], dist[keep]
             shift = None if shift is None else shift[keep]
+        elif copy and self._binding is not None:
+            i, j, dist = i.copy(), j.copy(), dist.copy()
+            shift = None if shift is None else shift.copy()
         return i, j, shift, dist
 
     def pairs(self, coord: np.ndarray, box: np.ndarray | None) -> Pairs:
@@ -147,27 +149,33 @@ class NeighborSearch:
         i, j, shift, dist = self.compute(coord, box, full=True, shifts=True)
         return Pairs(i=i, j=j, shift=shift, dist=dist)
 
+    def _options(self, full: bool, shifts: bool):
+        options = self._option_cache.get((full, shifts))
+        if options is None:
+            options = self._binding.api.VesinOptions()
+            options.cutoff = self.rcut
+            options.full = full
+            options.sorted = False
+            options.return_shifts = shifts
+            options.return_distances = True
+            options.return_vectors = False
+            if "n_threads" in self._binding.option_fields:
+                options.n_threads = 1  # callers parallelise over frames when it pays
+            self._option_cache[(full, shifts)] = options
+        return options
+
     def _compute_c(self, coord, cell, periodic, full, shifts):
+        """Call the library; returns views of its buffers (int64 indices and shifts)."""
         binding = self._binding
-        api = binding.api
-        options = api.VesinOptions()
-        options.cutoff = self.rcut
-        options.full = full
-        options.sorted = False
-        options.return_shifts = shifts
-        options.return_distances = True
-        options.return_vectors = False
-        if "n_threads" in binding.option_fields:
-            options.n_threads = 1  # callers parallelise over frames when it pays
         pbc = _ALL_PBC if periodic else _NO_PBC
         error = ctypes.c_char_p()
         status = binding.lib.vesin_neighbors(
-            coord.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+            coord.ctypes.data_as(_DOUBLE_P),
             coord.shape[0],
-            cell.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
-            pbc.ctypes.data_as(ctypes.POINTER(ctypes.c_bool)),
+            cell.ctypes.data_as(_DOUBLE_P),
+            pbc.ctypes.data_as(_BOOL_P),
             binding.cpu,
-            options,
+            self._options(full, shifts),
             ctypes.byref(self._result),
             ctypes.byref(error),
         )
@@ -176,18 +184,37 @@ class NeighborSearch:
             raise ValueError(f"neighbour search failed: {message}")
         result = self._result
         n = int(result.length)
-
-        def address(pointer) -> int:
-            return ctypes.cast(pointer, ctypes.c_void_p).value or 0
-
-        pairs = _copy_out(address(result.pairs), 2 * n, ctypes.c_size_t, np.uintp).reshape(n, 2)
-        pairs = pairs.astype(np.int64)
-        dist = _copy_out(address(result.distances), n, ctypes.c_double, np.float64)
-        shift = None
-        if shifts:
-            raw = _copy_out(address(result.shifts), 3 * n, ctypes.c_int32, np.int32)
-            shift = raw.reshape(n, 3).astype(np.int64)
+        # size_t pair indices are far below 2**63: reading them as int64 is exact
+        pairs = _view(result.pairs, (n, 2), _SIZE_T).view(np.int64)
+        dist = _view(result.distances, (n,), "<f8")
+        shift = _view(result.shifts, (n, 3), "<i4").astype(np.int64) if shifts else None
         return pairs[:, 0], pairs[:, 1], shift, dist
+
+
+class _Buffer:
+    """Exposes C memory to numpy through the array interface (no copy)."""
+
+    __slots__ = ("__array_interface__",)
+
+
+_DOUBLE_P = ctypes.POINTER(ctypes.c_double)
+_BOOL_P = ctypes.POINTER(ctypes.c_bool)
+_SIZE_T = np.dtype(np.uintp).str
+
+
+def _view(pointer, shape: tuple[int, ...], typestr: str) -> np.ndarray:
+    """A numpy view of ``shape`` items of type ``typestr`` at a ctypes pointer."""
+    address = ctypes.cast(pointer, ctypes.c_void_p).value
+    if not address or shape[0] == 0:
+        return np.zeros(shape, dtype=typestr)
+    buffer = _Buffer()
+    buffer.__array_interface__ = {
+        "data": (address, True),
+        "shape": shape,
+        "typestr": typestr,
+        "version": 3,
+    }
+    return np.asarray(buffer)
 
 
 _local = threading.local()

@@ -1,0 +1,147 @@
+"""``mdtrain neighbor-stat``: neighbour statistics as a stage of its own.
+
+Two forms:
+
+- ``mdtrain neighbor-stat input.json [-o FILE]``: training and validation systems, rcut and
+  type_map from the input (system paths relative to the input's directory);
+- ``mdtrain neighbor-stat -s SYSTEM... -r RCUT -t TYPE... [-o FILE]``.
+
+Writes the JSON file that ``mdtrain train --neighbor-stat-file`` reads, and prints a short
+table. Imports neither torch nor the config schema machinery in the second form, so that
+it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+from typing import Any
+
+from mdtrain.errors import MDTrainError
+from mdtrain.neighbors.stat import (
+    DEFAULT_SEL_RATIO,
+    NeighborStat,
+    compute_neighbor_stat,
+    parse_sel,
+    resolve_sel,
+    write_neighbor_stat,
+)
+
+log = logging.getLogger("mdtrain.neighbors")
+
+
+def run_neighbor_stat(args: argparse.Namespace) -> int:
+    """Entry point of the subcommand; returns the exit code."""
+    from mdtrain.data import expand_systems, open_system
+
+    sel_ratio = getattr(args, "sel_ratio", None)
+    input_sel = None
+    if args.input:
+        if args.system or args.rcut is not None or args.type_map:
+            raise MDTrainError(
+                "neighbor-stat: give either input.json or -s/-r/-t, not both "
+                "(rcut, type_map and systems come from the input file)"
+            )
+        entries, base_dir, rcut, type_map, input_sel = _from_input(args.input)
+        if sel_ratio is None and input_sel is not None:
+            parsed = parse_sel(input_sel)
+            sel_ratio = parsed if isinstance(parsed, float) else None
+    else:
+        missing = [
+            flag
+            for flag, value in (("-s/--system", args.system), ("-r/--rcut", args.rcut),
+                                ("-t/--type-map", args.type_map))
+            if not value and value != 0
+        ]  # fmt: skip
+        if missing:
+            raise MDTrainError(
+                f"neighbor-stat: missing {', '.join(missing)} (or give an input.json instead); "
+                "usage: mdtrain neighbor-stat -s SYSTEM... -r RCUT -t TYPE..."
+            )
+        entries, base_dir, rcut, type_map = list(args.system), os.getcwd(), args.rcut, args.type_map
+    sel_ratio = DEFAULT_SEL_RATIO if sel_ratio is None else float(sel_ratio)
+    if not (math.isfinite(sel_ratio) and sel_ratio > 0):
+        raise MDTrainError(f"neighbor-stat: --sel-ratio must be positive, got {sel_ratio}")
+    rcut = float(rcut)
+    if not (math.isfinite(rcut) and rcut > 0):
+        raise MDTrainError(f"neighbor-stat: rcut must be a positive number of Å, got {rcut}")
+    type_map = list(type_map)
+    if len(set(type_map)) != len(type_map):
+        raise MDTrainError(f"neighbor-stat: type_map {type_map} names an element twice")
+
+    paths = expand_systems(entries, base_dir)
+    systems = [open_system(path, type_map) for path in paths]
+    stat = compute_neighbor_stat(systems, rcut, len(type_map))
+    content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
+    if input_sel is not None and not isinstance(parse_sel(input_sel), float):
+        resolve_sel(input_sel, stat.max_nbor_size)  # warns when the input's list is too small
+    print(format_table(stat, type_map, content, args.output, input_sel))
+    return 0
+
+
+def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any]:
+    """Systems, base directory, rcut, type_map and sel of an input file."""
+    from mdtrain.config import load_config
+
+    if not os.path.isfile(path):
+        raise MDTrainError(f"{path}: input file not found")
+    config = load_config(path)
+    model = config.get("model", {})
+    descriptor = model.get("descriptor", {})
+    rcut = descriptor.get("rcut")
+    type_map = model.get("type_map")
+    if rcut is None:
+        raise MDTrainError(f"{path}: model.descriptor.rcut is required for neighbor-stat")
+    if not type_map:
+        raise MDTrainError(f"{path}: model.type_map is required for neighbor-stat")
+    training = config.get("training", {})
+    entries: list[str] = []
+    for key in ("training_data", "validation_data"):
+        section = training.get(key) or {}
+        systems = section.get("systems")
+        if systems:
+            entries.extend([systems] if isinstance(systems, str) else list(systems))
+    if not entries:
+        raise MDTrainError(f"{path}: training.training_data.systems is empty")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    return entries, base_dir, float(rcut), list(type_map), descriptor.get("sel")
+
+
+def format_table(
+    stat: NeighborStat,
+    type_map: list[str],
+    content: dict[str, Any],
+    output: str,
+    input_sel: Any = None,
+) -> str:
+    """The short summary printed to stdout."""
+    nframes = sum(s.nframes for s in stat.systems)
+    ratio = content["sel_ratio"]
+    lines = [
+        f"neighbour statistics of {len(stat.systems)} systems, {nframes} frames, "
+        f"rcut {stat.rcut:g} Å",
+        "",
+    ]
+    header = ["type", "max neighbours", f"sel (auto:{ratio:g})"]
+    given = input_sel if isinstance(input_sel, list) else None
+    if given is not None:
+        header.append("sel in input")
+    rows = []
+    for t, name in enumerate(type_map):
+        row = [name, str(stat.max_nbor_size[t]), str(content["sel"][t])]
+        if given is not None:
+            row.append(str(given[t]) if t < len(given) else "-")
+        rows.append(row)
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    lines.append("")
+    if math.isfinite(stat.min_nbor_dist):
+        lines.append(f"min_nbor_dist: {stat.min_nbor_dist:.6f} Å")
+    else:
+        lines.append("min_nbor_dist: undefined (no two atoms found)")
+    lines.append(f"max_nbor_size: {stat.max_nbor_size}")
+    lines.append(f"written to {output}")
+    return "\n".join(lines)

@@ -1,0 +1,493 @@
+"""Neighbour statistics: the smallest interatomic distance and the largest neighbour counts.
+
+Definitions (DeePMD-compatible), over every frame of every system:
+
+- ``min_nbor_dist``: the smallest distance between two atoms, periodic images included (an
+  atom's own images too, when a cell vector is shorter than rcut);
+- ``max_nbor_size[t]``: the largest number of type-``t`` neighbours that any atom has within
+  rcut (strictly closer than rcut; images included; the atom itself excluded, its images
+  counted);
+- ``sel``: ``auto_sel(max_nbor_size, ratio)``, the per-type list sizes of the model.
+
+Work and memory are O(atoms × neighbours) per frame: the pairs come from the cell list in
+``nlist``, counted with ``np.bincount``; no N×N matrix is ever built.
+
+Two atoms closer than ``OVERLAP_DISTANCE`` (1e-3 Å) are taken as a data error (a duplicated
+atom, or a cell vector of length zero): the stage stops and names the system and frame.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mdtrain import __version__
+from mdtrain.errors import MDTrainError
+from mdtrain.neighbors.nlist import NeighborSearch, _search
+from mdtrain.progress import progress as progress_bar
+
+log = logging.getLogger("mdtrain.neighbors")
+
+OVERLAP_DISTANCE = 1e-3  # Å; closer atoms are reported as overlapping
+DEFAULT_SEL_RATIO = 1.1
+_ATOMS_PER_TASK = 8192  # frames are read and counted in chunks of about this many atoms
+_MAX_FRAMES_PER_TASK = 256
+
+
+@dataclass
+class SystemNeighborStat:
+    """The statistics of one system."""
+
+    path: str
+    nframes: int
+    natoms: int
+    min_nbor_dist: float  # inf when no two atoms are ever found (a single isolated atom)
+    max_nbor_size: list[int]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        return content_hash(self.fingerprint)
+
+
+@dataclass
+class NeighborStat:
+    """The statistics of a set of systems: the overall figures and one entry per system."""
+
+    rcut: float
+    min_nbor_dist: float
+    max_nbor_size: list[int]
+    systems: list[SystemNeighborStat]
+
+    @property
+    def fingerprint(self) -> str:
+        return data_fingerprint([s.sha256 for s in self.systems])
+
+
+def content_hash(fingerprint: dict[str, Any]) -> str:
+    """The content hash from ``System.fingerprint()``: the one hex-digest value other than path.
+
+    Taken by name when present (``sha256``/``hash``), so that a moved data set still matches.
+    """
+    for key in ("sha256", "hash", "content_hash", "digest"):
+        if isinstance(fingerprint.get(key), str):
+            return fingerprint[key]
+    rest = {k: v for k, v in fingerprint.items() if k != "path"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_fingerprint(system_hashes: Sequence[str]) -> str:
+    """sha256 over the sorted content hashes of the systems: independent of paths and order."""
+    return hashlib.sha256("\n".join(sorted(system_hashes)).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------
+# sel
+
+
+def auto_sel(max_nbor_size: Sequence[int], ratio: float = DEFAULT_SEL_RATIO) -> list[int]:
+    """DeePMD's rule: scale by ``ratio``, truncate, round up to a multiple of 4 (46 → 52)."""
+    return [4 * ((int(n * ratio) + 3) // 4) for n in max_nbor_size]
+
+
+def parse_sel(sel_value: Any) -> float | list[int]:
+    """``"auto"`` → 1.1, ``"auto:1.2"`` → 1.2 (the ratio, a float); a list → list of ints."""
+    if isinstance(sel_value, str):
+        text = sel_value.strip()
+        if text == "auto":
+            return DEFAULT_SEL_RATIO
+        if text.startswith("auto:"):
+            try:
+                ratio = float(text[5:])
+            except ValueError:
+                ratio = float("nan")
+            if not math.isfinite(ratio) or ratio <= 0:
+                raise MDTrainError(
+                    f'sel "{sel_value}": the ratio after "auto:" must be a positive number'
+                )
+            return ratio
+        raise MDTrainError(f'sel "{sel_value}": expected "auto", "auto:RATIO" or a list')
+    if isinstance(sel_value, (list, tuple)) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sel_value
+    ):
+        return [int(n) for n in sel_value]
+    raise MDTrainError(
+        f'sel {sel_value!r}: expected a list of non-negative integers, or "auto"/"auto:RATIO"'
+    )
+
+
+def resolve_sel(sel_value: Any, max_nbor_size: Sequence[int]) -> list[int]:
+    """The model's sel: auto forms from the statistics; a list kept, with a warning per type
+    whose largest count exceeds it (a zero entry is skipped, as in DeePMD)."""
+    parsed = parse_sel(sel_value)
+    if isinstance(parsed, float):
+        return auto_sel(max_nbor_size, parsed)
+    if len(parsed) != len(max_nbor_size):
+        raise MDTrainError(
+            f"sel {parsed}: {len(parsed)} entries but the type_map has {len(max_nbor_size)} types"
+        )
+    for t, (given, needed) in enumerate(zip(parsed, max_nbor_size, strict=True)):
+        if given and needed > given:
+            log.warning(
+                "sel[%d] = %d is smaller than the largest neighbour count %d of type %d in "
+                "the data: neighbours beyond it are dropped (\"auto\" would give %d)",
+                t, given, needed, t, auto_sel([needed])[0],
+            )  # fmt: skip
+    return parsed
+
+
+# ----------------------------------------------------------------------------------------
+# computation
+
+
+def _frame_chunks(nframes: int, natoms: int) -> list[np.ndarray]:
+    step = max(1, min(_MAX_FRAMES_PER_TASK, _ATOMS_PER_TASK // max(natoms, 1)))
+    return [np.arange(a, min(a + step, nframes)) for a in range(0, nframes, step)]
+
+
+def default_workers() -> int:
+    """Threads for the frame loop: the usable cores, capped by OMP_NUM_THREADS and 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    if limit.isdigit() and int(limit) > 0:
+        cores = min(cores, int(limit))
+    return max(1, min(cores, 8))
+
+
+def _min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None) -> float:
+    """Smallest distance in a frame that has no pair within rcut: search wider until found."""
+    if box is not None:
+        bound = float(np.linalg.norm(box, axis=1).min())  # an atom's own image is this close
+    else:
+        bound = float(np.linalg.norm(coord.max(axis=0) - coord.min(axis=0)))
+    cutoff = 2.0 * rcut
+    while True:
+        _, _, _, dist = NeighborSearch(cutoff).compute(coord, box, full=False, shifts=False)
+        if len(dist):
+            return float(dist.min())
+        if cutoff > bound:
+            return math.inf
+        cutoff *= 2.0
+
+
+def _plane_spacing(boxes: np.ndarray) -> np.ndarray:
+    """Smallest distance between lattice planes of each cell (n, 3, 3) -> (n,)."""
+    volume = np.abs(np.linalg.det(boxes))
+    areas = np.stack(
+        [
+            np.linalg.norm(np.cross(boxes[:, a], boxes[:, b]), axis=-1)
+            for a, b in ((1, 2), (2, 0), (0, 1))
+        ],
+        axis=-1,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(areas.max(axis=-1) > 0, volume / areas.max(axis=-1), 0.0)
+
+
+@dataclass
+class _Chunk:
+    """The statistics of a few consecutive frames of one system."""
+
+    min_dist: float
+    max_counts: np.ndarray
+    lonely: list[int]  # frames where some atom has no neighbour within rcut
+
+
+def _count_chunk(
+    path: str,
+    atype: np.ndarray,
+    ntypes: int,
+    rcut: float,
+    rows: np.ndarray,
+    coords: np.ndarray,
+    boxes: np.ndarray | None,
+) -> _Chunk:
+    """Count neighbours frame by frame (runs in a worker thread; the library drops the GIL)."""
+    search = _search(rcut)  # one per thread, buffers reused between frames
+    natoms = len(atype)
+    chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
+    spacing = None if boxes is None else _plane_spacing(boxes)
+    for k, index in enumerate(rows.tolist()):
+        coord = coords[k]
+        box = None if boxes is None else boxes[k]
+        if not np.isfinite(coord).all() or (box is not None and not np.isfinite(box).all()):
+            raise MDTrainError(f"system {path}, frame {index}: coordinates or cell not finite")
+        if spacing is not None and not spacing[k] >= OVERLAP_DISTANCE:
+            raise MDTrainError(
+                f"system {path}, frame {index}: the cell is degenerate (its vectors span no "
+                f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
+            )
+        try:
+            i, j, _, dist = search.compute(coord, box, full=False, shifts=False, copy=False)
+        except ValueError as exc:
+            raise MDTrainError(f"system {path}, frame {index}: {exc}") from None
+        if len(dist) == 0:
+            chunk.lonely.append(index)
+            if natoms > 1 or box is not None:
+                chunk.min_dist = min(chunk.min_dist, _min_distance_beyond(rcut, coord, box))
+            continue
+        closest = int(np.argmin(dist))
+        if dist[closest] < OVERLAP_DISTANCE:
+            raise MDTrainError(
+                f"system {path}, frame {index}: atoms {int(i[closest])} and {int(j[closest])} "
+                f"overlap (distance {dist[closest]:.2e} Å, periodic images included)"
+            )
+        chunk.min_dist = min(chunk.min_dist, float(dist[closest]))
+        # Each half-list pair (i, j) is a neighbour of both ends; a self-image pair counts twice.
+        keys = np.concatenate((i * ntypes + atype[j], j * ntypes + atype[i]))
+        counts = np.bincount(keys, minlength=natoms * ntypes).reshape(natoms, ntypes)
+        np.maximum(chunk.max_counts, counts.max(axis=0), out=chunk.max_counts)
+        if not counts.any(axis=1).all():
+            chunk.lonely.append(index)
+    return chunk
+
+
+class _SystemTotals:
+    """Running statistics of one system, merged chunk by chunk in frame order."""
+
+    def __init__(self, system, ntypes: int) -> None:
+        self.system = system
+        self.atype = np.asarray(system.atype, dtype=np.int64)
+        if len(self.atype) and (self.atype.min() < 0 or self.atype.max() >= ntypes):
+            raise MDTrainError(
+                f"system {system.path}: atom types go up to {int(self.atype.max())} but "
+                f"the type_map has {ntypes} types"
+            )
+        self.min_dist = math.inf
+        self.max_counts = np.zeros(ntypes, dtype=np.int64)
+        self.lonely: list[int] = []
+
+    def merge(self, chunk: _Chunk) -> None:
+        self.min_dist = min(self.min_dist, chunk.min_dist)
+        np.maximum(self.max_counts, chunk.max_counts, out=self.max_counts)
+        self.lonely.extend(chunk.lonely)
+
+    def result(self, rcut: float) -> SystemNeighborStat:
+        system = self.system
+        if self.lonely:
+            log.warning(
+                "system %s: some atom has no neighbour within rcut = %g Å (frame %d; %d of "
+                "%d frames)", system.path, rcut, self.lonely[0], len(self.lonely),
+                system.nframes,
+            )  # fmt: skip
+        return SystemNeighborStat(
+            path=system.path,
+            nframes=int(system.nframes),
+            natoms=int(system.natoms),
+            min_nbor_dist=self.min_dist,
+            max_nbor_size=[int(n) for n in self.max_counts],
+            fingerprint=dict(system.fingerprint()),
+        )
+
+
+def compute_neighbor_stat(
+    systems: Sequence,
+    rcut: float,
+    ntypes: int,
+    progress: bool = True,
+    workers: int | None = None,
+) -> NeighborStat:
+    """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``.
+
+    Frames are read in the calling thread and counted by ``workers`` threads (default:
+    ``default_workers()``); results are merged in frame order, so the outcome and the first
+    error reported do not depend on the number of threads.
+    """
+    if not rcut > 0 or not math.isfinite(rcut):
+        raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
+    if ntypes < 1:
+        raise MDTrainError("neighbour statistics need at least one atom type")
+    rcut = float(rcut)
+    totals = [_SystemTotals(system, ntypes) for system in systems]
+    nframes = sum(int(t.system.nframes) for t in totals)
+    workers = default_workers() if workers is None else max(1, int(workers))
+    done = _run_chunks(totals, rcut, ntypes, workers)
+    for _ in progress_bar(done, nframes, "neighbour statistics", progress):
+        pass
+    results = [t.result(rcut) for t in totals]
+    max_counts = np.zeros(ntypes, dtype=np.int64)
+    for result in results:
+        np.maximum(max_counts, result.max_nbor_size, out=max_counts)
+    min_dist = min((r.min_nbor_dist for r in results), default=math.inf)
+    if not math.isfinite(min_dist):
+        log.warning("no two atoms were found in any frame: min_nbor_dist is undefined")
+    return NeighborStat(
+        rcut=rcut,
+        min_nbor_dist=min_dist,
+        max_nbor_size=[int(n) for n in max_counts],
+        systems=results,
+    )
+
+
+def _run_chunks(totals: list[_SystemTotals], rcut: float, ntypes: int, workers: int):
+    """Read, count and merge every chunk of frames; yields once per frame merged."""
+    if workers == 1:
+        for total, rows, coords, boxes in _read_chunks(totals):
+            total.merge(
+                _count_chunk(total.system.path, total.atype, ntypes, rcut, rows, coords, boxes)
+            )
+            yield from rows
+        return
+    pending: deque = deque()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neighbor-stat")
+    try:
+        for total, rows, coords, boxes in _read_chunks(totals):
+            args = (total.system.path, total.atype, ntypes, rcut, rows, coords, boxes)
+            pending.append((total, rows, pool.submit(_count_chunk, *args)))
+            while len(pending) > 2 * workers:  # bounded read-ahead
+                total, rows, future = pending.popleft()
+                total.merge(future.result())
+                yield from rows
+        while pending:
+            total, rows, future = pending.popleft()
+            total.merge(future.result())
+            yield from rows
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _read_chunks(totals: list[_SystemTotals]):
+    """(system totals, frame indices, coords (n, natoms, 3), boxes (n, 3, 3) or None)."""
+    for total in totals:
+        system = total.system
+        for rows in _frame_chunks(int(system.nframes), int(system.natoms)):
+            data = system.frames(rows)
+            coords = np.ascontiguousarray(data["coord"], dtype=np.float64)
+            boxes = data.get("box") if system.periodic else None
+            boxes = None if boxes is None else np.ascontiguousarray(boxes, dtype=np.float64)
+            yield total, rows, coords, boxes
+
+
+# ----------------------------------------------------------------------------------------
+# the JSON file
+
+
+def neighbor_stat_to_dict(
+    stat: NeighborStat, type_map: Sequence[str], sel_ratio: float = DEFAULT_SEL_RATIO
+) -> dict[str, Any]:
+    """The contents of ``neighbor_stat.json``."""
+    min_dist = stat.min_nbor_dist if math.isfinite(stat.min_nbor_dist) else None
+    return {
+        "rcut": stat.rcut,
+        "type_map": list(type_map),
+        "min_nbor_dist": min_dist,
+        "max_nbor_size": list(stat.max_nbor_size),
+        "sel": auto_sel(stat.max_nbor_size, sel_ratio),
+        "sel_ratio": sel_ratio,
+        "systems": [
+            {
+                "path": s.path,
+                "nframes": s.nframes,
+                "natoms": s.natoms,
+                "sha256": s.sha256,
+                "min_nbor_dist": s.min_nbor_dist if math.isfinite(s.min_nbor_dist) else None,
+                "max_nbor_size": s.max_nbor_size,
+            }
+            for s in stat.systems
+        ],
+        "fingerprint": stat.fingerprint,
+        "mdtrain_version": __version__,
+    }
+
+
+def write_neighbor_stat(
+    path: str,
+    stat: NeighborStat,
+    type_map: Sequence[str],
+    sel_ratio: float = DEFAULT_SEL_RATIO,
+) -> dict[str, Any]:
+    """Write the JSON file atomically (a temporary file renamed over ``path``); return it."""
+    content = neighbor_stat_to_dict(stat, type_map, sel_ratio)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".neighbor_stat.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(content, handle, indent=2)
+                handle.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise MDTrainError(f"{path}: cannot write the neighbour statistics ({exc})") from None
+    return content
+
+
+_REQUIRED_KEYS = ("rcut", "type_map", "min_nbor_dist", "max_nbor_size", "sel", "fingerprint")
+
+
+def load_neighbor_stat(path: str) -> dict[str, Any]:
+    """Read a file written by ``mdtrain neighbor-stat``; errors name the file and the key."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except FileNotFoundError:
+        raise MDTrainError(f"{path}: neighbour-stat file not found") from None
+    except json.JSONDecodeError as exc:
+        raise MDTrainError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MDTrainError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(content, dict):
+        raise MDTrainError(f"{path}: expected a JSON object written by mdtrain neighbor-stat")
+    for key in _REQUIRED_KEYS:
+        if key not in content:
+            raise MDTrainError(f"{path}: key '{key}' missing; rerun mdtrain neighbor-stat")
+    return content
+
+
+def check_neighbor_stat_matches(
+    stat: dict[str, Any],
+    rcut: float,
+    type_map: Sequence[str],
+    systems: Sequence,
+    *,
+    source: str = "neighbour-stat file",
+) -> None:
+    """Raise MDTrainError unless ``stat`` was computed with this rcut, type_map and data.
+
+    ``systems`` are ``mdtrain.data.System`` objects; data are compared by content hash, so
+    a data set that only moved still matches.
+    """
+    hint = "rerun mdtrain neighbor-stat"
+    if not math.isclose(float(stat["rcut"]), float(rcut), rel_tol=1e-12, abs_tol=1e-12):
+        raise MDTrainError(f"{source}: computed for rcut = {stat['rcut']}, not {rcut}; {hint}")
+    if list(stat["type_map"]) != list(type_map):
+        raise MDTrainError(
+            f"{source}: computed for type_map {list(stat['type_map'])}, not {list(type_map)}; "
+            f"{hint}"
+        )
+    current = {content_hash(system.fingerprint()): system.path for system in systems}
+    if data_fingerprint(list(current)) == stat["fingerprint"]:
+        return
+    stored = {entry.get("sha256"): entry.get("path") for entry in stat.get("systems", [])}
+    for sha, path in current.items():
+        if sha not in stored:
+            was = " (its data changed)" if path in stored.values() else ""
+            raise MDTrainError(
+                f"{source}: system {path} is not among the data it was computed on{was}; {hint}"
+            )
+    for sha, path in stored.items():
+        if sha not in current:
+            raise MDTrainError(
+                f"{source}: computed on system {path}, which is not in the data now; {hint}"
+            )
+    raise MDTrainError(f"{source}: data fingerprint differs; {hint}")
