@@ -1,0 +1,108 @@
+"""Load a model for inference from a checkpoint (.pt) or a frozen TorchScript file (.pth).
+
+Both kinds are zip archives; a TorchScript archive is recognised by its ``constants.pkl``
+or ``code/`` entries, whatever the file is called. Checkpoints are read with
+``weights_only=True`` (never runs code). Either way the result is a module in eval mode with
+the EnergyModel forward and the attributes ``type_map``, ``rcut`` and ``sel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+import zipfile
+from collections.abc import Iterator
+
+import torch
+
+from mdtrain.errors import MDTrainError
+
+#: Name of the JSON metadata stored in a frozen model's ``_extra_files``.
+FROZEN_METADATA = "mdtrain.json"
+
+
+@contextlib.contextmanager
+def quiet_jit() -> Iterator[None]:
+    """Silence torch's deprecation notices for TorchScript: frozen files are TorchScript on
+    purpose (loadable from C++ and from Python without mdtrain)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+        yield
+
+
+def is_torchscript(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a TorchScript archive (``torch.jit.save``), not a pickle."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+
+
+def model_from_checkpoint(state: dict, source: str = "checkpoint") -> torch.nn.Module:
+    """Build an EnergyModel from a checkpoint dict (``model_config`` + ``model_state``)."""
+    from mdtrain.model import EnergyModel
+
+    if "model_config" not in state or "model_state" not in state:
+        raise MDTrainError(f"{source}: no model_config/model_state in the checkpoint")
+    try:
+        model = EnergyModel(state["model_config"])
+    except MDTrainError as exc:
+        raise MDTrainError(f"{source}: incompatible model_config: {exc}") from None
+    weights = state["model_state"]
+    if any(k.startswith("module.") for k in weights):  # saved from a DDP wrapper
+        weights = {k.removeprefix("module."): v for k, v in weights.items()}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0][:200]
+        raise MDTrainError(f"{source}: model_state does not match model_config ({first})") from None
+    return model
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The model stored in ``path`` (checkpoint or frozen), on ``device``, in eval mode."""
+    from mdtrain.train.checkpoint import load_checkpoint
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise MDTrainError(f"model {path}: file not found")
+    if is_torchscript(path):
+        model = _load_frozen(path, device)
+    else:
+        model = model_from_checkpoint(load_checkpoint(path, map_location="cpu"), f"model {path}")
+        model.to(device)
+    return model.eval()
+
+
+def _load_frozen(path: str, device: str | torch.device) -> torch.nn.Module:
+    try:
+        with quiet_jit():
+            model = torch.jit.load(path, map_location=device)
+    except Exception as exc:  # corrupt archives raise RuntimeError, sometimes others
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise MDTrainError(f"model {path}: cannot load the frozen model ({first})") from None
+    for name in ("type_map", "rcut", "sel"):
+        if not hasattr(model, name):
+            raise MDTrainError(
+                f"model {path}: a TorchScript file without {name!r}; not an mdtrain model"
+            )
+    return model
+
+
+def read_frozen_metadata(path: str | os.PathLike) -> dict:
+    """The JSON metadata written by ``mdtrain freeze`` (model_config, version, ...)."""
+    path = os.fspath(path)
+    extra = {FROZEN_METADATA: ""}
+    try:
+        with quiet_jit():
+            torch.jit.load(path, map_location="cpu", _extra_files=extra)
+    except Exception as exc:
+        raise MDTrainError(f"model {path}: cannot load the frozen model ({exc})") from None
+    if not extra[FROZEN_METADATA]:
+        raise MDTrainError(f"model {path}: no {FROZEN_METADATA} metadata (not frozen by mdtrain)")
+    raw = extra[FROZEN_METADATA]
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)

@@ -1,0 +1,294 @@
+"""``mdtrain test``: RMSE and MAE of a model's energies, forces and virials on systems.
+
+Per system the first N frames are evaluated in memory-adaptive chunks. The total over all
+systems pools the squared and absolute errors (weighted by frames for energies and virials,
+by force components for forces), never averages of per-system RMSEs, so it equals the
+figure of one system holding all the frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mdtrain.data import System, expand_systems, open_system
+from mdtrain.errors import MDTrainError
+from mdtrain.progress import progress
+
+log = logging.getLogger("mdtrain.test")
+
+# error name -> (label it needs, unit); JSON keys from `figure_key`
+QUANTITIES: dict[str, tuple[str, str]] = {
+    "energy": ("energy", "eV"),
+    "energy_per_atom": ("energy", "eV/atom"),
+    "force": ("force", "eV/Å"),
+    "virial": ("virial", "eV"),
+    "virial_per_atom": ("virial", "eV/atom"),
+}
+PARITY_MAX_POINTS = 200_000  # force components drawn at most (a random subset beyond)
+
+
+def figure_key(name: str, stat: str) -> str:
+    """``energy``/``rmse`` → ``energy_rmse``; ``energy_per_atom``/``rmse`` → ``energy_rmse_per_atom``."""
+    base, per_atom, _ = name.partition("_per_atom")
+    return f"{base}_{stat}{per_atom}"
+
+
+@dataclass
+class ErrorSums:
+    """Sums of squared and absolute errors and their counts, per quantity; mergeable."""
+
+    nframes: int = 0
+    sums: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [sum sq, sum abs, n]
+
+    def add(self, name: str, err: np.ndarray) -> None:
+        err = np.asarray(err, dtype=np.float64)
+        row = np.array([np.square(err).sum(), np.abs(err).sum(), err.size], dtype=np.float64)
+        self.sums[name] = self.sums.get(name, np.zeros(3)) + row
+
+    def merge(self, other: ErrorSums) -> None:
+        self.nframes += other.nframes
+        for name, row in other.sums.items():
+            self.sums[name] = self.sums.get(name, np.zeros(3)) + row
+
+    def rmse(self, name: str) -> float:
+        sq, _, n = self.sums[name]
+        return float(np.sqrt(sq / n))
+
+    def mae(self, name: str) -> float:
+        _, ab, n = self.sums[name]
+        return float(ab / n)
+
+    def summary(self) -> dict:
+        """``nframes`` and the RMSE/MAE (`figure_key` names) of every quantity with data."""
+        out: dict = {"nframes": self.nframes}
+        for name in QUANTITIES:
+            if name in self.sums and self.sums[name][2] > 0:
+                out[figure_key(name, "rmse")] = self.rmse(name)
+                out[figure_key(name, "mae")] = self.mae(name)
+        return out
+
+
+@dataclass
+class SystemResult:
+    """Predictions and labels (float64 numpy) of the frames tested in one system."""
+
+    path: str
+    natoms: int
+    pred: dict[str, np.ndarray]
+    label: dict[str, np.ndarray]
+
+    @property
+    def nframes(self) -> int:
+        return len(self.pred["energy"])
+
+    def errors(self) -> ErrorSums:
+        sums = ErrorSums(nframes=self.nframes)
+        if "energy" in self.label:
+            de = self.pred["energy"] - self.label["energy"]
+            sums.add("energy", de)
+            sums.add("energy_per_atom", de / self.natoms)
+        if "force" in self.label:
+            sums.add("force", self.pred["force"] - self.label["force"])
+        if "virial" in self.label:
+            dv = self.pred["virial"] - self.label["virial"]
+            sums.add("virial", dv)
+            sums.add("virial_per_atom", dv / self.natoms)
+        return sums
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def evaluate_system(
+    model: torch.nn.Module,
+    system: System,
+    nframes: int,
+    device: torch.device | str = "cpu",
+    chunker=None,
+    on_frames=None,
+) -> SystemResult:
+    """Predictions for the first ``nframes`` frames of ``system``, in OOM-adaptive chunks.
+
+    ``on_frames(n)`` is called after each chunk (progress); ``chunker`` is an
+    ``InferenceChunker`` whose learned size carries over between systems.
+    """
+    from mdtrain.batching import make_batch
+    from mdtrain.train.oom import InferenceChunker
+
+    chunker = chunker or InferenceChunker(device=device)
+    rcut, sel = float(model.rcut), [int(s) for s in model.sel]
+    labels = [k for k in ("energy", "force", "virial") if system.has(k)]
+    if not system.periodic and "virial" in labels:
+        labels.remove("virial")  # a virial without a cell is not comparable
+
+    def run(start: int, stop: int) -> dict[str, np.ndarray]:
+        batch = make_batch(system, np.arange(start, stop), rcut, sel, device)
+        with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
+            out = model(*batch.inputs())
+        result = {k: out[k].detach().cpu().numpy() for k in ("energy", "force", "virial")}
+        for k in labels:
+            result["label_" + k] = batch.labels[k].cpu().numpy()
+        if on_frames is not None:
+            on_frames(stop - start)
+        return result
+
+    chunks = chunker.run_all(run, nframes, system.natoms, name=system.path)
+    joined = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+    return SystemResult(
+        path=system.path,
+        natoms=system.natoms,
+        pred={k: joined[k] for k in ("energy", "force", "virial")},
+        label={k: joined["label_" + k] for k in labels},
+    )
+
+
+def format_table(title: str, summary: dict) -> str:
+    """A plain-text table of one summary (as from `ErrorSums.summary`)."""
+    lines = [title, f"  {'quantity':<16}{'RMSE':>14}{'MAE':>14}  unit"]
+    for name, (_, unit) in QUANTITIES.items():
+        if figure_key(name, "rmse") in summary:
+            rmse, mae = summary[figure_key(name, "rmse")], summary[figure_key(name, "mae")]
+            lines.append(
+                f"  {name.replace('_per_atom', '/atom'):<16}{rmse:>14.6e}{mae:>14.6e}  {unit}"
+            )
+    if len(lines) == 2:
+        lines.append("  (no energy, force or virial labels)")
+    return "\n".join(lines)
+
+
+def _frames_to_test(system: System, numb_test: int) -> int:
+    if numb_test < 0:
+        raise MDTrainError(f"-n/--numb-test must be >= 0, got {numb_test}")
+    if numb_test == 0 or numb_test >= system.nframes:
+        return system.nframes
+    return numb_test
+
+
+def run_test(args: argparse.Namespace) -> int:
+    """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]``."""
+    from mdtrain.infer.load import load_model
+    from mdtrain.train.oom import InferenceChunker
+
+    device = _device()
+    model = load_model(args.model, device)
+    type_map = list(model.type_map)
+    paths = expand_systems(args.system, os.getcwd())
+    systems = [open_system(p, type_map) for p in paths]
+    counts = [_frames_to_test(s, args.numb_test) for s in systems]
+    total_frames = sum(counts)
+    log.info("testing %s on %d system(s), %d frame(s)", args.model, len(systems), total_frames)
+
+    chunker = InferenceChunker(device=device)
+    bar = progress(iter(range(total_frames)), total_frames, "test")
+
+    def advance(n: int) -> None:
+        for _ in range(n):
+            next(bar, None)
+
+    results: list[SystemResult] = []
+    per_system: dict[str, dict] = {}
+    total = ErrorSums()
+    for system, n in zip(systems, counts):
+        result = evaluate_system(model, system, n, device, chunker, advance)
+        errors = result.errors()
+        total.merge(errors)
+        per_system[system.path] = {"natoms": system.natoms, **errors.summary()}
+        results.append(result)
+    for _ in bar:  # let the progress reporter finish
+        pass
+
+    for path, summary in per_system.items():
+        print(
+            format_table(
+                f"System {path}: {summary['nframes']} frames, {summary['natoms']} atoms", summary
+            )
+        )
+        print()
+    totals = {"nsystems": len(systems), **total.summary()}
+    print(
+        format_table(
+            f"Total over {len(systems)} system(s), {total.nframes} frames (pooled errors)", totals
+        )
+    )
+
+    if args.json:
+        _write_json(
+            args.json,
+            {"model": os.path.abspath(args.model), "systems": per_system, "total": totals},
+        )
+    if args.parity:
+        draw_parity(results, args.parity)
+    return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as exc:
+        raise MDTrainError(f"--json {path}: cannot write ({exc.strerror or exc})") from None
+    log.info("wrote %s", path)
+
+
+def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
+    """Predicted-vs-reference scatter plots: energy/atom, force components, virial/atom."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("energy", "energy per atom (eV/atom)", True),
+        ("force", "force components (eV/Å)", False),
+        ("virial", "virial per atom (eV/atom)", True),
+    ]
+    panels = [p for p in panels if any(p[0] in r.label for r in results)]
+    if not panels:
+        raise MDTrainError(f"--parity {path}: the systems have no energy, force or virial labels")
+    rng = np.random.default_rng(seed)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
+    legend = len(results) <= 8
+    for ax, (key, title, per_atom) in zip(axes[0], panels):
+        lo, hi = np.inf, -np.inf
+        npoints = sum(r.label[key].size for r in results if key in r.label)
+        keep = min(1.0, PARITY_MAX_POINTS / max(npoints, 1))
+        for r in results:
+            if key not in r.label:
+                continue
+            ref, pred = r.label[key].ravel(), r.pred[key].ravel()
+            if per_atom:
+                ref, pred = ref / r.natoms, pred / r.natoms
+            if keep < 1.0:
+                pick = rng.random(ref.size) < keep
+                ref, pred = ref[pick], pred[pick]
+            if ref.size == 0:
+                continue
+            ax.scatter(
+                ref, pred, s=4, alpha=0.6, label=os.path.basename(r.path.rstrip("/")) or r.path
+            )
+            lo, hi = min(lo, ref.min(), pred.min()), max(hi, ref.max(), pred.max())
+        if np.isfinite(lo):
+            pad = 0.05 * (hi - lo or 1.0)
+            ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("reference")
+        ax.set_ylabel("predicted")
+        if legend and len(results) > 1:
+            ax.legend(fontsize=7, markerscale=2)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise MDTrainError(f"--parity {path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
+    log.info("wrote %s", path)

@@ -1,0 +1,177 @@
+"""``mdtrain freeze``: the TorchScript file gives the checkpoint's outputs, in this process
+and in a fresh one that never imports mdtrain; metadata; calculator and ``mdtrain test``
+accept it; error paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.cli import main
+from mdtrain.errors import MDTrainError
+from mdtrain.infer.load import is_torchscript, load_model, read_frozen_metadata
+from mdtrain.neighbors.nlist import build_nlist
+from tests.datagen import random_water_like, water_labeled, write_npy_system
+from tests.test_infer_test import save_tiny_checkpoint, tiny_model
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
+
+
+def batch_inputs(periodic: bool) -> tuple:
+    """Two frames of 24 atoms (sorted O first), with neighbour lists, as model inputs."""
+    coords, types, boxes = random_water_like(2, 8, 6.4, seed=5, triclinic=True)
+    order = np.argsort(types, kind="stable")
+    coords, atype = coords[:, order], types[order]
+    box = boxes if periodic else None
+    lists = [
+        build_nlist(coords[f], None if box is None else box[f], atype, 4.0, [16, 32])
+        for f in range(2)
+    ]
+    return (
+        torch.tensor(coords),
+        torch.tensor(atype),
+        None if box is None else torch.tensor(box),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory) -> tuple[str, str]:
+    """(checkpoint, frozen file) of the same tiny model."""
+    tmp = tmp_path_factory.mktemp("freeze")
+    ckpt = save_tiny_checkpoint(tmp / "model.ckpt.pt")
+    out = tmp / "frozen.pth"
+    assert main(["freeze", ckpt, "-o", str(out)]) == 0
+    return ckpt, str(out)
+
+
+def assert_same(out: dict, ref: dict, tol: float = 1e-10) -> None:
+    for key in ("energy", "atom_energy", "force", "virial"):
+        torch.testing.assert_close(out[key].detach(), ref[key].detach(), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_frozen_matches_checkpoint(frozen, periodic):
+    ckpt, path = frozen
+    args = batch_inputs(periodic)
+    ref = load_model(ckpt)(*args)
+    assert ref["force"].abs().max() > 1e-3  # not a trivially flat model
+    loaded = torch.jit.load(path)
+    with torch.enable_grad():
+        assert_same(loaded(*args), ref)
+    via_loader = load_model(path)
+    assert isinstance(via_loader, torch.jit.ScriptModule) and not via_loader.training
+    with torch.enable_grad():
+        assert_same(via_loader(*args), ref)
+
+
+def test_frozen_attributes_and_metadata(frozen):
+    ckpt, path = frozen
+    assert is_torchscript(path) and not is_torchscript(ckpt)
+    model = torch.jit.load(path)
+    assert model.type_map == ["O", "H"] and model.rcut == 4.0 and model.sel == [16, 32]
+    meta = read_frozen_metadata(path)
+    assert meta["type_map"] == ["O", "H"] and meta["rcut"] == 4.0 and meta["sel"] == [16, 32]
+    assert meta["model_config"] == tiny_model().get_model_config()
+    assert meta["step"] == 0 and meta["mdtrain_version"]
+    extra = {"mdtrain.json": ""}
+    torch.jit.load(path, _extra_files=extra)
+    assert json.loads(extra["mdtrain.json"])["format"] == "mdtrain-frozen"
+
+
+FRESH = r"""
+import sys, torch
+model = torch.jit.load(sys.argv[1])
+args = torch.load(sys.argv[2])
+with torch.enable_grad():
+    out = model(args["coord"], args["atype"], args.get("box"), args["nlist"], args["shift"])
+torch.save({k: v.detach() for k, v in out.items()}, sys.argv[3])
+bad = [m for m in sys.modules if m.split(".")[0] in ("mdtrain", "vesin", "ase", "tests")]
+assert not bad, bad
+print(list(model.type_map), float(model.rcut), list(model.sel))
+"""
+
+
+@pytest.mark.multiprocess
+def test_frozen_in_fresh_process_without_mdtrain(frozen, tmp_path):
+    ckpt, path = frozen
+    coord, atype, box, nlist, shift = batch_inputs(True)
+    torch.save(
+        {"coord": coord, "atype": atype, "box": box, "nlist": nlist, "shift": shift},
+        tmp_path / "in.pt",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, path, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['O', 'H'] 4.0 [16, 32]"
+    out = torch.load(tmp_path / "out.pt")
+    assert_same(out, load_model(ckpt)(coord, atype, box, nlist, shift))
+
+
+def test_calculator_accepts_frozen(frozen):
+    from ase import Atoms
+
+    from mdtrain.infer.calculator import MDTrainCalculator
+
+    ckpt, path = frozen
+    coords, types, boxes = random_water_like(1, 8, 6.4, seed=7)
+    symbols = ["O" if t == 0 else "H" for t in types]
+    results = []
+    for source in (ckpt, path):
+        atoms = Atoms(symbols, positions=coords[0], cell=boxes[0], pbc=True)
+        atoms.calc = MDTrainCalculator(source)
+        results.append((atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()))
+    (e0, f0, s0), (e1, f1, s1) = results
+    assert abs(e0 - e1) < 1e-10
+    np.testing.assert_allclose(f1, f0, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(s1, s0, rtol=0, atol=1e-12)
+
+
+def test_mdtrain_test_accepts_frozen(frozen, tmp_path):
+    ckpt, path = frozen
+    system = write_npy_system(tmp_path / "sys", **water_labeled(nframes=3, seed=6))
+    figures = []
+    for model in (ckpt, path):
+        out = tmp_path / "res.json"
+        assert main(["test", "-m", model, "-s", system, "--json", str(out)]) == 0
+        figures.append(json.loads(out.read_text())["total"])
+    assert figures[0].keys() == figures[1].keys()
+    for key, value in figures[0].items():
+        assert figures[1][key] == pytest.approx(value, rel=1e-10, abs=1e-12), key
+
+
+def test_freeze_errors(tmp_path, capsys):
+    assert main(["freeze", str(tmp_path / "missing.pt"), "-o", str(tmp_path / "m.pth")]) == 1
+    assert "missing.pt: file not found" in capsys.readouterr().err
+    ckpt = save_tiny_checkpoint(tmp_path / "c.pt")
+    assert main(["freeze", ckpt, "-o", str(tmp_path / "no" / "dir" / "m.pth")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "m.pth").exists()
+
+
+def test_truncated_frozen_file(frozen, tmp_path):
+    _, path = frozen
+    size = os.path.getsize(path)
+    broken = tmp_path / "broken.pth"
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(broken, "w") as zout:
+        for item in zin.infolist():  # a TorchScript archive with its weights missing
+            if "/data/" not in item.filename:
+                zout.writestr(item, zin.read(item.filename))
+    assert broken.stat().st_size < size and is_torchscript(broken)
+    with pytest.raises(MDTrainError, match="broken.pth: cannot load the frozen model"):
+        load_model(broken)
