@@ -338,6 +338,15 @@ def test_mismatch_detection(tmp_path, two_systems):
     write_neighbor_stat(path, stat, ["O", "H"])
     content = load_neighbor_stat(path)
     check_neighbor_stat_matches(content, 3.0, ["O", "H"], systems)  # no error
+    # the same data twice (a copy under another name) must match its own file too
+    twin = shutil.copytree(two_systems[1], tmp_path / "twin")
+    doubled = [*systems, open_system(str(twin), ["O", "H"])]
+    write_neighbor_stat(str(tmp_path / "doubled.json"), compute_neighbor_stat(
+        doubled, 3.0, 2, progress=False), ["O", "H"])  # fmt: skip
+    doubled_content = load_neighbor_stat(str(tmp_path / "doubled.json"))
+    check_neighbor_stat_matches(doubled_content, 3.0, ["O", "H"], doubled)
+    with pytest.raises(MDTrainError, match="twin, which is not in the data now"):
+        check_neighbor_stat_matches(doubled_content, 3.0, ["O", "H"], systems)
     with pytest.raises(MDTrainError, match=r"rcut = 3.0, not 3.5"):
         check_neighbor_stat_matches(content, 3.5, ["O", "H"], systems)
     with pytest.raises(MDTrainError, match=r"type_map \['O', 'H'\], not \['H', 'O'\]"):

@@ -136,7 +136,8 @@ def format_table(
         rows.append(row)
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     for row in [header, *rows]:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        lines.append("  ".join(cells).rstrip())
     lines.append("")
     if math.isfinite(stat.min_nbor_dist):
         lines.append(f"min_nbor_dist: {stat.min_nbor_dist:.6f} Å")

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -475,19 +475,31 @@ def check_neighbor_stat_matches(
             f"{source}: computed for type_map {list(stat['type_map'])}, not {list(type_map)}; "
             f"{hint}"
         )
-    current = {content_hash(system.fingerprint()): system.path for system in systems}
-    if data_fingerprint(list(current)) == stat["fingerprint"]:
+    current = [(content_hash(system.fingerprint()), system.path) for system in systems]
+    if data_fingerprint([sha for sha, _ in current]) == stat["fingerprint"]:
         return
-    stored = {entry.get("sha256"): entry.get("path") for entry in stat.get("systems", [])}
-    for sha, path in current.items():
-        if sha not in stored:
-            was = " (its data changed)" if path in stored.values() else ""
-            raise MDTrainError(
-                f"{source}: system {path} is not among the data it was computed on{was}; {hint}"
-            )
-    for sha, path in stored.items():
-        if sha not in current:
-            raise MDTrainError(
-                f"{source}: computed on system {path}, which is not in the data now; {hint}"
-            )
+    stored = [(entry.get("sha256"), entry.get("path")) for entry in stat.get("systems", [])]
+    # pair systems up: same data at the same path first, then same data anywhere (moved)
+    exact = Counter(stored) & Counter(current)
+    left_stored = list((Counter(stored) - exact).elements())
+    left_current = list((Counter(current) - exact).elements())
+    by_hash = Counter(sha for sha, _ in left_stored) & Counter(sha for sha, _ in left_current)
+    stored_paths = {path for _, path in stored}
+    unmatched = Counter(by_hash)
+    for sha, path in left_current:
+        if unmatched[sha] > 0:
+            unmatched[sha] -= 1
+            continue
+        was = " (its data changed)" if path in stored_paths else ""
+        raise MDTrainError(
+            f"{source}: system {path} is not among the data it was computed on{was}; {hint}"
+        )
+    unmatched = Counter(by_hash)
+    for sha, path in left_stored:
+        if unmatched[sha] > 0:
+            unmatched[sha] -= 1
+            continue
+        raise MDTrainError(
+            f"{source}: computed on system {path}, which is not in the data now; {hint}"
+        )
     raise MDTrainError(f"{source}: data fingerprint differs; {hint}")
