@@ -146,6 +146,19 @@ def test_dpdata_reader_without_labels(tmp_path):
     np.testing.assert_allclose(system.frames([0])["coord"][0], atoms.positions[order], atol=1e-6)
 
 
+def test_dpdata_labelled_reader(tmp_path, water_system):
+    import dpdata
+
+    dpdata.LabeledSystem(water_system, fmt="deepmd/npy").to("deepmd/raw", str(tmp_path / "raw"))
+    _convert(tmp_path / "raw", "-o", tmp_path / "out", "-f", "deepmd/raw")
+    a = open_system(water_system, ["O", "H"])
+    b = open_system(str(tmp_path / "out" / "O8H16"), ["O", "H"])
+    assert b.labels == {"energy", "force", "virial"}
+    everything = range(a.nframes)
+    for key, value in a.frames(everything).items():
+        np.testing.assert_allclose(b.frames(everything)[key], value, rtol=1e-12, atol=1e-12)
+
+
 def test_nopbc_and_partial_labels(tmp_path, capsys):
     images = _images(3, 1, seed=6, with_stress=False)
     for atoms in images:
@@ -164,6 +177,7 @@ def test_auto_format_guess(tmp_path, water_system):
     assert resolve_format("md.extxyz", "auto") == ("ase", "extxyz")
     assert resolve_format("traj.lammpstrj", "auto") == ("dpdata", "lammps/dump")
     assert resolve_format(water_system, "auto") == ("deepmd", None)
+    assert resolve_format("data.h5#/water", "auto") == ("deepmd", None)
     assert resolve_format("x", "extxyz") == ("ase", "extxyz")
     assert resolve_format("x", "vasp/outcar") == ("dpdata", "vasp/outcar")
     assert resolve_format("x", "ase/traj") == ("dpdata", "ase/traj")

@@ -146,7 +146,11 @@ def test_hdf5_handle_reopens_after_rewrite(tmp_path, water_data):
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, mdtrain.data, mdtrain.data.convert; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, mdtrain.data, mdtrain.data.convert\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert 'h5py' not in sys.modules and 'dpdata' not in sys.modules  # on first use"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

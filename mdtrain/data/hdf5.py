@@ -9,12 +9,15 @@ handle is reopened when the file changed on disk (rewritten by a test or a conve
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 from mdtrain.data.npy import as_slice
 from mdtrain.errors import MDTrainError
+
+if TYPE_CHECKING:  # h5py is imported on first use: `import mdtrain.data` stays quick
+    import h5py
 
 _handles: dict[str, tuple[tuple[int, int, int], h5py.File]] = {}
 _owner_pid = os.getpid()
@@ -33,6 +36,8 @@ def join_h5_path(file: str, group: str) -> str:
 
 def is_hdf5(path: str) -> bool:
     """True for a readable HDF5 file (by its signature, not its name)."""
+    import h5py
+
     try:
         return os.path.isfile(path) and h5py.is_hdf5(path)
     except OSError:
@@ -41,6 +46,8 @@ def is_hdf5(path: str) -> bool:
 
 def open_h5(file: str) -> h5py.File:
     """A read-only handle to ``file``, cached for this process."""
+    import h5py
+
     global _owner_pid
     if os.getpid() != _owner_pid:
         # handles inherited through fork belong to the parent: forget them, never close them
@@ -76,6 +83,8 @@ def close_h5(file: str | None = None) -> None:
 
 def find_h5_systems(file: str, group: str = "/") -> list[str]:
     """Every group at or under ``group`` that holds a ``type.raw`` dataset, as group paths."""
+    import h5py
+
     root = open_h5(file)
     if group not in root or not isinstance(root[group], h5py.Group):
         raise MDTrainError(f"{join_h5_path(file, group)}: no such group in {file}")
@@ -114,6 +123,8 @@ class H5Store:
 
     def _group(self) -> h5py.Group:
         """The system group, looked up again only when the file handle changed."""
+        import h5py
+
         root = open_h5(self.file)
         if root is self._root:
             return self._cached_group
@@ -133,6 +144,8 @@ class H5Store:
 
     def _dataset(self, name: str) -> h5py.Dataset | None:
         """The dataset ``name`` of the system group (None when absent), cached per handle."""
+        import h5py
+
         group = self._group()
         if name in self._datasets:
             return self._datasets[name]
@@ -175,6 +188,8 @@ class H5Store:
         return "nopbc" in self._group()
 
     def set_names(self) -> list[str]:
+        import h5py
+
         group = self._group()
         return sorted(
             name

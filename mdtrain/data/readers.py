@@ -46,7 +46,7 @@ def resolve_format(path: str, fmt: str) -> tuple[str, str | None]:
     if fmt != "auto":
         return _explicit_format(fmt)
     base = os.path.basename(os.path.normpath(path)).lower()
-    if os.path.isdir(path) or is_hdf5(path):
+    if "#" in path or os.path.isdir(path) or is_hdf5(path):
         return "deepmd", None
     if base.startswith("outcar"):
         return "dpdata", "vasp/outcar"
@@ -129,7 +129,8 @@ def _read_dpdata(path: str, fmt: str, type_map: list[str] | None) -> list[Block]
             errors.append(exc)
     if systems is None:
         try:
-            systems = list(dpdata.MultiSystems.from_file(path, fmt=fmt, type_map=type_map))
+            extra = {"type_map": list(type_map)} if type_map else {}
+            systems = list(dpdata.MultiSystems.from_file(path, fmt=fmt, **extra))
         except Exception:
             raise MDTrainError(f"{path}: dpdata cannot read it as {fmt} ({errors[0]})") from None
     return [_dpdata_block(path, s) for s in systems if s.get_nframes() > 0]
