@@ -134,3 +134,14 @@ def test_eval_under_no_grad_returns_detached_outputs():
     with torch.no_grad():
         out = evaluate(model, coord, None, atype)  # forces still computed
     assert np.abs(out["force"]).max() > 0
+
+
+def test_atom_exclude_types_zero_their_energy_but_keep_forces_exact():
+    box = triclinic(5.0, seed=7)
+    coord, atype = water_like(3, box, seed=7)
+    model = make_model({"sel": [16, 32]}, atom_exclude_types=[1]).eval()
+    out = evaluate(model, coord, box, atype)
+    assert np.all(out["atom_energy"][atype == 1] == 0) and np.all(
+        out["atom_energy"][atype == 0] != 0
+    )
+    assert rel_err(out["force"], fd_forces(model, coord, box, atype)) < 1e-6

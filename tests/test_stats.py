@@ -204,3 +204,32 @@ def test_no_stat_file_and_no_energies():
     compute_or_load_stats(model, [system], None, nbatch=10)
     assert torch.all(model.out_bias == 0)
     assert model.descriptor.davg[0, 0, 0] > 0
+
+
+def test_with_a_system_read_from_disk(tmp_path):
+    """collect_stat_batches on a real deepmd/npy system (atoms unsorted on disk, H first)."""
+    from mdtrain.data import open_system
+
+    fake = make_system(3, True, 5, seed=12)
+    order = np.argsort(-fake.atype, kind="stable")  # H atoms first on disk
+    directory = tmp_path / "sys"
+    (directory / "set.000").mkdir(parents=True)
+    (directory / "type_map.raw").write_text("O\nH\n")
+    (directory / "type.raw").write_text("\n".join(str(t) for t in fake.atype[order]) + "\n")
+    np.save(directory / "set.000/coord.npy", fake.coord[:, order].reshape(5, -1))
+    np.save(directory / "set.000/box.npy", fake.box.reshape(5, 9))
+    np.save(directory / "set.000/energy.npy", fake.energy)
+    system = open_system(str(directory), ["O", "H"])
+    cfg = small_config()
+    from_disk = collect_stat_batches([system], cfg, 10)
+    direct = collect_stat_batches([fake], cfg, 10)
+    model = EnergyModel(cfg)
+    for a, b in zip(
+        compute_descriptor_stats(from_disk, model),
+        compute_descriptor_stats(direct, model),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([b["energy"] for b in from_disk]), fake.energy)
+    compute_or_load_stats(model, [system], None, nbatch=10)
+    assert model.descriptor.davg[0, 0, 0] > 0
