@@ -3,7 +3,9 @@
 The file is a header comment naming the columns (``step``, ``rmse_val``, ``rmse_trn``, ...,
 ``lr``; the training-only form has no ``_val`` columns), further comment lines, and one row of
 numbers per displayed step, where a metric without reference data reads ``nan``. A restart
-appends rows and may repeat the header; a repeated header must name the same columns.
+appends rows and may repeat the header; a repeated header must name the same columns. A last
+line without its newline is a row still being written (or torn by a kill) and is skipped, so a
+running training can be plotted.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ def parse_lcurve(path: str | Path) -> dict[str, np.ndarray]:
     except (OSError, UnicodeDecodeError) as exc:
         raise MDTrainError(f"{path}: cannot read: {exc}") from None
 
+    lines = text.splitlines()
+    # A last line without its newline may be a row still being written (training is running)
+    # or torn by a kill: it is kept only if it is a complete row.
+    unfinished = lines.pop() if lines and not text.endswith("\n") else None
     names: list[str] | None = None
     rows: list[list[float]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(lines, start=1):
         stripped = line.strip()
         if not stripped:
             continue
@@ -71,6 +77,12 @@ def parse_lcurve(path: str | Path) -> dict[str, np.ndarray]:
         except ValueError:
             bad = next(f for f in fields if not _is_float(f))
             raise MDTrainError(f"{path}:{lineno}: {bad!r} is not a number") from None
+    if unfinished is not None and names is not None:
+        fields = unfinished.split()
+        if len(fields) == len(names) and all(_is_float(f) for f in fields):
+            rows.append([float(f) for f in fields])
+        else:
+            log.debug("%s: skipping the unfinished last line %r", path, unfinished)
     if names is None:
         raise MDTrainError(f"{path}: no header line '# step ...'; is this an lcurve.out file?")
 

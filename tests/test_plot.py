@@ -175,3 +175,19 @@ def test_non_positive_values_are_not_fatal(tmp_path):
     columns["rmse_trn"][0] = 0.0  # cannot be drawn on a log axis; skipped, not an error
     out = plot_lcurve(columns, tmp_path / "zero.png")
     assert read_png(out).size > 0
+
+
+def test_unfinished_last_row_is_skipped(tmp_path):
+    """A running training flushes whole rows; a row being written has no newline yet."""
+    path = write_lcurve(tmp_path / "lcurve.out", STEPS[:4])
+    path.write_text(path.read_text() + "    399      1.2")
+    columns = parse_lcurve(path)
+    np.testing.assert_array_equal(columns["step"], STEPS[:4])
+    # A complete last row without its newline is kept.
+    complete = write_lcurve(tmp_path / "complete.out", STEPS[:4]).read_text().rstrip("\n")
+    (tmp_path / "complete.out").write_text(complete)
+    np.testing.assert_array_equal(parse_lcurve(tmp_path / "complete.out")["step"], STEPS[:4])
+    # The unfinished text with its newline is a malformed row.
+    path.write_text(path.read_text() + "\n")
+    with pytest.raises(MDTrainError, match=r"lcurve\.out:7: 2 values"):
+        parse_lcurve(path)
