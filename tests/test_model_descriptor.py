@@ -179,9 +179,11 @@ def test_initialisation_distributions():
     [{}, {"type_one_side": False}, {"exclude_types": [[0, 1]], "type_one_side": False}],
     ids=["one_side", "pairwise", "exclude"],
 )
-def test_skipping_padded_slots_changes_nothing(descriptor):
-    """The optimised path (net only on columns with a real neighbour, padded tail summed
-    once per centre type) equals running the net on every slot, including gradients."""
+@pytest.mark.parametrize("switch", ["skip_padded", "linearize"])
+def test_optimised_paths_change_nothing(descriptor, switch):
+    """Each optimisation equals the straightforward path, parameter gradients of a force loss
+    included: ``skip_padded`` (net only on columns with a real neighbour, padded tail summed
+    once per centre type) and ``linearize`` (dG/ds by forward mode, no double backward)."""
     from mdtrain.neighbors.nlist import build_nlist
 
     model = make_model({"sel": [20, 40], **descriptor}).train()
@@ -198,8 +200,8 @@ def test_skipping_padded_slots_changes_nothing(descriptor):
     )
     assert (args[3][..., :20] < 0).all(dim=(0, 1)).any()  # some columns are padding everywhere
     results = []
-    for skip in (True, False):
-        model.descriptor.skip_padded = skip
+    for on in (True, False):
+        setattr(model.descriptor, switch, on)
         model.zero_grad()
         out = model(*args)
         ((out["force"] ** 2).sum() + out["energy"].sum()).backward()

@@ -35,6 +35,7 @@ class DescriptorSeA(nn.Module):
     type_one_side: bool
     has_exclusions: bool
     skip_padded: bool
+    linearize: bool
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class DescriptorSeA(nn.Module):
         self.register_buffer("pair_keep", keep, persistent=False)
         self.has_exclusions = len(self.exclude_types) > 0
         self.skip_padded = True
+        self.linearize = True
 
     @property
     def dim_out(self) -> int:
@@ -168,7 +170,17 @@ class DescriptorSeA(nn.Module):
                 n = int(used.max()) + 1 if used.numel() > 0 else 0
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
-                g = net(rr_t[:, 0].reshape(-1, 1)).view(nrows, n, self.neuron_out)
+                s = rr_t[:, 0].reshape(-1, 1)
+                if self.linearize and net.has_tangent and s.requires_grad:
+                    # g + dg·(s − s̄), s̄ = s detached: the value of G and the derivative dG/ds,
+                    # but autograd reaches s only through the explicit dg, so forces never
+                    # backpropagate through the net and training never double-backpropagates.
+                    fixed = s.detach()
+                    g, dg = net.value_and_derivative(fixed)
+                    g = torch.addcmul(g, dg, s - fixed)
+                else:
+                    g = net(s)
+                g = g.view(nrows, n, self.neuron_out)
                 tmat = tmat + torch.bmm(rr_t, g)
             if mine and lo + n < hi:
                 first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
