@@ -164,6 +164,12 @@ def test_freeze_errors(tmp_path, capsys):
     assert not (tmp_path / "m.pth").exists()
 
 
+def test_freeze_refuses_frozen_input(frozen, tmp_path):
+    _, path = frozen
+    with pytest.raises(MDTrainError, match="already a frozen"):
+        main(["--debug", "freeze", path, "-o", str(tmp_path / "again.pth")])
+
+
 def test_truncated_frozen_file(frozen, tmp_path):
     _, path = frozen
     size = os.path.getsize(path)

@@ -18,7 +18,7 @@ import torch
 
 from mdtrain import __version__
 from mdtrain.errors import MDTrainError
-from mdtrain.infer.load import FROZEN_METADATA, model_from_checkpoint, quiet_jit
+from mdtrain.infer.load import FROZEN_METADATA, is_torchscript, model_from_checkpoint, quiet_jit
 
 log = logging.getLogger("mdtrain.freeze")
 
@@ -65,6 +65,8 @@ def run_freeze(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain freeze CKPT -o OUTPUT``."""
     from mdtrain.train.checkpoint import load_checkpoint
 
+    if is_torchscript(args.checkpoint):
+        raise MDTrainError(f"checkpoint {args.checkpoint}: already a frozen (TorchScript) model")
     state = load_checkpoint(args.checkpoint, map_location="cpu")
     model = model_from_checkpoint(state, f"checkpoint {args.checkpoint}")
     freeze_model(model, args.output, {"step": int(state.get("step", 0))})

@@ -279,6 +279,18 @@ def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
         if np.isfinite(lo):
             pad = 0.05 * (hi - lo or 1.0)
             ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
+        sums = ErrorSums()
+        for r in results:
+            sums.merge(r.errors())
+        name = f"{key}_per_atom" if per_atom else key
+        ax.text(
+            0.97,
+            0.03,
+            f"RMSE {sums.rmse(name):.3g}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+        )
         ax.set_title(title)
         ax.set_xlabel("reference")
         ax.set_ylabel("predicted")
