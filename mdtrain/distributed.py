@@ -9,7 +9,9 @@ which broadcasts rank 0's result *or its failure*, so no rank waits forever for 
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import logging
 import os
 import pickle
@@ -397,10 +399,23 @@ class Runtime:
         return self.rank == 0
 
     def shutdown(self) -> None:
-        """Destroy the process group (idempotent)."""
+        """Destroy the process group (idempotent).
+
+        Garbage is collected first: a dropped DDP wrapper sits in a reference cycle that keeps
+        the group's C++ threads alive, and freeing it only at interpreter exit aborts the
+        process ("terminate called without an active exception", seen with Gloo).
+        """
         if self.has_group and dist.is_available() and dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
         self.has_group = False
+
+    def _at_exit(self) -> None:
+        # runs while the interpreter is still whole: free DDP cycles still holding the group,
+        # and destroy a Gloo group the caller left (NCCL's destroy can block on a dead peer)
+        gc.collect()
+        if self.backend == "gloo":
+            self.shutdown()
 
     def __enter__(self) -> Runtime:
         return self
@@ -418,6 +433,9 @@ def init_distributed(
     use_cuda: bool | None = None,
 ) -> Runtime:
     """Detect the launcher, set logging and the device, and form the process group if N > 1.
+
+    Use the result as a context manager (``with init_distributed(...) as runtime:``) so the
+    group is destroyed however the block ends.
 
     ``timeout_s`` bounds the rendezvous and every collective: when a rank dies or stalls, the
     others raise within it instead of hanging. With NCCL the group also carries Gloo for CPU
@@ -439,11 +457,9 @@ def init_distributed(
     if env.world_size > 1:
         _init_group(env, backend, device, timeout_s)
         runtime.has_group = True
-    log.log(
-        logging.INFO if env.world_size > 1 else logging.DEBUG,
-        "%d processes (%s), backend %s, rank 0 on %s",
-        env.world_size, env.launcher, backend, device,
-    )  # fmt: skip
+        # a group (or a DDP wrapper holding it) still alive at interpreter exit can abort the
+        # process; see Runtime._at_exit
+        atexit.register(runtime._at_exit)
     log.debug(
         "rank %d of %d (local %d of %d) on %s, backend %s, launcher %s",
         env.rank, env.world_size, env.local_rank, env.local_world_size, device, backend, env.launcher,

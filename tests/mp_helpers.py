@@ -26,7 +26,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,10 @@ def clean_env(extra: Mapping[str, str] | None = None, threads: int = 1) -> dict[
     env["OMP_NUM_THREADS"] = str(threads)
     env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+    # the parent's import path, so a worker can unpickle functions from test modules ("" is the
+    # current folder here, but would be the script's folder in a child)
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     env.update(extra or {})
     return env
 
@@ -213,7 +216,6 @@ class WorkerOutcome:
     timed_out: bool = False
     stdout: str = ""
     stderr: str = ""
-    extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.ok:

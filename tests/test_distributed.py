@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import sys
 import textwrap
 import time
 
@@ -392,6 +393,7 @@ def _slow_answer(seconds: float) -> str:
 
 def _worker_stalled_peer(folder: str):
     _start_together(folder)
+    # no `with`: the atexit hook must destroy the group, else Gloo may abort at exit
     rt = D.init_distributed("gloo", timeout_s=2)
     # rank 0's own work may outlast the collective timeout: the others wait on the store
     answer = D.run_on_main(_slow_answer, 2.5)
@@ -564,3 +566,15 @@ def test_two_torchrun_agents_form_one_world(tmp_path):
         "RESULT rank=0 world=2 local=0 sum=3.0",
         "RESULT rank=1 world=2 local=0 sum=3.0",
     ]
+
+
+def test_process_helpers_never_hang():
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    failing = [sys.executable, "-c", "import sys; print('bye'); sys.exit(2)"]
+    start = time.monotonic()
+    (slow,) = run_processes([sleeper], timeout=0.5)
+    assert slow.timed_out and slow.returncode is None
+    bad, stuck = run_processes([failing, sleeper], timeout=60, failure_grace=0.5)
+    assert (bad.returncode, bad.stdout.strip(), bad.timed_out) == (2, "bye", False)
+    assert stuck.timed_out  # killed shortly after its peer failed, not at the 60 s deadline
+    assert time.monotonic() - start < 30
