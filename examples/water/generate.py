@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +245,8 @@ def write_system(path: Path, frames: dict[str, np.ndarray], set_size: int) -> No
         [np.arange(0, 3 * nmol, 3), np.setdiff1d(np.arange(3 * nmol), np.arange(0, 3 * nmol, 3))]
     )
     path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("set.*"):  # from an earlier run with more frames or smaller sets
+        shutil.rmtree(stale)
     (path / "type.raw").write_text("0\n" * nmol + "1\n" * (2 * nmol))
     (path / "type_map.raw").write_text("O\nH\n")
     nframes = len(frames["energy"])
