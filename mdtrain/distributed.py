@@ -179,12 +179,31 @@ def _mpi_master_addr(
     )
 
 
+def _srun_task(env: Mapping[str, str]) -> bool:
+    """Started by `srun` as one task of a step, and not by an MPI launcher riding on srun
+    (MPICH/Intel MPI's hydra starts one srun task per node, then sets PMI_* for the ranks)."""
+    step = _slurm_step(env)
+    if "SLURM_PROCID" not in env or not step or step in _NON_SRUN_STEPS:
+        return False
+    pmi_size = env.get("PMI_SIZE", "").strip()
+    slurm_size = next(
+        (
+            env[k].strip()
+            for k in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+            if env.get(k)
+        ),
+        "1",
+    )
+    return not pmi_size or pmi_size == slurm_size
+
+
 def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """Read rank and world from the launcher's variables: torchrun, mpirun, srun, PMI, or none.
 
     torchrun wins when present. Open MPI's variables come before Slurm's because mpirun inside a
     Slurm allocation starts its daemons with one `srun` task per node, so the inherited
-    SLURM_PROCID would be a node index, not a rank. Slurm counts only inside an `srun` step
+    SLURM_PROCID would be a node index, not a rank (hydra's PMI_* likewise win when their
+    world size disagrees with Slurm's). Slurm counts only inside an `srun` step
     (SLURM_STEP_ID set): a batch script or salloc shell has SLURM_PROCID=0 and SLURM_NTASKS=N
     but is one process, and waiting for N-1 peers that never come would hang.
     """
@@ -193,7 +212,7 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         found = _torchrun_env(env)
     elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
         found = _mpi_env(env, "OMPI_COMM_WORLD_", "mpirun")
-    elif "SLURM_PROCID" in env and _slurm_step(env) and _slurm_step(env) not in _NON_SRUN_STEPS:
+    elif _srun_task(env):
         found = _slurm_env(env)
     elif "PMI_RANK" in env and "PMI_SIZE" in env:
         found = _mpi_env(env, "PMI_", "pmi")
