@@ -217,9 +217,13 @@ def test_select_device_cpu_threads(monkeypatch):
     env = D.LaunchEnv(rank=1, world_size=4, local_rank=1, local_world_size=3)
     device = D.select_device(env)
     assert device.type == "cpu" and calls == [2]
+    # under srun, the CPUs Slurm gave each task (it binds the task to them)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    D.select_device(D.LaunchEnv(local_world_size=3, launcher="slurm"))
+    assert calls == [2, 4]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     D.select_device(env)
-    assert calls == [2]  # the user's OMP_NUM_THREADS is left alone
+    assert calls == [2, 4]  # the user's OMP_NUM_THREADS is left alone
 
 
 def test_select_device_cuda(monkeypatch):
