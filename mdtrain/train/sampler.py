@@ -205,10 +205,13 @@ class TrainingSampler:
                 self._perm[system] = None
         return np.concatenate(out).astype(np.int64)
 
-    def next_batch(self) -> tuple[int, np.ndarray]:
-        """Draw the next step's system and this rank's frame indices (int64, in stream order)."""
+    def next_batch(self, scale: int = 1) -> tuple[int, np.ndarray]:
+        """Draw the next step's system and this rank's frame indices (int64, in stream order).
+
+        ``scale`` multiplies the system's batch size (the batch controller's ``grow`` option).
+        """
         system = int(self._rng.choice(len(self.probs), p=self.probs))
-        b = self.batch_sizes[system]
+        b = self.batch_sizes[system] * scale
         frames = self._take(system, self.world_size * b)
         self.step += 1
         return system, frames[self.rank * b : (self.rank + 1) * b]
