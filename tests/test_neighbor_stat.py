@@ -21,6 +21,7 @@ from ase.neighborlist import primitive_neighbor_list
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.errors import MDTrainError
+from mdtrain.neighbors import stat as stat_module
 from mdtrain.neighbors.stat import (
     auto_sel,
     check_neighbor_stat_matches,
@@ -111,11 +112,12 @@ def mixed_systems(tmp_path):
     return rcut, systems
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_mixed_systems_match_brute_force(mixed_systems, workers):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_mixed_systems_match_brute_force(mixed_systems, threads, monkeypatch):
     rcut, systems = mixed_systems
     opened = [open_system(path, TYPE_MAP) for path, _ in systems.values()]
-    stat = compute_neighbor_stat(opened, rcut, len(TYPE_MAP), progress=False, workers=workers)
+    monkeypatch.setattr(stat_module, "_THREADED_MIN_ATOMS", 1)  # threads even for tiny frames
+    stat = compute_neighbor_stat(opened, rcut, len(TYPE_MAP), progress=False, threads=threads)
     refs = [ref for _, ref in systems.values()]
     for result, (ref_min, ref_max) in zip(stat.systems, refs, strict=True):
         assert result.min_nbor_dist == pytest.approx(ref_min, rel=1e-12)
@@ -215,8 +217,7 @@ def log_records():
     logger.setLevel(old_level)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_overlapping_atoms_name_system_and_frame(tmp_path, workers):
+def test_overlapping_atoms_name_system_and_frame(tmp_path):
     rng = np.random.default_rng(1)
     coords, boxes = random_frames(rng, 4, 6, (6.0, 6.0, 6.0))
     coords[2, 4] = coords[2, 1] + 1e-4  # frame 2: atoms 1 and 4 on top of each other
@@ -224,7 +225,7 @@ def test_overlapping_atoms_name_system_and_frame(tmp_path, workers):
     path = write_system(tmp_path / "dup", coords, [0] * 6, ["O"], boxes)
     system = open_system(path, ["O"])
     with pytest.raises(MDTrainError, match=r"dup, frame 2: atoms [14] and [14] overlap"):
-        compute_neighbor_stat([system], 3.0, 1, progress=False, workers=workers)
+        compute_neighbor_stat([system], 3.0, 1, progress=False)
 
 
 def test_overlap_with_own_image_in_a_degenerate_cell(tmp_path):

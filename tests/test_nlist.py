@@ -133,6 +133,14 @@ def test_half_list_counts_match_full_list():
     assert fd.min() == hd.min()
 
 
+def test_threaded_search_gives_the_same_pairs():
+    rng = np.random.default_rng(8)
+    cell = random_cell(rng, (9.0, 9.5, 10.0))
+    coord = rng.uniform(0, 1, size=(150, 3)) @ cell
+    single = as_rows(NeighborSearch(4.0).pairs(coord, cell))
+    assert_same_pairs(as_rows(NeighborSearch(4.0, threads=3).pairs(coord, cell)), single)
+
+
 def test_search_is_reused_and_rcut_respected():
     rng = np.random.default_rng(4)
     cell = random_cell(rng, (8.0, 8.0, 8.0))

@@ -86,10 +86,13 @@ class NeighborSearch:
     """A reusable neighbour search at one cutoff; keeps the library's buffers between frames.
 
     Not thread-safe: use one object per thread (``neighbor_pairs`` does this for you).
+    ``threads`` > 1 splits each search over the library's own threads (worth it for frames
+    of a few hundred atoms and more).
     """
 
-    def __init__(self, rcut: float) -> None:
+    def __init__(self, rcut: float, threads: int = 1) -> None:
         self.rcut = float(rcut)
+        self.threads = max(1, int(threads))
         self._binding = _get_binding()
         if self._binding is not None:
             self._result = self._binding.api.VesinNeighborList()
@@ -97,8 +100,12 @@ class NeighborSearch:
         else:  # fallback: the Python package (imports torch when installed)
             import vesin
 
-            self._full = vesin.NeighborList(cutoff=self.rcut, full_list=True)
-            self._half = vesin.NeighborList(cutoff=self.rcut, full_list=False)
+            self._full = vesin.NeighborList(
+                cutoff=self.rcut, full_list=True, n_threads=self.threads
+            )
+            self._half = vesin.NeighborList(
+                cutoff=self.rcut, full_list=False, n_threads=self.threads
+            )
 
     def __del__(self) -> None:
         binding = getattr(self, "_binding", None)
@@ -160,7 +167,9 @@ class NeighborSearch:
             options.return_distances = True
             options.return_vectors = False
             if "n_threads" in self._binding.option_fields:
-                options.n_threads = 1  # callers parallelise over frames when it pays
+                # The library runs one search at a time per process (its thread pool is
+                # shared), so parallelism comes from its threads, not from ours.
+                options.n_threads = self.threads
             self._option_cache[(full, shifts)] = options
         return options
 

@@ -24,9 +24,8 @@ import logging
 import math
 import os
 import tempfile
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,15 +33,16 @@ import numpy as np
 
 from mdtrain import __version__
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.nlist import NeighborSearch, _search
+from mdtrain.neighbors.nlist import NeighborSearch
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
 
 OVERLAP_DISTANCE = 1e-3  # Å; closer atoms are reported as overlapping
 DEFAULT_SEL_RATIO = 1.1
-_ATOMS_PER_TASK = 8192  # frames are read and counted in chunks of about this many atoms
-_MAX_FRAMES_PER_TASK = 256
+_ATOMS_PER_READ = 1 << 16  # frames are read in chunks of about this many atoms
+_MAX_FRAMES_PER_READ = 256
+_THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thread
 
 
 @dataclass
@@ -152,12 +152,12 @@ def resolve_sel(sel_value: Any, max_nbor_size: Sequence[int]) -> list[int]:
 
 
 def _frame_chunks(nframes: int, natoms: int) -> list[np.ndarray]:
-    step = max(1, min(_MAX_FRAMES_PER_TASK, _ATOMS_PER_TASK // max(natoms, 1)))
+    step = max(1, min(_MAX_FRAMES_PER_READ, _ATOMS_PER_READ // max(natoms, 1)))
     return [np.arange(a, min(a + step, nframes)) for a in range(0, nframes, step)]
 
 
-def default_workers() -> int:
-    """Threads for the frame loop: the usable cores, capped by OMP_NUM_THREADS and 8."""
+def default_threads() -> int:
+    """Threads for the neighbour search: the usable cores, capped by OMP_NUM_THREADS and 8."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -208,16 +208,16 @@ class _Chunk:
 
 
 def _count_chunk(
+    search: NeighborSearch,
     path: str,
     atype: np.ndarray,
     ntypes: int,
-    rcut: float,
     rows: np.ndarray,
     coords: np.ndarray,
     boxes: np.ndarray | None,
 ) -> _Chunk:
-    """Count neighbours frame by frame (runs in a worker thread; the library drops the GIL)."""
-    search = _search(rcut)  # one per thread, buffers reused between frames
+    """Count neighbours frame by frame; ``search`` keeps its buffers between frames."""
+    rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
     spacing = None if boxes is None else _plane_spacing(boxes)
@@ -299,13 +299,13 @@ def compute_neighbor_stat(
     rcut: float,
     ntypes: int,
     progress: bool = True,
-    workers: int | None = None,
+    threads: int | None = None,
 ) -> NeighborStat:
     """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``.
 
-    Frames are read in the calling thread and counted by ``workers`` threads (default:
-    ``default_workers()``); results are merged in frame order, so the outcome and the first
-    error reported do not depend on the number of threads.
+    Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
+    atoms or more use ``threads`` threads of the compiled search (default:
+    ``default_threads()``). The result does not depend on the number of threads.
     """
     if not rcut > 0 or not math.isfinite(rcut):
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
@@ -314,9 +314,11 @@ def compute_neighbor_stat(
     rcut = float(rcut)
     totals = [_SystemTotals(system, ntypes) for system in systems]
     nframes = sum(int(t.system.nframes) for t in totals)
-    workers = default_workers() if workers is None else max(1, int(workers))
-    done = _run_chunks(totals, rcut, ntypes, workers)
-    for _ in progress_bar(done, nframes, "neighbour statistics", progress):
+    threads = default_threads() if threads is None else max(1, int(threads))
+    single, multi = NeighborSearch(rcut), NeighborSearch(rcut, threads)
+    for _ in progress_bar(
+        _run(totals, ntypes, single, multi), nframes, "neighbour statistics", progress
+    ):
         pass
     results = [t.result(rcut) for t in totals]
     max_counts = np.zeros(ntypes, dtype=np.int64)
@@ -333,31 +335,13 @@ def compute_neighbor_stat(
     )
 
 
-def _run_chunks(totals: list[_SystemTotals], rcut: float, ntypes: int, workers: int):
-    """Read, count and merge every chunk of frames; yields once per frame merged."""
-    if workers == 1:
-        for total, rows, coords, boxes in _read_chunks(totals):
-            total.merge(
-                _count_chunk(total.system.path, total.atype, ntypes, rcut, rows, coords, boxes)
-            )
-            yield from rows
-        return
-    pending: deque = deque()
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neighbor-stat")
-    try:
-        for total, rows, coords, boxes in _read_chunks(totals):
-            args = (total.system.path, total.atype, ntypes, rcut, rows, coords, boxes)
-            pending.append((total, rows, pool.submit(_count_chunk, *args)))
-            while len(pending) > 2 * workers:  # bounded read-ahead
-                total, rows, future = pending.popleft()
-                total.merge(future.result())
-                yield from rows
-        while pending:
-            total, rows, future = pending.popleft()
-            total.merge(future.result())
-            yield from rows
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+def _run(totals: list[_SystemTotals], ntypes: int, single, multi):
+    """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
+    for total, rows, coords, boxes in _read_chunks(totals):
+        search = multi if total.system.natoms >= _THREADED_MIN_ATOMS else single
+        chunk = _count_chunk(search, total.system.path, total.atype, ntypes, rows, coords, boxes)
+        total.merge(chunk)
+        yield from rows
 
 
 def _read_chunks(totals: list[_SystemTotals]):
