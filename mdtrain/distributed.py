@@ -495,6 +495,21 @@ def init_distributed(
     return runtime
 
 
+def _attempt_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store | None:
+    """After a torchrun relaunch, the agent's store under a per-attempt prefix (else None).
+
+    torchrun keeps one store for all attempts, so without the prefix a relaunched rank can read
+    the keys of the attempt before (a dead peer's Gloo address: "Connection refused").
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt in ("", "0"):
+        return None
+    store = dist.TCPStore(
+        env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"mdtrain/attempt-{attempt}/", store)
+
+
 def _init_group(env: LaunchEnv, backend: str, device: torch.device, timeout_s: float) -> None:
     if dist.is_initialized():
         raise MDTrainError("the process group already exists: init_distributed was called twice")
@@ -509,9 +524,11 @@ def _init_group(env: LaunchEnv, backend: str, device: torch.device, timeout_s: f
             spec = (
                 "cpu:gloo,cuda:nccl" if backend == "nccl" and dist.is_gloo_available() else backend
             )
+            store = _attempt_store(env, timeout)
             dist.init_process_group(
                 spec,
-                init_method="env://",
+                init_method=None if store is not None else "env://",
+                store=store,
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=timeout,

@@ -140,9 +140,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                 f"checkpoint {path}: refused to load, it holds Python objects other than "
                 f"tensors and plain containers ({detail[0][:200]})"
             ) from None
-        raise MDTrainError(
-            f"checkpoint {path}: not a valid checkpoint file ({_first_line(exc)})"
-        ) from None
+        lines = [ln.strip() for ln in str(exc).split("WeightsUnpickler error:")[-1].splitlines()]
+        reason = next((ln for ln in lines if ln), _first_line(exc))[:200]
+        raise MDTrainError(f"checkpoint {path}: not a valid checkpoint file ({reason})") from None
     except Exception as exc:  # zip/pickle/EOF errors (even OSError EINVAL) of a damaged file
         raise MDTrainError(
             f"checkpoint {path}: corrupt or truncated file ({_first_line(exc)})"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import logging
 import os
 
@@ -13,22 +15,68 @@ from mdtrain import distributed as dist_rt
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.model.energy import EnergyModel
-from mdtrain.model.stats import compute_or_load_stats
+from mdtrain.model.stats import compute_or_load_stats, read_stat_file
+from mdtrain.neighbors.stat import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager, load_checkpoint
 from mdtrain.train.loop import Trainer, seed_everything
-from mdtrain.train.prepare import open_datasets, output_path, resolve_model_sel
+from mdtrain.train.prepare import (
+    check_samplers,
+    open_datasets,
+    output_path,
+    resolve_model_sel,
+    validate_datasets,
+)
+from mdtrain.train.signals import PreemptionHandler
 
 log = logging.getLogger("mdtrain")
 
 
-def _restart_path(restart: str | None, out_dir: str, training: dict) -> str | None:
-    """``--restart auto``: the newest valid checkpoint in the output directory, if any."""
-    if restart != "auto":
-        return restart
-    manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
-    path = dist_rt.run_on_main(manager.latest)
-    log.info("restart auto: %s", path or "no checkpoint found, starting fresh")
-    return path
+FINISHED_MARKER = "finished"
+
+
+def _restart_request(args: argparse.Namespace, training: dict) -> tuple[str | None, bool]:
+    """What to continue from, and whether it comes from a torchrun relaunch.
+
+    ``--restart`` wins over ``training.restart``. When torchrun relaunches the group after a
+    failure (``TORCHELASTIC_RESTART_COUNT`` > 0) the run continues from its own newest
+    checkpoint: "auto", falling back to what was asked for when there is none yet.
+    """
+    asked = args.restart or training.get("restart")
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    if count.isdigit() and int(count) > 0:
+        log.info("relaunched by torchrun (restart %s): continuing with --restart auto", count)
+        return "auto", True
+    return asked, False
+
+
+def _resolve_restart(
+    args: argparse.Namespace, training: dict, out_dir: str
+) -> tuple[str | None, str | None]:
+    """``(restart, init_model)`` paths after "auto" (the newest valid checkpoint, if any).
+
+    "auto" and ``--init-model`` combine: resume when the output directory has a checkpoint,
+    else start from the given weights; a job script can pass both on every submission.
+    """
+    restart, relaunched = _restart_request(args, training)
+    init_model = args.init_model
+    if restart == "auto":
+        manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
+        found = dist_rt.run_on_main(manager.latest)
+        if found:
+            log.info("restart auto: continuing from %s", found)
+            if init_model:
+                log.info("restart auto: --init-model %s is not used", init_model)
+            return found, None
+        if relaunched and (args.restart or training.get("restart")) not in (None, "auto"):
+            restart = args.restart or training.get("restart")
+            log.info("restart auto: no checkpoint yet, using %s", restart)
+            return restart, None
+        log.info("restart auto: no checkpoint found, starting %s",
+                 f"from {init_model}" if init_model else "fresh")  # fmt: skip
+        return None, init_model
+    if restart and init_model:
+        raise MDTrainError("--restart and --init-model exclude each other")
+    return restart, init_model
 
 
 def _check_compatible(state: dict, model_config: dict, path: str) -> None:
@@ -40,7 +88,50 @@ def _check_compatible(state: dict, model_config: dict, path: str) -> None:
             )
 
 
+def _init_model_config(config: dict, state: dict, path: str) -> dict:
+    """The input's model with the checkpoint's sel when the input's is "auto", checked early
+    (before any statistics) to fit the checkpoint's weights."""
+    config = copy.deepcopy(config)
+    _check_compatible(state, config["model"], path)
+    descriptor = config["model"]["descriptor"]
+    if not isinstance(parse_sel(descriptor["sel"]), list):
+        descriptor["sel"] = list(state["model_config"]["descriptor"]["sel"])
+        log.info("init-model: sel %s taken from %s", descriptor["sel"], path)
+    _load_weights(EnergyModel(config["model"]), state, path)
+    return config
+
+
+def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
+    try:
+        model.load_state_dict(state["model_state"])
+    except (RuntimeError, KeyError) as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines or [type(exc).__name__])[0]
+        raise MDTrainError(
+            f"checkpoint {path}: weights do not fit this model ({detail[:300]})"
+        ) from None
+
+
+def _check_stat_file(path: str) -> None:
+    """An existing statistics file must be readable before neighbour statistics start."""
+    read_stat_file(path)
+
+
+def _finished_marker(out_dir: str) -> str:
+    return os.path.join(out_dir, FINISHED_MARKER)
+
+
 def run_train(args: argparse.Namespace) -> int:
+    # SIGTERM/SIGUSR1 keep their default action (end the process, nothing to save) until the
+    # training loop starts; from there until the very end they only set a flag
+    preemption = PreemptionHandler()
+    try:
+        return _train(args, preemption)
+    finally:
+        preemption.restore()
+
+
+def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
     config = load_config(args.input)
     training = config["training"]
     dist_cfg = training.get("distributed", {})
@@ -56,46 +147,60 @@ def run_train(args: argparse.Namespace) -> int:
         out_dir = args.output_dir
         if runtime.is_main:
             os.makedirs(out_dir, exist_ok=True)
-        restart = _restart_path(args.restart or training.get("restart"), out_dir, training)
-        if restart and args.init_model:
-            raise MDTrainError("--restart and --init-model exclude each other")
-        state = (
-            load_checkpoint(restart or args.init_model) if (restart or args.init_model) else None
-        )
-        data = open_datasets(config, args.input)
+        # everything up to the statistics checks the input; nothing in out_dir changes before
+        restart, init_model = _resolve_restart(args, training, out_dir)
+        state = load_checkpoint(restart or init_model) if (restart or init_model) else None
         if restart:
-            config["model"] = state["model_config"]  # sel and sizes of the run being continued
             _check_compatible(state, config["model"], restart)
-        else:
+            config["model"] = state["model_config"]  # sel and sizes of the run being continued
+        elif init_model:
+            config = _init_model_config(config, state, init_model)
+        data = open_datasets(config, args.input)
+        check_samplers(config, args.input, data, runtime.world_size)
+        dist_rt.run_on_main(validate_datasets, data)
+        stat_file = training.get("stat_file")
+        stat_file = resolve_path(args.input, stat_file) if stat_file else None
+        if stat_file and not (restart or init_model):
+            dist_rt.run_on_main(_check_stat_file, stat_file)
+        if not restart:
             config = resolve_model_sel(
                 config, args.input, data, args.neighbor_stat_file, args.skip_neighbor_stat
             )
         seed_everything(int(training.get("seed") or 0))
         model = EnergyModel(config["model"]).to(runtime.device)
-        if args.init_model:
-            _check_compatible(state, config["model"], args.init_model)
-            try:
-                model.load_state_dict(state["model_state"])
-            except RuntimeError as exc:
-                raise MDTrainError(
-                    f"checkpoint {args.init_model}: weights do not fit this model "
-                    f"({str(exc).splitlines()[0]})"
-                ) from None
+        if init_model:
+            _load_weights(model, state, init_model)
         elif not restart:
-            stat_file = training.get("stat_file")
-            if stat_file:
-                stat_file = resolve_path(args.input, stat_file)
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
             dist_rt.run_on_main(compute_or_load_stats, model, data.train, stat_file, nbatch)
         dist_rt.broadcast_module(model)
-        if runtime.is_main:
-            dump_config(config, output_path(out_dir, "out.json"))
         trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
         if restart:
             trainer.load_state_dict(state)
             log.info("continuing from %s at step %d", restart, trainer.step)
+        if runtime.is_main:
+            dump_config(config, output_path(out_dir, "out.json"))
+            with contextlib.suppress(FileNotFoundError):  # a marker of an earlier, shorter run
+                os.remove(_finished_marker(out_dir))
         nparams = sum(p.numel() for p in model.parameters())
         log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
-        result = trainer.run(append_lcurve=bool(restart))
-        log.info("finished at step %d%s", result.step, " (preempted)" if result.preempted else "")
+        result = trainer.run(append_lcurve=bool(restart), preemption=preemption.install())
+        if result.preempted:
+            log.info(
+                "preempted at step %d of %d: checkpoint %s written; the run is unfinished, "
+                "continue it with `mdtrain train ... --restart auto`",
+                result.step, trainer.numb_steps, result.checkpoint,
+            )  # fmt: skip
+        else:
+            if runtime.is_main:
+                _write_marker(_finished_marker(out_dir), result.step)
+            log.info("finished at step %d", result.step)
     return 0
+
+
+def _write_marker(path: str, step: int) -> None:
+    """``<out>/finished`` holding the final step: job scripts test it to stop resubmitting."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(f"{step}\n")
+    os.replace(tmp, path)

@@ -4,6 +4,7 @@ preemption. Every rank takes every decision (retry, stop) together."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -17,6 +18,7 @@ from mdtrain import distributed as dist_rt
 from mdtrain.batching import make_batch
 from mdtrain.data import System
 from mdtrain.distributed import Runtime
+from mdtrain.errors import MDTrainError
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.lcurve import LcurveWriter
@@ -37,16 +39,20 @@ class TrainResult:
     checkpoint: str | None
 
 
-def _make_sampler(systems: list[System], data_cfg: dict, seed: int, rt: Runtime, section: str):
+def make_sampler(
+    systems: list[System], data_cfg: dict, seed: int, rt: Runtime | int, section: str
+) -> TrainingSampler:
+    """The sampler of one data section; ``rt`` a runtime or a world size (for checks only)."""
+    rank, world = (0, rt) if isinstance(rt, int) else (rt.rank, rt.world_size)
     natoms = [s.natoms for s in systems]
     nframes = [s.nframes for s in systems]
     sizes = batch_sizes(data_cfg["batch_size"], natoms, f"training.{section}.batch_size")
-    nbatch = batches_per_epoch(nframes, sizes, rt.world_size)
+    nbatch = batches_per_epoch(nframes, sizes, world)
     probs = system_probs(
         nbatch, data_cfg.get("sys_probs"), data_cfg.get("auto_prob", "prob_sys_size"),
         f"training.{section}",
     )  # fmt: skip
-    return TrainingSampler(nframes, sizes, probs, seed, rt.rank, rt.world_size)
+    return TrainingSampler(nframes, sizes, probs, seed, rank, world)
 
 
 class Trainer:
@@ -69,14 +75,14 @@ class Trainer:
         self.numb_steps = int(training["numb_steps"])
         self.train_systems, self.valid_systems = train_systems, valid_systems
         seed = int(training.get("seed") or 0)
-        self.sampler = _make_sampler(
+        self.sampler = make_sampler(
             train_systems, training["training_data"], seed, runtime, "training_data"
         )
         self.valid_sampler = None
         self.numb_valid = 0
         if valid_systems:
             vcfg = training["validation_data"]
-            self.valid_sampler = _make_sampler(
+            self.valid_sampler = make_sampler(
                 valid_systems, vcfg, seed + 1, runtime, "validation_data"
             )
             self.numb_valid = int(vcfg.get("numb_btch", 1))
@@ -88,8 +94,15 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=lr_cfg["start_lr"])
         ctrl = training.get("batch_controller", {})
+        spec = training["training_data"]["batch_size"]
+        grow = bool(ctrl.get("grow", False)) and isinstance(spec, str) and spec.startswith("auto")
+        # growing stops at a batch holding a whole system (per rank)
+        most = max(
+            -(-n // (b * runtime.world_size))
+            for n, b in zip(self.sampler.nframes, self.sampler.batch_sizes)
+        )
         self.controller = MicroBatchController(
-            retry_interval=int(ctrl.get("retry_interval", 200)), grow=bool(ctrl.get("grow", False))
+            retry_interval=int(ctrl.get("retry_interval", 200)), grow=grow, max_scale=most
         )
         self.descriptor = config["model"]["descriptor"]
         self.disp_freq = int(training["disp_freq"])
@@ -131,14 +144,14 @@ class Trainer:
         self.step = int(state["step"])
 
     # ----------------------------------------------------------------- one step
-    def _batch(self, systems: list[System], sampler: TrainingSampler):
-        system, frames = sampler.next_batch()
+    def _batch(self, systems: list[System], sampler: TrainingSampler, scale: int = 1):
+        system, frames = sampler.next_batch(scale)
         d = self.descriptor
         return make_batch(systems[system], frames, d["rcut"], d["sel"], self.rt.device)
 
     def train_step(self, lr: float) -> dict[str, float]:
         """One optimisation step on this rank's share of the global batch; returns its metrics."""
-        batch = self._batch(self.train_systems, self.sampler)
+        batch = self._batch(self.train_systems, self.sampler, self.controller.suggest_growth())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -185,13 +198,31 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def save(self) -> str | None:
-        if not self.rt.is_main:  # ranks hold identical state; one writes
-            return None
-        path = self.ckpt.save(self.step, self.state_dict())
-        log.info("saved checkpoint %s", path)
+        """Rank 0 writes (ranks hold identical state); every rank learns whether it worked, so
+        a full disk stops all of them at this step instead of leaving the others waiting."""
+        path, error = None, None
+        if self.rt.is_main:
+            try:
+                path = self.ckpt.save(self.step, self.state_dict())
+            except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
+                error = exc
+        if dist_rt.any_rank(error is not None):
+            if error is not None:
+                raise error
+            raise MDTrainError(f"rank 0 could not write the checkpoint of step {self.step}")
+        if path is not None:
+            log.info("saved checkpoint %s", path)
         return path
 
-    def run(self, append_lcurve: bool = False) -> TrainResult:
+    def run(
+        self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
+    ) -> TrainResult:
+        """Train to numb_steps, or until a preemption signal: then every rank stops after the
+        same step and a checkpoint of that step is written.
+
+        ``preemption``: an installed handler that outlives this call (the command keeps it
+        until the process group is gone, so a launcher's SIGTERM after a failure cannot cut
+        the error report short); by default one is installed for the loop only."""
         keys = self.loss.metric_keys()
         writer = None
         if self.rt.is_main:
@@ -202,8 +233,11 @@ class Trainer:
         start_step, start_time = self.step, time.perf_counter()
         last_saved, preempted = None, False
         self.model.train()
+        guard = (
+            contextlib.nullcontext(preemption) if preemption is not None else PreemptionHandler()
+        )
         try:
-            with PreemptionHandler() as preemption:
+            with guard as signals:
                 while self.step < self.numb_steps:
                     lr = self.lr.value(self.step)
                     metrics = self.train_step(lr)
@@ -214,19 +248,34 @@ class Trainer:
                             writer.write(self.step, lr, metrics, valid)
                         self._log_progress(lr, metrics, valid, start_step, start_time)
                     done = self.step == self.numb_steps
-                    stop = dist_rt.any_rank(preemption.requested)
+                    stop = dist_rt.any_rank(signals.requested)
                     if done or stop or self.step % self.save_freq == 0:
                         last_saved = self.save() or last_saved
                     if stop and not done:
                         preempted = True
                         log.warning(
-                            "stopping at step %d on request (signal); checkpoint written", self.step
+                            "stopping after step %d: %s",
+                            self.step,
+                            f"{signals.signal_name} received"
+                            if signals.requested
+                            else "another rank received a preemption signal",
                         )
                         break
+        except RuntimeError as exc:
+            if self.rt.world_size > 1 and is_collective_failure(exc):
+                raise MDTrainError(
+                    f"rank {self.rt.rank}: lost contact with the other ranks during step "
+                    f"{self.step + 1} ({_first_line(exc)}): a rank died, or stalled longer "
+                    f"than training.distributed.timeout ({self._timeout_s():g} s)"
+                ) from exc
+            raise
         finally:
             if writer is not None:
                 writer.close()
         return TrainResult(self.step, preempted, last_saved)
+
+    def _timeout_s(self) -> float:
+        return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
 
     def _log_progress(self, lr, metrics, valid, start_step, start_time) -> None:
         done = self.step - start_step
@@ -242,6 +291,25 @@ class Trainer:
         parts.append(f"{per_step:.3f} s/step")
         parts.append(f"ETA {_hms(eta)}")
         log.info("  ".join(parts))
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """A collective that failed because a peer died or timed out (Gloo and NCCL raise plain
+    RuntimeErrors for these, or torch.distributed's DistError subclasses)."""
+    if isinstance(exc, torch.distributed.DistError):
+        return True
+    text = str(exc).lower()
+    return any(
+        marker in text
+        for marker in ("gloo", "nccl", "connection closed", "connection reset", "timed out")
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(exc).__name__
 
 
 def _hms(seconds: float) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from mdtrain import distributed as dist_rt
 from mdtrain.config import resolve_path
-from mdtrain.data import System, expand_systems, open_system
+from mdtrain.data import System, expand_systems, open_system, validate_system
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.stat import (
     check_neighbor_stat_matches,
@@ -19,6 +20,7 @@ from mdtrain.neighbors.stat import (
     parse_sel,
     resolve_sel,
 )
+from mdtrain.train.loop import make_sampler
 
 log = logging.getLogger("mdtrain")
 
@@ -39,12 +41,47 @@ def open_datasets(config: dict, config_path: str) -> DataSets:
             return []
         entries = data["systems"]
         entries = [entries] if isinstance(entries, str) else entries
-        paths = expand_systems([resolve_path(config_path, e) for e in entries], ".")
+        try:
+            paths = expand_systems([resolve_path(config_path, e) for e in entries], ".")
+        except MDTrainError as exc:
+            raise MDTrainError(f"{config_path}: training.{section}.systems: {exc}") from None
         if not paths:
             raise MDTrainError(f"{config_path}: training.{section}.systems names no system")
         return [open_system(p, type_map) for p in paths]
 
     return DataSets(train=systems_of("training_data"), valid=systems_of("validation_data"))
+
+
+def check_samplers(config: dict, config_path: str, data: DataSets, world_size: int) -> None:
+    """Batch sizes and system probabilities of both sections, checked before any statistics
+    (the trainer builds the same samplers later)."""
+    for section, systems in (("training_data", data.train), ("validation_data", data.valid)):
+        if systems:
+            try:
+                make_sampler(systems, config["training"][section], 0, world_size, section)
+            except MDTrainError as exc:
+                raise MDTrainError(f"{config_path}: {exc}") from None
+
+
+def validate_datasets(data: DataSets) -> None:
+    """Every frame's coordinates, cells and labels are finite (one pass over the data, about
+    0.05 s for 400 frames of 192 atoms): a NaN label would otherwise surface as a NaN loss
+    after the statistics and possibly hours of training."""
+    started = time.perf_counter()
+    problems = []
+    for system in data.train + data.valid:
+        try:
+            problems += validate_system(system)
+        except (OSError, ValueError) as exc:  # a damaged file that still opened
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problems.append(f"system {system.path}: cannot be read ({text})")
+    log.debug("data checked in %.3f s", time.perf_counter() - started)
+    if problems:
+        more = len(problems) - 1
+        raise MDTrainError(
+            problems[0]
+            + (f" (and {more} more problem(s): `mdtrain check` lists all)" if more else "")
+        )
 
 
 def resolve_model_sel(
@@ -79,7 +116,9 @@ def resolve_model_sel(
 
         def from_file() -> tuple[float, list[int]]:
             stat = load_neighbor_stat(stat_path)
-            check_neighbor_stat_matches(stat, rcut, type_map, systems)
+            check_neighbor_stat_matches(
+                stat, rcut, type_map, systems, source=f"neighbour-stat file {stat_path}"
+            )
             return stat["min_nbor_dist"], stat["max_nbor_size"]
 
         min_dist, max_size = dist_rt.run_on_main(from_file)
