@@ -14,6 +14,7 @@ import pytest
 
 import mdtrain
 from mdtrain import distributed as dist_rt
+from mdtrain.cli import main
 from tests.mp_helpers import clean_env, free_port, spawn_workers, torchrun_vars
 from tests.test_preemption import (
     SAVE_FREQ,
@@ -29,6 +30,7 @@ from tests.test_preemption import (
     wait_until,
     worker_of_rank,
 )
+from tests.train_helpers import make_project
 
 pytestmark = pytest.mark.multiprocess
 
@@ -97,6 +99,31 @@ def test_stalled_rank_makes_the_survivor_give_up_after_the_timeout(tmp_path, cle
     assert "lost contact" in errors[0] and "Timed out" in errors[0], errors[0]
     assert f"training.distributed.timeout ({TIMEOUT_S} s)" in errors[0], errors[0]
     print(f"rank 0 gave up {waited:.1f} s after rank 1 stopped (timeout {TIMEOUT_S} s)")
+
+
+def test_relaunch_prefers_the_run_own_newest_checkpoint(tmp_path, monkeypatch, capsys):
+    """In a relaunched worker (TORCHELASTIC_RESTART_COUNT > 0) an explicit --restart names where
+    the first attempt started; the relaunch continues from the newest checkpoint instead, and
+    falls back to the named one only while the output directory has none."""
+    first = make_project(tmp_path / "first", numb_steps=4, save_freq=2)
+    first_out = first.parent / "out"
+    assert main(["train", str(first), "-o", str(first_out)]) == 0
+    config = json.loads(first.read_text())
+    config["training"]["numb_steps"] = 6
+    first.write_text(json.dumps(config))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    capsys.readouterr()
+    older = str(first_out / "model.ckpt-2.pt")
+    assert main(["train", str(first), "-o", str(first_out), "--restart", older]) == 0
+    err = capsys.readouterr().err
+    assert "relaunched by torchrun (restart 1)" in err
+    assert f"continuing from {first_out / 'model.ckpt-4.pt'} at step 4" in err, err
+
+    second = make_project(tmp_path / "second", numb_steps=5)
+    second_out = second.parent / "out"
+    assert main(["train", str(second), "-o", str(second_out), "--restart", older]) == 0
+    err = capsys.readouterr().err
+    assert f"no checkpoint yet, using {older}" in err and "at step 2" in err, err
 
 
 # ----------------------------------------------------------------------------- Gloo itself
