@@ -7,6 +7,8 @@ the embedding net, as in DeePMD. Excluded type pairs are zeroed after normalisat
 slots are never excluded). ``T = Σ_t R̃_tᵀ G_t(s_t) / sum(sel)``, ``D = Tᵀ T[:, :axis]``.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
@@ -18,6 +20,32 @@ def smooth_weight(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
     u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / (rcut - rcut_smth)
     u3 = u * u * u
     return u3 * (-6.0 * u * u + 15.0 * u - 10.0) + 1.0
+
+
+def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
+    """d(smooth_weight)/dr ``= -30u²(1-u)²/(rcut - rcut_smth)``; 0 outside (rcut_smth, rcut)."""
+    width = rcut - rcut_smth
+    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / width
+    v = u * (1.0 - u)
+    return v * v * (-30.0 / width)
+
+
+class ExplicitCache(NamedTuple):
+    """What ``DescriptorSeA.backward_explicit`` needs from ``forward_explicit``.
+
+    Blocks are the embedding-net evaluations on slot columns ``lo : lo + n`` of one group
+    (group: all rows with ``type_one_side``, else the rows of one centre type).
+    """
+
+    diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
+    coef: Tensor  # (nf, N, nnei, 3) [h, c0, c1] of ``env_matrix_and_derivative``, 0 if padded
+    scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
+    tmats: list[Tensor]  # per group: T = Σ R̃ᵀG / nnei, (B, 4, M)
+    rows: list[Tensor]  # per group: normalised rows (B, nnei, 4)
+    values: list[Tensor]  # per block: G (B, n, M)
+    slopes: list[Tensor]  # per block: dG/ds (B, n, M)
+    owners: list[int]  # per block: its group
+    starts: list[int]  # per block: lo
 
 
 class DescriptorSeA(nn.Module):
@@ -36,6 +64,7 @@ class DescriptorSeA(nn.Module):
     has_exclusions: bool
     skip_padded: bool
     linearize: bool
+    has_tangent: bool
 
     def __init__(
         self,
@@ -91,6 +120,7 @@ class DescriptorSeA(nn.Module):
         self.has_exclusions = len(self.exclude_types) > 0
         self.skip_padded = True
         self.linearize = True
+        self.has_tangent = activation == "tanh"
 
     @property
     def dim_out(self) -> int:
@@ -115,6 +145,135 @@ class DescriptorSeA(nn.Module):
         w = smooth_weight(r, self.rcut_smth, self.rcut) * mask.unsqueeze(-1).to(diff.dtype)
         inv = w / rp
         return torch.cat([inv, diff * (inv / rp)], dim=-1)
+
+    def env_matrix_and_derivative(self, diff: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``env_matrix`` and coefficients ``[h, c0, c1]`` (nf, N, nnei, 3) of its derivative.
+
+        For the row ``[w/rp, d·h]`` (``h = w/rp²``, ``rp = r + env_protection``), a gradient
+        ``q`` w.r.t. the row pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with
+        ``c₀ = (w'/rp − h)/r`` and ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 where ~mask.
+        """
+        far = torch.full_like(diff, 2.0 * self.rcut)
+        diff = torch.where(mask.unsqueeze(-1), diff, far)
+        r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+        rp = r + self.env_protection
+        keep = mask.unsqueeze(-1).to(diff.dtype)
+        w = smooth_weight(r, self.rcut_smth, self.rcut) * keep
+        dw = smooth_weight_grad(r, self.rcut_smth, self.rcut) * keep
+        inv = w / rp
+        h = inv / rp
+        raw = torch.cat([inv, diff * h], dim=-1)
+        slope = dw / rp
+        coef = torch.cat([h, (slope - h) / r, (slope - 2.0 * h) / (rp * r)], dim=-1)
+        return raw, coef
+
+    @staticmethod
+    def pull_back_rows(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+        """dE/dd (…, 3) from dE/d(raw row) ``qbar`` (…, 4); see ``env_matrix_and_derivative``."""
+        q_ang = qbar[..., 1:]
+        h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
+        radial = qbar[..., 0:1] * c0 + (q_ang * diff).sum(dim=-1, keepdim=True) * c1
+        return torch.addcmul(diff * radial, h, q_ang)
+
+    def forward_explicit(
+        self, diff: Tensor, nlist: Tensor, atype: Tensor
+    ) -> tuple[Tensor, ExplicitCache]:
+        """Descriptor D like ``forward``, plus what ``backward_explicit`` needs.
+
+        The embedding net returns G and dG/ds together (``value_and_derivative``); nothing
+        here needs ``diff`` to require grad. tanh embedding nets only (``has_tangent``).
+        """
+        nf, natoms = diff.shape[0], diff.shape[1]
+        mask = nlist >= 0
+        diff = diff.to(self.dtype)
+        raw, coef = self.env_matrix_and_derivative(diff, mask)
+        davg_all, dstd_all = self.davg.to(self.dtype), self.dstd.to(self.dtype)
+        dstd = dstd_all[atype]
+        rr = (raw - davg_all[atype]) / dstd
+        scale = 1.0 / dstd
+        if self.has_exclusions:
+            keep = self.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
+            rr = rr * keep
+            scale = scale * keep
+        pad = -davg_all / dstd_all
+        tmats: list[Tensor] = []
+        rows_of: list[Tensor] = []
+        values: list[Tensor] = []
+        slopes: list[Tensor] = []
+        owners: list[int] = []
+        starts: list[int] = []
+        scale = scale.expand_as(rr)
+        if self.type_one_side:
+            rows = rr.view(nf * natoms, self.nnei, 4)
+            types = atype.repeat(nf)
+            tmat, blocks = self._contract_explicit(rows, mask.view(-1, self.nnei), pad, types, -1)
+            values, slopes, owners, starts = blocks
+            cache = ExplicitCache(diff, coef, scale, [tmat], [rows], values, slopes, owners, starts)
+            return self._descriptor_of_t(tmat).view(nf, natoms, self.dim_out), cache
+        out = torch.zeros(nf, natoms, self.dim_out, dtype=rr.dtype, device=rr.device)
+        for c in range(self.ntypes):
+            idx = torch.nonzero(atype == c).view(-1)
+            rows = rr.index_select(1, idx).reshape(-1, self.nnei, 4)
+            mask_c = mask.index_select(1, idx).reshape(-1, self.nnei)
+            tmat, (vals, slps, _, los) = self._contract_explicit(rows, mask_c, pad, None, c)
+            out = out.index_copy(1, idx, self._descriptor_of_t(tmat).view(nf, -1, self.dim_out))
+            tmats.append(tmat)
+            rows_of.append(rows)
+            values += vals
+            slopes += slps
+            owners += [c] * len(los)
+            starts += los
+        return out, ExplicitCache(diff, coef, scale, tmats, rows_of, values, slopes, owners, starts)
+
+    def backward_explicit(
+        self, grad: Tensor, cache: ExplicitCache, nlist: Tensor, atype: Tensor
+    ) -> Tensor:
+        """dE/d(diff) (nf, N, nnei, 3) float64 from dE/dD ``grad`` (nf, N, M·axis).
+
+        ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
+        through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
+        """
+        nf, natoms = grad.shape[0], grad.shape[1]
+        grad = grad.to(self.dtype)
+        if self.type_one_side:
+            rbar = self._row_grad(grad.reshape(nf * natoms, -1), 0, cache)
+            rbar = rbar.view(nf, natoms, self.nnei, 4)
+        else:
+            rbar = torch.zeros(nf, natoms, self.nnei, 4, dtype=grad.dtype, device=grad.device)
+            for c in range(self.ntypes):
+                idx = torch.nonzero(atype == c).view(-1)
+                g_c = grad.index_select(1, idx).reshape(-1, self.dim_out)
+                rbar_c = self._row_grad(g_c, c, cache).view(nf, -1, self.nnei, 4)
+                rbar = rbar.index_copy(1, idx, rbar_c)
+        grad_diff = self.pull_back_rows(rbar * cache.scale, cache.diff, cache.coef)
+        return grad_diff.to(torch.float64)
+
+    def _row_grad(self, grad: Tensor, group: int, cache: ExplicitCache) -> Tensor:
+        """dE/dR̃ (B, nnei, 4) of one group from its dE/dD (B, M·axis)."""
+        t = cache.tmats[group]
+        rows = cache.rows[group]
+        axis = self.axis_neuron
+        dd = grad.view(-1, self.neuron_out, axis)
+        tbar = torch.bmm(t[:, :, :axis], dd.transpose(1, 2))
+        tbar = torch.cat([tbar[:, :, :axis] + torch.bmm(t, dd), tbar[:, :, axis:]], dim=2)
+        tbar_t = (tbar / self.nnei).transpose(1, 2)  # (B, M, 4)
+        pieces: list[Tensor] = []
+        col = 0
+        for b in range(len(cache.owners)):
+            if cache.owners[b] != group:
+                continue
+            lo = cache.starts[b]
+            value, slope = cache.values[b], cache.slopes[b]
+            n = value.shape[1]
+            if lo > col:
+                pieces.append(rows.new_zeros(rows.shape[0], lo - col, 4))
+            rbar = torch.bmm(value, tbar_t)  # (B, n, 4)
+            sbar = (torch.bmm(slope, tbar_t) * rows[:, lo : lo + n]).sum(dim=-1, keepdim=True)
+            pieces.append(torch.cat([rbar[:, :, :1] + sbar, rbar[:, :, 1:]], dim=2))
+            col = lo + n
+        if col < self.nnei:
+            pieces.append(rows.new_zeros(rows.shape[0], self.nnei - col, 4))
+        return torch.cat(pieces, dim=1)
 
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Descriptor D (nf, N, M·axis) in the descriptor dtype.
@@ -189,6 +348,53 @@ class DescriptorSeA(nn.Module):
                 tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
                 tmat = tmat + (tail[types] if types is not None else tail)
         return tmat
+
+    def _contract_explicit(
+        self,
+        rr: Tensor,
+        mask: Tensor,
+        pad: Tensor,
+        types: Tensor | None,
+        centre: int,
+    ) -> tuple[Tensor, tuple[list[Tensor], list[Tensor], list[int], list[int]]]:
+        """``_contract`` for the explicit path: T/nnei (B, 4, M) and the blocks (G, dG/ds,
+        group, first column) for ``ExplicitCache``."""
+        values: list[Tensor] = []
+        slopes: list[Tensor] = []
+        owners: list[int] = []
+        starts: list[int] = []
+        nrows = rr.shape[0]
+        rr_cols = rr.transpose(1, 2).contiguous()
+        tmat = torch.zeros(nrows, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
+        for k, net in enumerate(self.networks):
+            t = k if centre < 0 else k // self.ntypes
+            lo, hi = self.offsets[t], self.offsets[t + 1]
+            mine = centre < 0 or k % self.ntypes == centre
+            n = hi - lo if mine else 0
+            if self.skip_padded and n > 0:
+                used = torch.nonzero(mask[:, lo:hi].any(dim=0))
+                n = int(used.max()) + 1 if used.numel() > 0 else 0
+            if n > 0:
+                rr_t = rr_cols[:, :, lo : lo + n]
+                g, dg = net.value_and_derivative(rr_t[:, 0].reshape(-1, 1))
+                g = g.view(nrows, n, self.neuron_out)
+                tmat = torch.baddbmm(tmat, rr_t, g)
+                values.append(g)
+                slopes.append(dg.view(nrows, n, self.neuron_out))
+                owners.append(max(centre, 0))
+                starts.append(lo)
+            if mine and lo + n < hi:
+                first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
+                rows = pad[first:last, lo + n : hi]
+                g = net(rows[:, :, 0].reshape(-1, 1)).view(rows.shape[0], hi - lo - n, -1)
+                tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
+                tmat = tmat + (tail[types] if types is not None else tail)
+        return tmat / self.nnei, (values, slopes, owners, starts)
+
+    def _descriptor_of_t(self, t: Tensor) -> Tensor:
+        """T/nnei (B, 4, M) -> D (B, M·axis)."""
+        d = torch.matmul(t.transpose(1, 2), t[:, :, : self.axis_neuron])
+        return d.reshape(t.shape[0], self.dim_out)
 
     def _descriptor(self, tmat: Tensor) -> Tensor:
         """T (B, 4, M) -> D (B, M·axis), flattened row-major (index m·axis + a)."""

@@ -49,6 +49,12 @@ def activate(x: Tensor, name: str) -> Tensor:
     return x
 
 
+def tanh_grad(grad: Tensor, y: Tensor) -> Tensor:
+    """``grad · (1 − y²)``, the chain rule through ``y = tanh(x)``: one fused pass, and itself
+    differentiable (so explicit derivatives built from it train with a first-order backward)."""
+    return torch.ops.aten.tanh_backward(grad, y)
+
+
 def child_seed(seed: int | None, *path: int) -> int | None:
     """A reproducible 63-bit seed for one layer of one network, derived from the user seed.
 
@@ -139,6 +145,7 @@ class EmbeddingNet(nn.Module):
     """Maps the normalised radial column s (rows, 1) to G (rows, neuron[-1])."""
 
     has_tangent: bool
+    fused_backward: bool
 
     def __init__(
         self,
@@ -151,6 +158,7 @@ class EmbeddingNet(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(_hidden_layers(1, neuron, activation, resnet_dt, dtype, seed))
         self.has_tangent = activation == "tanh"
+        self.fused_backward = True
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:
@@ -163,7 +171,24 @@ class EmbeddingNet(nn.Module):
         With dG/ds as an explicit tensor, forces need no backward pass through the net, and
         the force loss needs only a first-order backward through it instead of a double
         backward: the main saving of the training step. tanh only (``has_tangent``).
+        Outside TorchScript this runs as one autograd node with a hand-written backward
+        (``_ValueAndSlope``: fewer passes over the (rows, M) tensors than the generic one);
+        ``value_and_derivative_ops`` is the same function in plain differentiable operations.
         """
+        if torch.jit.is_scripting() or not self.fused_backward:
+            return self.value_and_derivative_ops(s)
+        return self._value_and_slope(s)
+
+    @torch.jit.unused
+    def _value_and_slope(self, s: Tensor) -> tuple[Tensor, Tensor]:
+        layout = tuple((ly.n_in, ly.skip, ly.idt is not None) for ly in self.layers)
+        params = []
+        for ly in self.layers:
+            params += [ly.weight, ly.bias] + ([ly.idt] if ly.idt is not None else [])
+        return _ValueAndSlope.apply(s, layout, *params)
+
+    def value_and_derivative_ops(self, s: Tensor) -> tuple[Tensor, Tensor]:
+        """``value_and_derivative`` as plain operations (differentiable any number of times)."""
         x, dx = s, torch.ones_like(s)
         for layer in self.layers:
             if layer.n_in == 1:
@@ -173,7 +198,7 @@ class EmbeddingNet(nn.Module):
                 pre = torch.addmm(layer.bias, x, layer.weight)
                 dpre = torch.mm(dx, layer.weight)
             y = torch.tanh(pre)
-            dy = dpre * (1.0 - y * y)
+            dy = tanh_grad(dpre, y)
             idt = layer.idt
             if idt is not None:
                 y = y * idt
@@ -188,8 +213,115 @@ class EmbeddingNet(nn.Module):
         return x, dx
 
 
+def _fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
+    """Gradient reaching a layer's input through its skip connection."""
+    if skip == 1:
+        return grad
+    if skip == 2:
+        return grad.view(-1, 2, n_in).sum(dim=1)
+    return None
+
+
+class _ValueAndSlope(torch.autograd.Function):
+    """(G, dG/ds) of a tanh embedding net as one autograd node.
+
+    Per layer ``a = xW + b, t = tanh(a), y = t·idt + skip(x)`` and the tangent ``da = dx W,
+    dt = da(1 − t²), dy = dt·idt + skip(dx)`` (dx = 1 at the input). The backward takes
+    ``(ȳ, dȳ)`` to ``dā = dȳ·idt(1 − t²)``, ``ā = (ȳ·idt − 2t·da·dȳ·idt)(1 − t²)``,
+    ``W̄ = xᵀā + dxᵀdā``, ``b̄ = Σā``, ``x̄ = āWᵀ + fold(ȳ)``, ``dx̄ = dāWᵀ + fold(dȳ)``.
+    First-order only: it is never differentiated again (forces do not backpropagate
+    through it).
+    """
+
+    @staticmethod
+    def forward(ctx, s: Tensor, layout: tuple, *params: Tensor) -> tuple[Tensor, Tensor]:
+        x, dx = s, None
+        saved: list[Tensor | None] = []
+        k = 0
+        for n_in, skip, has_idt in layout:
+            w, b = params[k], params[k + 1]
+            idt = params[k + 2] if has_idt else None
+            k += 3 if has_idt else 2
+            n_out = w.shape[1]
+            if n_in == 1:
+                t = torch.addcmul(b, x, w)
+                da = w.expand(x.shape[0], n_out) if dx is None else dx * w
+            else:
+                t = torch.addmm(b, x, w)
+                da = torch.mm(dx, w)
+            t = t.tanh_()
+            saved += [x, dx, t, da]
+            dt = tanh_grad(da, t)
+            y = t if idt is None else t * idt
+            dy = dt if idt is None else dt.mul_(idt)
+            if skip == 1:
+                y = y + x if idt is None else y.add_(x)
+                dy = dy.add_(1.0 if dx is None else dx)
+            elif skip == 2:
+                xs = x.unsqueeze(1)
+                y = y.view(-1, 2, n_in) + xs if idt is None else y.view(-1, 2, n_in).add_(xs)
+                y = y.view(-1, n_out)
+                if dx is None:
+                    dy = dy.add_(1.0)
+                else:
+                    dy = dy.view(-1, 2, n_in).add_(dx.unsqueeze(1)).view(-1, n_out)
+            x, dx = y, dy
+        ctx.layout = layout
+        ctx.save_for_backward(*saved, *params)
+        return x, dx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy: Tensor, gdy: Tensor):
+        layout = ctx.layout
+        nlayers = len(layout)
+        saved = ctx.saved_tensors
+        params = saved[4 * nlayers :]
+        offsets = []
+        k = 0
+        for _, _, has_idt in layout:
+            offsets.append(k)
+            k += 3 if has_idt else 2
+        grads: list[Tensor | None] = [None] * len(params)
+        for layer in range(nlayers - 1, -1, -1):
+            n_in, skip, has_idt = layout[layer]
+            x, dx, t, da = saved[4 * layer : 4 * layer + 4]
+            k = offsets[layer]
+            w = params[k]
+            q, dq = gy, gdy
+            if has_idt:
+                idt = params[k + 2]
+                grads[k + 2] = (gy * t).sum(dim=0) + (gdy * tanh_grad(da, t)).sum(dim=0)
+                q, dq = gy * idt, gdy * idt
+            dabar = tanh_grad(dq, t)
+            abar = tanh_grad(torch.addcmul(q, t, da * dq, value=-2.0), t)
+            if n_in == 1:
+                wbar = torch.mm(x.t(), abar)
+                if dx is None:
+                    wbar += dabar.sum(dim=0, keepdim=True)
+                else:
+                    wbar.addmm_(dx.t(), dabar)
+            else:
+                wbar = torch.mm(x.t(), abar).addmm_(dx.t(), dabar)
+            grads[k] = wbar
+            grads[k + 1] = abar.sum(dim=0)
+            if layer == 0 and not ctx.needs_input_grad[0]:
+                break
+            wt = w.t()
+            fold = _fold(gy, skip, n_in)
+            gx = torch.mm(abar, wt) if fold is None else torch.addmm(fold, abar, wt)
+            if layer > 0:
+                dfold = _fold(gdy, skip, n_in)
+                gdy = torch.mm(dabar, wt) if dfold is None else torch.addmm(dfold, dabar, wt)
+            gy = gx
+        s_grad = gy if ctx.needs_input_grad[0] else None
+        return (s_grad, None, *grads)
+
+
 class FittingNet(nn.Module):
     """Residual hidden layers then a linear output layer (rows, n_in) -> (rows, 1)."""
+
+    has_tangent: bool
 
     def __init__(
         self,
@@ -205,8 +337,57 @@ class FittingNet(nn.Module):
         last = neuron[-1] if neuron else n_in
         out = ResidualLayer(last, 1, "linear", False, False, dtype, child_seed(seed, len(neuron)))
         self.layers = nn.ModuleList([*hidden, out])
+        self.has_tangent = activation == "tanh"
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:
             x = layer(x)
         return x
+
+    def value_and_input_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The output (rows, 1) and its gradient w.r.t. the input (rows, n_in), written as
+        explicit tensor operations (tanh only, ``has_tangent``).
+
+        Unlike ``autograd.grad(..., create_graph=True)``, the gradient is then an ordinary
+        function of the parameters, so a loss on it trains with a first-order backward.
+        """
+        weights: list[Tensor] = []
+        scales: list[Tensor] = []  # idt, or an empty tensor when the layer has none
+        outputs: list[Tensor] = []  # tanh outputs of the hidden layers
+        skips: list[int] = []
+        for layer in self.layers:
+            weights.append(layer.weight)
+            skips.append(layer.skip)
+            pre = torch.addmm(layer.bias, x, layer.weight)
+            if layer.activation == "linear":
+                outputs.append(pre)
+                scales.append(pre.new_empty(0))
+                x = pre
+            else:
+                t = torch.tanh(pre)
+                outputs.append(t)
+                y = t
+                idt = layer.idt
+                if idt is not None:
+                    y = y * idt
+                    scales.append(idt)
+                else:
+                    scales.append(t.new_empty(0))
+                if layer.skip == 1:
+                    y = y + x
+                elif layer.skip == 2:
+                    y = (y.view(-1, 2, layer.n_in) + x.unsqueeze(1)).view(-1, layer.n_out)
+                x = y
+        # backward sweep: the last layer is linear with one output
+        grad = weights[-1].t().expand(x.shape[0], weights[-1].shape[0])
+        for k in range(len(weights) - 2, -1, -1):
+            w, idt, skip = weights[k], scales[k], skips[k]
+            g = grad * idt if idt.numel() > 0 else grad
+            pre_grad = tanh_grad(g, outputs[k])
+            below = torch.mm(pre_grad, w.t())
+            if skip == 1:
+                below = below + grad
+            elif skip == 2:
+                below = below + grad.view(-1, 2, w.shape[0]).sum(dim=1)
+            grad = below
+        return x, grad

@@ -1,0 +1,182 @@
+"""The model's optimised paths against the straightforward ones, parameter gradients of a
+loss on energies, forces and virials included:
+
+* ``EnergyModel.explicit_forces``: dE/d(pair vector) by explicit first-order operations
+  instead of ``autograd.grad(create_graph=True)`` and a double backward;
+* ``EmbeddingNet.fused_backward``: (G, dG/ds) as one autograd node with a hand-written
+  backward instead of plain differentiable operations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.model import EnergyModel
+from mdtrain.model.network import EmbeddingNet
+from mdtrain.neighbors.nlist import build_nlist
+from tests.test_model_common import (
+    make_model,
+    set_random_stats,
+    small_config,
+    triclinic,
+    water_like,
+)
+
+
+def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: bool = False):
+    """Two frames of one system as model inputs; optionally an atom far from all others."""
+    box = triclinic(5.0, seed=9) if periodic else None
+    frames, atype = [], None
+    for seed in (9, 10):
+        coord, atype = water_like(nmol, box, seed=seed)
+        if lone_atom:  # no neighbour within rcut (non-periodic frames only)
+            coord = np.concatenate([coord[:1] + 50.0, coord[1:]])
+        frames.append(coord)
+    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
+    return (
+        torch.tensor(np.stack(frames)),
+        torch.tensor(atype),
+        None if box is None else torch.tensor(np.stack([box, box])),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
+
+
+def outputs_and_grads(model: EnergyModel, args) -> tuple[dict, list]:
+    model.zero_grad()
+    out = model(*args)
+    loss = (
+        out["energy"].sum()
+        + (out["force"] ** 2).sum()
+        + (out["virial"] ** 2).sum()
+        + (out["atom_energy"] ** 2).sum()
+    )
+    loss.backward()
+    grads = [
+        p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()
+    ]
+    return {k: v.detach() for k, v in out.items()}, grads
+
+
+def assert_same(a, b, rtol: float, atol: float) -> None:
+    (out_a, grads_a), (out_b, grads_b) = a, b
+    for key in out_a:
+        torch.testing.assert_close(out_a[key], out_b[key], rtol=rtol, atol=atol)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        assert y.abs().max() > 0 or x.abs().max() == 0
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol * max(1.0, float(y.abs().max())))
+
+
+CASES = {
+    "one_side": ({}, {}),
+    "pairwise": ({"type_one_side": False}, {}),
+    "exclude": ({"type_one_side": False, "exclude_types": [[0, 1]]}, {}),
+    "exclude_one_side": ({"exclude_types": [[1, 1]]}, {}),
+    "atom_exclude": ({}, {"atom_exclude_types": [1]}),
+    "env_protection": ({"env_protection": 0.3}, {}),
+    "truncated_sel": ({"sel": [3, 5]}, {}),
+    "no_resnet_dt": ({"resnet_dt": False}, {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("periodic", [True, False])
+def test_explicit_forces_equal_autograd(case, periodic):
+    descriptor, extra = CASES[case]
+    model = make_model({"sel": [20, 40], **descriptor}, **extra).train()
+    assert model.explicit_forces
+    args = batch(model, periodic)
+    explicit = outputs_and_grads(model, args)
+    model.explicit_forces = False
+    reference = outputs_and_grads(model, args)
+    assert_same(explicit, reference, rtol=1e-11, atol=1e-12)
+
+
+def test_explicit_forces_with_an_isolated_atom():
+    model = make_model({"sel": [20, 40]}).train()
+    args = batch(model, periodic=False, lone_atom=True)
+    explicit = outputs_and_grads(model, args)
+    assert explicit[0]["force"][:, 0].abs().max() == 0
+    model.explicit_forces = False
+    assert_same(explicit, outputs_and_grads(model, args), rtol=1e-11, atol=1e-12)
+
+
+def test_explicit_forces_float32():
+    cfg = small_config({"sel": [20, 40], "precision": "float32"}, {"precision": "float32"})
+    model = set_random_stats(EnergyModel(cfg)).train()
+    args = batch(model)
+    explicit = outputs_and_grads(model, args)
+    model.explicit_forces = False
+    assert_same(explicit, outputs_and_grads(model, args), rtol=2e-4, atol=1e-5)
+
+
+def test_eval_mode_builds_no_graph_and_other_activations_use_autograd():
+    model = make_model({"sel": [20, 40]}).eval()
+    out = model(*batch(model))
+    assert all(not v.requires_grad for v in out.values())
+    relu = make_model({"sel": [20, 40]}, {"activation_function": "relu"})
+    assert not relu.explicit_forces  # only tanh nets have the explicit derivative
+    out = relu.train()(*batch(relu))
+    assert out["force"].requires_grad
+
+
+@pytest.mark.parametrize("switch", ["skip_padded", "linearize"])
+def test_autograd_path_switches_still_agree(switch):
+    """The descriptor's switches keep their meaning on the autograd path as well."""
+    model = make_model({"sel": [20, 40]}).train()
+    model.explicit_forces = False
+    args = batch(model)
+    assert (args[3][..., :20] < 0).all(dim=(0, 1)).any()  # some columns are padding everywhere
+    on = outputs_and_grads(model, args)
+    setattr(model.descriptor, switch, False)
+    assert_same(on, outputs_and_grads(model, args), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "neuron, resnet_dt",
+    [
+        ([4, 8, 16], False),
+        ([4, 8, 16], True),
+        ([2, 4, 4, 8], True),
+        ([1, 1, 3], True),
+        ([3, 5], False),
+    ],
+)
+def test_fused_embedding_backward_equals_plain_operations(neuron, resnet_dt):
+    """Every skip kind (none, x, concat(x, x)), with and without idt, first layer included."""
+    net = EmbeddingNet(neuron, "tanh", resnet_dt, torch.float64, seed=3)
+    s = torch.linspace(-1.5, 2.0, 11, dtype=torch.float64).view(-1, 1).requires_grad_(True)
+    gen = torch.Generator().manual_seed(0)
+    cot = [torch.randn(11, neuron[-1], generator=gen, dtype=torch.float64) for _ in range(2)]
+    results = []
+    for fused in (True, False):
+        net.fused_backward = fused
+        g, dg = net.value_and_derivative(s)
+        grads = torch.autograd.grad([g, dg], [s, *net.parameters()], cot)
+        results.append((g.detach(), dg.detach(), grads))
+    (g1, dg1, gr1), (g2, dg2, gr2) = results
+    torch.testing.assert_close(g1, g2, rtol=0, atol=0)
+    torch.testing.assert_close(dg1, dg2, rtol=0, atol=0)
+    for a, b in zip(gr1, gr2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)
+
+
+def test_fused_embedding_slope_is_the_derivative():
+    """dG/ds against central differences of G (the plain path is checked by the model tests)."""
+    net = EmbeddingNet([4, 8, 16], "tanh", True, torch.float64, seed=5)
+    s = torch.linspace(-1.0, 1.0, 7, dtype=torch.float64).view(-1, 1)
+    _, slope = net.value_and_derivative(s)
+    h = 1e-6
+    fd = (net(s + h) - net(s - h)) / (2 * h)
+    torch.testing.assert_close(slope, fd, rtol=1e-7, atol=1e-8)
+
+
+def test_fused_model_training_matches_plain_operations():
+    model = make_model({"sel": [20, 40], "type_one_side": False}).train()
+    args = batch(model)
+    fused = outputs_and_grads(model, args)
+    for net in model.descriptor.networks:
+        net.fused_backward = False
+    assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
