@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mdtrain.model import EnergyModel
+from mdtrain.model.energy import keep_freed_memory
 from mdtrain.model.network import EmbeddingNet
 from mdtrain.neighbors.nlist import build_nlist
 from tests.test_model_common import (
@@ -180,3 +181,8 @@ def test_fused_model_training_matches_plain_operations():
     for net in model.descriptor.networks:
         net.fused_backward = False
     assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
+
+
+def test_keep_freed_memory_is_idempotent():
+    first = keep_freed_memory()
+    assert isinstance(first, bool) and keep_freed_memory() is first

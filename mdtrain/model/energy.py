@@ -12,7 +12,10 @@ both coordinates and cell, ``r' = r + r @ ε``, ``box' = box + box @ ε``):
 """
 
 import copy
+import ctypes
 import json
+import os
+import sys
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +24,38 @@ from mdtrain.model.config import normalize_model_config
 from mdtrain.model.descriptor import DescriptorSeA
 from mdtrain.model.fitting import EnergyFitting
 from mdtrain.model.network import check_activation, dtype_of
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_allocator_tuned: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed memory for reuse instead of returning it to the OS (once per
+    process; ``MDTRAIN_KEEP_FREED_MEMORY=0`` turns it off).
+
+    A training step allocates and frees the same multi-megabyte tensors every time. By
+    default glibc serves such blocks with fresh ``mmap`` pages and unmaps them on free, so
+    every step pays page faults on them again: on a virtual machine that cost up to half the
+    step time. Keeping the blocks in the heap makes the process hold its peak memory, which
+    it needs at every step anyway. Returns whether the setting is in effect.
+    """
+    global _allocator_tuned
+    if _allocator_tuned is None:
+        _allocator_tuned = False
+        if sys.platform.startswith("linux") and os.environ.get(
+            "MDTRAIN_KEEP_FREED_MEMORY", "1"
+        ).strip() not in ("0", "false", "no"):
+            try:
+                mallopt = ctypes.CDLL(None).mallopt
+                mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+                mallopt.restype = ctypes.c_int
+                _allocator_tuned = (
+                    mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
+                )
+            except (OSError, AttributeError):
+                pass
+    return _allocator_tuned
 
 
 class EnergyModel(nn.Module):
@@ -36,6 +71,7 @@ class EnergyModel(nn.Module):
 
     def __init__(self, model_config: dict) -> None:
         super().__init__()
+        keep_freed_memory()
         cfg = normalize_model_config(model_config)
         self._config = cfg
         self.model_config_json = json.dumps(cfg, sort_keys=True)
