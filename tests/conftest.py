@@ -63,3 +63,17 @@ def water_nopbc(tmp_path) -> str:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(autouse=True)
+def _reset_mdtrain_logger():
+    """The CLI configures the ``mdtrain`` logger (own handler, no propagation); undo it after
+    each test so that ``caplog`` in later tests sees mdtrain's records."""
+    yield
+    import logging
+
+    logger = logging.getLogger("mdtrain")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 import sys
 import textwrap
 import time
@@ -22,6 +23,8 @@ from tests.mp_helpers import (
     spawn_workers,
     torchrun_command,
 )
+
+RESULT = re.compile(r"RESULT rank=\d+ world=\d+ local=\d+ sum=[0-9.]+")
 
 # --------------------------------------------------------------------------- launch environment
 
@@ -542,7 +545,7 @@ def test_torchrun_two_processes(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_SCRIPT)
     run = run_torchrun(script, ["auto"], nproc_per_node=2, timeout=90).check()
-    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("RESULT"))
+    lines = sorted(RESULT.findall(run.stdout))  # the ranks' lines may interleave
     assert lines == [
         "RESULT rank=0 world=2 local=0 sum=3.0",
         "RESULT rank=1 world=2 local=1 sum=3.0",
@@ -567,9 +570,7 @@ def test_two_torchrun_agents_form_one_world(tmp_path):
     runs = run_processes(commands, timeout=90, envs=[clean_env(), clean_env()])
     for run in runs:
         run.check()
-    lines = sorted(
-        line for run in runs for line in run.stdout.splitlines() if line.startswith("RESULT")
-    )
+    lines = sorted(line for run in runs for line in RESULT.findall(run.stdout))
     assert lines == [
         "RESULT rank=0 world=2 local=0 sum=3.0",
         "RESULT rank=1 world=2 local=0 sum=3.0",
