@@ -229,92 +229,135 @@ class _ValueAndSlope(torch.autograd.Function):
     dt = da(1 − t²), dy = dt·idt + skip(dx)`` (dx = 1 at the input). The backward takes
     ``(ȳ, dȳ)`` to ``dā = dȳ·idt(1 − t²)``, ``ā = (ȳ·idt − 2t·da·dȳ·idt)(1 − t²)``,
     ``W̄ = xᵀā + dxᵀdā``, ``b̄ = Σā``, ``x̄ = āWᵀ + fold(ȳ)``, ``dx̄ = dāWᵀ + fold(dȳ)``.
-    First-order only: it is never differentiated again (forces do not backpropagate
+    Both directions run over blocks of rows through all layers, so that a block's
+    intermediate tensors stay in cache between the operations on them (the step is
+    memory-bound); only what the backward needs (t, da and the layer outputs) is kept for all
+    rows. First-order only: it is never differentiated again (forces do not backpropagate
     through it).
     """
 
+    block_bytes = 1 << 21  # one (rows, widest layer) block: about a core's L2
+    min_block_rows = 256
+
+    @staticmethod
+    def block_rows(layout: tuple, params: tuple, itemsize: int) -> int:
+        width = max(int(p.shape[-1]) for p in params)
+        rows = _ValueAndSlope.block_bytes // (width * itemsize)
+        return max(_ValueAndSlope.min_block_rows, rows)
+
+    @staticmethod
+    def specs(layout: tuple) -> list[tuple[int, int, int, bool]]:
+        """Per layer: index of its weight in ``params``, n_in, skip kind, whether it has idt."""
+        out, k = [], 0
+        for n_in, skip, has_idt in layout:
+            out.append((k, n_in, skip, has_idt))
+            k += 3 if has_idt else 2
+        return out
+
     @staticmethod
     def forward(ctx, s: Tensor, layout: tuple, *params: Tensor) -> tuple[Tensor, Tensor]:
-        x, dx = s, None
-        saved: list[Tensor | None] = []
-        k = 0
-        for n_in, skip, has_idt in layout:
-            w, b = params[k], params[k + 1]
-            idt = params[k + 2] if has_idt else None
-            k += 3 if has_idt else 2
-            n_out = w.shape[1]
-            if n_in == 1:
-                t = torch.addcmul(b, x, w)
-                da = w.expand(x.shape[0], n_out) if dx is None else dx * w
-            else:
-                t = torch.addmm(b, x, w)
-                da = torch.mm(dx, w)
-            t = t.tanh_()
-            saved += [x, dx, t, da]
-            dt = tanh_grad(da, t)
-            y = t if idt is None else t * idt
-            dy = dt if idt is None else dt.mul_(idt)
-            if skip == 1:
-                y = y + x if idt is None else y.add_(x)
-                dy = dy.add_(1.0 if dx is None else dx)
-            elif skip == 2:
-                xs = x.unsqueeze(1)
-                y = y.view(-1, 2, n_in) + xs if idt is None else y.view(-1, 2, n_in).add_(xs)
-                y = y.view(-1, n_out)
+        rows = s.shape[0]
+        block = _ValueAndSlope.block_rows(layout, params, s.element_size())
+        specs = _ValueAndSlope.specs(layout)
+        opts = {"dtype": s.dtype, "device": s.device}
+        outs, douts, ts, das = [], [], [], []
+        for layer, (k, _, skip, has_idt) in enumerate(specs):
+            n_out = params[k].shape[1]
+            t = torch.empty(rows, n_out, **opts)
+            ts.append(t)
+            # y = t needs no copy; the first layer's da is W itself (dx = 1)
+            outs.append(t if skip == 0 and not has_idt else torch.empty(rows, n_out, **opts))
+            douts.append(torch.empty(rows, n_out, **opts))
+            das.append(None if layer == 0 else torch.empty(rows, n_out, **opts))
+        for lo in range(0, rows, block):
+            hi = min(lo + block, rows)
+            x, dx = s[lo:hi], None
+            for layer, (k, n_in, skip, has_idt) in enumerate(specs):
+                w, b = params[k], params[k + 1]
+                t, y, dy = ts[layer][lo:hi], outs[layer][lo:hi], douts[layer][lo:hi]
                 if dx is None:
-                    dy = dy.add_(1.0)
+                    torch.addcmul(b, x, w, out=t) if n_in == 1 else torch.addmm(b, x, w, out=t)
+                    da = w.expand(hi - lo, w.shape[1])
                 else:
-                    dy = dy.view(-1, 2, n_in).add_(dx.unsqueeze(1)).view(-1, n_out)
-            x, dx = y, dy
+                    da = das[layer][lo:hi]
+                    if n_in == 1:
+                        torch.addcmul(b, x, w, out=t)
+                        torch.mul(dx, w, out=da)
+                    else:
+                        torch.addmm(b, x, w, out=t)
+                        torch.mm(dx, w, out=da)
+                t.tanh_()
+                torch.ops.aten.tanh_backward.grad_input(da, t, grad_input=dy)
+                if has_idt:
+                    idt = params[k + 2]
+                    torch.mul(t, idt, out=y)
+                    dy.mul_(idt)
+                if skip == 1:
+                    y.add_(x) if has_idt else torch.add(t, x, out=y)
+                    dy.add_(1.0 if dx is None else dx)
+                elif skip == 2:
+                    xs, yv = x.unsqueeze(1), y.view(-1, 2, n_in)
+                    yv.add_(xs) if has_idt else torch.add(t.view(-1, 2, n_in), xs, out=yv)
+                    if dx is None:
+                        dy.add_(1.0)
+                    else:
+                        dy.view(-1, 2, n_in).add_(dx.unsqueeze(1))
+                x, dx = y, dy
         ctx.layout = layout
-        ctx.save_for_backward(*saved, *params)
-        return x, dx
+        ctx.save_for_backward(s, *outs[:-1], *douts[:-1], *ts, *das[1:], *params)
+        return outs[-1], douts[-1]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, gy: Tensor, gdy: Tensor):
+    def backward(ctx, gy_all: Tensor, gdy_all: Tensor):
         layout = ctx.layout
-        nlayers = len(layout)
+        n = len(layout)
         saved = ctx.saved_tensors
-        params = saved[4 * nlayers :]
-        offsets = []
-        k = 0
-        for _, _, has_idt in layout:
-            offsets.append(k)
-            k += 3 if has_idt else 2
+        s, outs, douts = saved[0], saved[1:n], saved[n : 2 * n - 1]
+        ts, das = saved[2 * n - 1 : 3 * n - 1], (None, *saved[3 * n - 1 : 4 * n - 2])
+        params = saved[4 * n - 2 :]
+        specs = _ValueAndSlope.specs(layout)
         grads: list[Tensor | None] = [None] * len(params)
-        for layer in range(nlayers - 1, -1, -1):
-            n_in, skip, has_idt = layout[layer]
-            x, dx, t, da = saved[4 * layer : 4 * layer + 4]
-            k = offsets[layer]
-            w = params[k]
-            q, dq = gy, gdy
-            if has_idt:
-                idt = params[k + 2]
-                grads[k + 2] = (gy * t).sum(dim=0) + (gdy * tanh_grad(da, t)).sum(dim=0)
-                q, dq = gy * idt, gdy * idt
-            dabar = tanh_grad(dq, t)
-            abar = tanh_grad(torch.addcmul(q, t, da * dq, value=-2.0), t)
-            if n_in == 1:
-                wbar = torch.mm(x.t(), abar)
+        for k, _, _, has_idt in specs:
+            for j in range(3 if has_idt else 2):
+                grads[k + j] = torch.zeros_like(params[k + j])
+        rows = s.shape[0]
+        block = _ValueAndSlope.block_rows(layout, params, s.element_size())
+        need_s = ctx.needs_input_grad[0]
+        s_grad = torch.empty_like(s) if need_s else None
+        for lo in range(0, rows, block):
+            hi = min(lo + block, rows)
+            gy, gdy = gy_all[lo:hi], gdy_all[lo:hi]
+            for layer in range(n - 1, -1, -1):
+                k, n_in, skip, has_idt = specs[layer]
+                w, t = params[k], ts[layer][lo:hi]
+                x = s[lo:hi] if layer == 0 else outs[layer - 1][lo:hi]
+                dx = None if layer == 0 else douts[layer - 1][lo:hi]
+                da = w.expand(hi - lo, w.shape[1]) if layer == 0 else das[layer][lo:hi]
+                q, dq = gy, gdy
+                if has_idt:
+                    idt = params[k + 2]
+                    grads[k + 2] += (gy * t).sum(dim=0) + (gdy * tanh_grad(da, t)).sum(dim=0)
+                    q, dq = gy * idt, gdy * idt
+                dabar = tanh_grad(dq, t)
+                abar = torch.addcmul(q, t, da * dq, value=-2.0)
+                torch.ops.aten.tanh_backward.grad_input(abar, t, grad_input=abar)
+                grads[k].addmm_(x.t(), abar)
                 if dx is None:
-                    wbar += dabar.sum(dim=0, keepdim=True)
+                    grads[k] += dabar.sum(dim=0, keepdim=True)
                 else:
-                    wbar.addmm_(dx.t(), dabar)
-            else:
-                wbar = torch.mm(x.t(), abar).addmm_(dx.t(), dabar)
-            grads[k] = wbar
-            grads[k + 1] = abar.sum(dim=0)
-            if layer == 0 and not ctx.needs_input_grad[0]:
-                break
-            wt = w.t()
-            fold = _fold(gy, skip, n_in)
-            gx = torch.mm(abar, wt) if fold is None else torch.addmm(fold, abar, wt)
-            if layer > 0:
+                    grads[k].addmm_(dx.t(), dabar)
+                grads[k + 1] += abar.sum(dim=0)
+                wt = w.t()
+                fold = _fold(gy, skip, n_in)
+                if layer == 0:
+                    if need_s:
+                        s_grad[lo:hi] = torch.mm(abar, wt) if fold is None else fold.addmm(abar, wt)
+                    break
+                gx = torch.mm(abar, wt) if fold is None else torch.addmm(fold, abar, wt)
                 dfold = _fold(gdy, skip, n_in)
                 gdy = torch.mm(dabar, wt) if dfold is None else torch.addmm(dfold, dabar, wt)
-            gy = gx
-        s_grad = gy if ctx.needs_input_grad[0] else None
+                gy = gx
         return (s_grad, None, *grads)
 
 
