@@ -1,0 +1,152 @@
+"""Time the real training loop (``Trainer.train_step``: batch and neighbour lists, forward,
+forces, loss, backward, Adam) on a data set given by its input file.
+
+    python benchmarks/train_step.py /path/to/water-dft [--steps 300] [--warmup 30]
+        [--precision float64 float32] [--threads 2] [--json result.json]
+
+The argument is an ``input.json`` or a directory holding one; its systems are resolved
+relative to it. Nothing is written next to the data: the statistics are computed in memory
+(``stat_file`` is ignored), outputs go to a temporary directory, and validation, display and
+checkpoints are off during the timing. Each precision runs in a fresh process (clean
+allocator state and its own peak RSS). Reported per precision: median wall and process CPU
+time per step (after warm-up) with the 10th/90th wall percentiles, the median time of the
+batch preparation inside the step (frames and neighbour lists), the peak RSS, and the load
+average of the machine around the run (others' work inflates the times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def measure(input_path: str, precision: str, steps: int, warmup: int, threads: int) -> dict:
+    """Run in the child process: set up a Trainer like ``mdtrain train`` does, then time it."""
+    import resource
+    import statistics
+    import time
+
+    import numpy as np
+    import torch
+
+    from mdtrain import distributed as dist_rt
+    from mdtrain.config import load_config
+    from mdtrain.model.energy import EnergyModel
+    from mdtrain.model.stats import compute_or_load_stats
+    from mdtrain.train.loop import Trainer, seed_everything
+    from mdtrain.train.prepare import open_datasets, resolve_model_sel
+
+    config = load_config(input_path)
+    model_cfg = config["model"]
+    for section in ("descriptor", "fitting_net"):
+        model_cfg[section]["precision"] = precision
+    training = config["training"]
+    training["numb_steps"] = warmup + steps
+    training["disp_freq"] = training["save_freq"] = 10**9
+    data = open_datasets(config, input_path)
+    config = resolve_model_sel(config, input_path, data, None, skip_neighbor_stat=False)
+    seed_everything(int(training.get("seed") or 0))
+    torch.set_num_threads(threads)
+    model = EnergyModel(config["model"])
+    nbatch = int(config["model"].get("data_stat_nbatch", 10))
+    compute_or_load_stats(model, data.train, None, nbatch)
+    runtime = dist_rt.init_distributed("gloo", True, 60.0)
+    torch.set_num_threads(threads)  # after init_distributed, which sets one per usable core
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+        trainer.valid_sampler = None  # no validation inside the timing
+        batch_times: list[float] = []
+        make = trainer._batch
+
+        def timed_batch(*args, **kwargs):
+            t0 = time.perf_counter()
+            batch = make(*args, **kwargs)
+            batch_times.append(time.perf_counter() - t0)
+            return batch
+
+        trainer._batch = timed_batch
+        model.train()
+        wall, cpu = [], []
+        load_before = os.getloadavg()[0]
+        for step in range(warmup + steps):
+            lr = trainer.lr.value(step)
+            w0, c0 = time.perf_counter(), time.process_time()
+            trainer.train_step(lr)
+            if step >= warmup:
+                wall.append(time.perf_counter() - w0)
+                cpu.append(time.process_time() - c0)
+        load_after = os.getloadavg()[0]
+    natoms = sorted({s.natoms for s in data.train})
+    return {
+        "precision": precision,
+        "threads": threads,
+        "steps": steps,
+        "warmup": warmup,
+        "natoms": natoms,
+        "sel": list(config["model"]["descriptor"]["sel"]),
+        "wall_s_per_step": statistics.median(wall),
+        "wall_p10_s": float(np.percentile(wall, 10)),
+        "wall_p90_s": float(np.percentile(wall, 90)),
+        "cpu_s_per_step": statistics.median(cpu),
+        "batch_s_per_step": statistics.median(batch_times[warmup:]),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_average": [round(load_before, 2), round(load_after, 2)],
+        "torch": torch.__version__,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data", help="input.json, or a directory holding one")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument(
+        "--precision", nargs="+", choices=["float64", "float32"], default=["float64", "float32"]
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    input_path = args.data
+    if os.path.isdir(input_path):
+        input_path = os.path.join(input_path, "input.json")
+    if not os.path.isfile(input_path):
+        sys.exit(f"{input_path}: no such input file")
+    input_path = os.path.abspath(input_path)
+    if args.child:
+        result = measure(input_path, args.child, args.steps, args.warmup, args.threads)
+        print(json.dumps(result))
+        return
+    results = []
+    for precision in args.precision:
+        cmd = [sys.executable, os.path.abspath(__file__), input_path, "--child", precision]
+        cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        cmd += ["--threads", str(args.threads)]
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"{input_path}: {results[0]['natoms']} atoms, sel {results[0]['sel']}, "
+          f"{args.threads} thread(s), {args.steps} steps after {args.warmup} warm-up, "
+          f"torch {results[0]['torch']}")  # fmt: skip
+    header = (
+        "precision  wall s/step  (p10 - p90)        cpu s/step  batch s/step  peak RSS MB  load"
+    )
+    print(header)
+    for r in results:
+        print(
+            f"{r['precision']:<9}  {r['wall_s_per_step']:11.4f}  "
+            f"({r['wall_p10_s']:.4f} - {r['wall_p90_s']:.4f})  {r['cpu_s_per_step']:10.4f}  "
+            f"{r['batch_s_per_step']:12.4f}  {r['peak_rss_mb']:11.0f}  "
+            f"{r['load_average'][0]:.1f}/{r['load_average'][1]:.1f}"
+        )
+    print(json.dumps(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
