@@ -102,6 +102,31 @@ def test_davg_dstd_match_numpy():
     assert davg[0, 0, 0] > 0 and np.all(davg[..., 1:] == 0)
 
 
+def test_statistics_back_off_on_out_of_memory(monkeypatch):
+    """Chunks that run out of memory are halved and retried: the statistics do not change."""
+    from mdtrain.train.oom import simulated_oom
+
+    systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
+    cfg = small_config()
+    model = EnergyModel(cfg)
+    batches = collect_stat_batches(systems, cfg, nbatch=10)
+    expected = compute_descriptor_stats(batches, model)
+    original = model.descriptor.env_matrix
+    calls = []
+
+    def small_memory(diff, mask):
+        calls.append(diff.shape[0])
+        if diff.shape[0] > 1:
+            raise simulated_oom("CUDA out of memory. (test)")
+        return original(diff, mask)
+
+    monkeypatch.setattr(model.descriptor, "env_matrix", small_memory)
+    got = compute_descriptor_stats(batches, model)
+    assert max(calls) > 1 and calls.count(1) == 5  # failed chunks, then one frame at a time
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
 def test_absent_type_and_set_davg_zero():
     systems = [make_system(2, True, 2, seed=3)]
     cfg = small_config({"sel": [12, 24, 4], "set_davg_zero": True}, type_map=["O", "H", "C"])

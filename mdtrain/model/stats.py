@@ -139,25 +139,47 @@ def collect_stat_batches(
 
 
 def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str, StatItem]:
-    """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed)."""
+    """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed).
+
+    Frames are evaluated in chunks that adapt to the memory available (the sums do not depend
+    on the chunking), so statistics of very large frames back off instead of failing.
+    """
+    from mdtrain.progress import progress
+    from mdtrain.train.oom import InferenceChunker
+
     desc = model.descriptor
     items = {f"{k}_{t}": StatItem() for t in range(desc.ntypes) for k in ("r", "a")}
+    chunker = InferenceChunker()
+    batches = list(batches)
+
+    def chunk_items(batch: dict[str, Any], start: int, stop: int) -> dict[str, StatItem]:
+        coord = torch.as_tensor(batch["coord"][start:stop], dtype=torch.float64)
+        box = batch.get("box")
+        box = None if box is None else torch.as_tensor(box[start:stop], dtype=torch.float64)
+        atype = torch.as_tensor(batch["atype"], dtype=torch.long)
+        nlist = torch.as_tensor(batch["nlist"][start:stop], dtype=torch.long)
+        shift = torch.as_tensor(batch["shift"][start:stop], dtype=torch.long)
+        diff = model.pair_vectors(coord, box, nlist, shift)
+        raw = desc.env_matrix(diff, nlist >= 0)
+        raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
+        out = {}
+        for t in range(desc.ntypes):
+            rows = raw[:, atype == t]
+            r, a = rows[..., 0], rows[..., 1:]
+            out[f"r_{t}"] = StatItem(r.numel(), r.sum().item(), (r * r).sum().item())
+            out[f"a_{t}"] = StatItem(a.numel(), a.sum().item(), (a * a).sum().item())
+        return out
+
     with torch.no_grad():
-        for batch in batches:
-            coord = torch.as_tensor(batch["coord"], dtype=torch.float64)
-            box = batch.get("box")
-            box = None if box is None else torch.as_tensor(box, dtype=torch.float64)
-            atype = torch.as_tensor(batch["atype"], dtype=torch.long)
-            nlist = torch.as_tensor(batch["nlist"], dtype=torch.long)
-            shift = torch.as_tensor(batch["shift"], dtype=torch.long)
-            diff = model.pair_vectors(coord, box, nlist, shift)
-            raw = desc.env_matrix(diff, nlist >= 0)
-            raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
-            for t in range(desc.ntypes):
-                rows = raw[:, atype == t]
-                r, a = rows[..., 0], rows[..., 1:]
-                items[f"r_{t}"] += StatItem(r.numel(), r.sum().item(), (r * r).sum().item())
-                items[f"a_{t}"] += StatItem(a.numel(), a.sum().item(), (a * a).sum().item())
+        for batch in progress(batches, len(batches), "data statistics"):
+            nframes, natoms = batch["coord"].shape[0], batch["coord"].shape[1]
+            parts = chunker.run_all(
+                lambda a, b, batch=batch: chunk_items(batch, a, b),
+                nframes, natoms, batch.get("system", ""),
+            )  # fmt: skip
+            for part in parts:
+                for key, item in part.items():
+                    items[key] += item
     return items
 
 

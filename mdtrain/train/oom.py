@@ -162,14 +162,21 @@ def maybe_simulate_oom(natoms_in_batch: int, rank: int | None = None) -> None:
     )
 
 
+# On a CPU chunks grow up to this many atoms unless the environment sets a bound: large enough
+# to amortise per-call overheads, small enough (a few GB for se_e2_a) not to invite the kernel's
+# OOM killer, which Python cannot catch.
+CPU_MAX_ATOMS = 8192
+
+
 class InferenceChunker:
     """Run work over items in chunks whose size (in atoms) adapts to the memory available.
 
     Used where the result does not depend on the chunking (inference, statistics, neighbour
     statistics). The size starts at ``start_atoms`` (default ``$MDTRAIN_INFER_BATCH_SIZE``, else
     ``$DP_INFER_BATCH_SIZE``, else 1024), doubles after a full chunk succeeds, never exceeds
-    ``max_atoms`` (default: the environment value when set; otherwise 1024 on CPU, where the
-    kernel may kill the process before Python sees a failure, and unbounded on accelerators),
+    ``max_atoms`` (default: the environment value when set; otherwise ``CPU_MAX_ATOMS`` on CPU,
+    where the kernel may kill the process before Python sees a failure, and unbounded on
+    accelerators),
     and never returns to a size that failed. On OOM it halves and retries the same chunk.
     The learned size is kept across calls.
     """
@@ -185,7 +192,7 @@ class InferenceChunker:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         on_cpu = torch.device(device).type == "cpu"
         if max_atoms is None:
-            max_atoms = env if env is not None else (1024 if on_cpu else 2**31)
+            max_atoms = env if env is not None else (CPU_MAX_ATOMS if on_cpu else 2**31)
         if start_atoms is None:
             start_atoms = env if env is not None else 1024
         if start_atoms <= 0 or max_atoms <= 0:
