@@ -4,7 +4,9 @@ loss on energies, forces and virials included:
 * ``EnergyModel.explicit_forces``: dE/d(pair vector) by explicit first-order operations
   instead of ``autograd.grad(create_graph=True)`` and a double backward;
 * ``EmbeddingNet.fused_backward``: (G, dG/ds) as one autograd node with a hand-written
-  backward instead of plain differentiable operations.
+  backward instead of plain differentiable operations;
+* ``DescriptorSeA.fused_nodes``: embedding + contraction, and the row gradients, as two
+  autograd nodes that pass the gradient of G and dG/ds in factored form.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.energy import keep_freed_memory
-from mdtrain.model.network import EmbeddingNet, _ValueAndSlope
+from mdtrain.model.network import EmbeddingNet, _Tape
 from mdtrain.neighbors.nlist import build_nlist
 from tests.test_model_common import (
     make_model,
@@ -139,8 +141,8 @@ def test_autograd_path_switches_still_agree(switch):
 def row_blocks(request, monkeypatch):
     """The fused node's forward and backward run over blocks of rows: one, or several."""
     if request.param == "blocks_of_3":
-        monkeypatch.setattr(_ValueAndSlope, "min_block_rows", 1)
-        monkeypatch.setattr(_ValueAndSlope, "block_bytes", 3 * 16 * 8)
+        monkeypatch.setattr(_Tape, "min_block_rows", 1)
+        monkeypatch.setattr(_Tape, "block_bytes", 3 * 16 * 8)
     return request.param
 
 
@@ -183,13 +185,35 @@ def test_fused_embedding_slope_is_the_derivative():
     torch.testing.assert_close(slope, fd, rtol=1e-7, atol=1e-8)
 
 
-def test_fused_model_training_matches_plain_operations():
-    model = make_model({"sel": [20, 40], "type_one_side": False}).train()
+@pytest.mark.parametrize("descriptor", [{}, {"type_one_side": False}], ids=["one_side", "pairwise"])
+def test_fused_model_training_matches_plain_operations(descriptor, row_blocks):
+    model = make_model({"sel": [20, 40], **descriptor}).train()
     args = batch(model)
     fused = outputs_and_grads(model, args)
-    for net in model.descriptor.networks:
-        net.fused_backward = False
+    model.descriptor.fused_nodes = False  # the embedding node alone
     assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
+    for net in model.descriptor.networks:
+        net.fused_backward = False  # plain operations only
+    assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("target", ["energy", "force"])
+def test_fused_nodes_with_a_loss_on_energy_or_forces_only(target):
+    """The row-gradient node may be absent from the backward (energy only) or be the only
+    path into the embedding (forces only)."""
+    model = make_model({"sel": [20, 40]}).train()
+    args = batch(model)
+    grads = []
+    for fused in (True, False):
+        model.descriptor.fused_nodes = fused
+        model.zero_grad()
+        out = model(*args)
+        loss = out["energy"].sum() if target == "energy" else (out["force"] ** 2).sum()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
 
 
 def test_keep_freed_memory_is_idempotent():

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mdtrain.model.network import EmbeddingNet, child_seed
+from mdtrain.model.network import EmbeddingNet, child_seed, row_grad_fused
 
 
 def smooth_weight(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
@@ -65,6 +65,7 @@ class DescriptorSeA(nn.Module):
     skip_padded: bool
     linearize: bool
     has_tangent: bool
+    fused_nodes: bool
 
     def __init__(
         self,
@@ -121,6 +122,8 @@ class DescriptorSeA(nn.Module):
         self.skip_padded = True
         self.linearize = True
         self.has_tangent = activation == "tanh"
+        # eager only: embedding + contraction, and the row gradients, as two autograd nodes
+        self.fused_nodes = True
 
     @property
     def dim_out(self) -> int:
@@ -256,7 +259,8 @@ class DescriptorSeA(nn.Module):
         dd = grad.view(-1, self.neuron_out, axis)
         tbar = torch.bmm(t[:, :, :axis], dd.transpose(1, 2))
         tbar = torch.cat([tbar[:, :, :axis] + torch.bmm(t, dd), tbar[:, :, axis:]], dim=2)
-        tbar_t = (tbar / self.nnei).transpose(1, 2)  # (B, M, 4)
+        tbar = tbar / self.nnei
+        tbar_t = tbar.transpose(1, 2)  # (B, M, 4)
         pieces: list[Tensor] = []
         col = 0
         for b in range(len(cache.owners)):
@@ -267,9 +271,12 @@ class DescriptorSeA(nn.Module):
             n = value.shape[1]
             if lo > col:
                 pieces.append(rows.new_zeros(rows.shape[0], lo - col, 4))
-            rbar = torch.bmm(value, tbar_t)  # (B, n, 4)
-            sbar = (torch.bmm(slope, tbar_t) * rows[:, lo : lo + n]).sum(dim=-1, keepdim=True)
-            pieces.append(torch.cat([rbar[:, :, :1] + sbar, rbar[:, :, 1:]], dim=2))
+            if self._fused(True):
+                pieces.append(self._row_grad_fused(tbar, value, slope, rows[:, lo : lo + n]))
+            else:
+                rbar = torch.bmm(value, tbar_t)  # (B, n, 4)
+                sbar = (torch.bmm(slope, tbar_t) * rows[:, lo : lo + n]).sum(-1, keepdim=True)
+                pieces.append(torch.cat([rbar[:, :, :1] + sbar, rbar[:, :, 1:]], dim=2))
             col = lo + n
         if col < self.nnei:
             pieces.append(rows.new_zeros(rows.shape[0], self.nnei - col, 4))
@@ -376,11 +383,16 @@ class DescriptorSeA(nn.Module):
                 n = int(used.max()) + 1 if used.numel() > 0 else 0
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
-                g, dg = net.value_and_derivative(rr_t[:, 0].reshape(-1, 1))
-                g = g.view(nrows, n, self.neuron_out)
-                tmat = torch.baddbmm(tmat, rr_t, g)
+                if self._fused(net.fused_backward):
+                    t_k, g, dg = self._embed_contract(net, rr_t)
+                    tmat = tmat + t_k
+                else:
+                    g, dg = net.value_and_derivative(rr_t[:, 0].reshape(-1, 1))
+                    g = g.view(nrows, n, self.neuron_out)
+                    dg = dg.view(nrows, n, self.neuron_out)
+                    tmat = torch.baddbmm(tmat, rr_t, g)
                 values.append(g)
-                slopes.append(dg.view(nrows, n, self.neuron_out))
+                slopes.append(dg)
                 owners.append(max(centre, 0))
                 starts.append(lo)
             if mine and lo + n < hi:
@@ -390,6 +402,20 @@ class DescriptorSeA(nn.Module):
                 tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
                 tmat = tmat + (tail[types] if types is not None else tail)
         return tmat / self.nnei, (values, slopes, owners, starts)
+
+    def _fused(self, net_allows: bool) -> bool:
+        """Whether the eager-only fused autograd nodes are used (never under TorchScript)."""
+        if torch.jit.is_scripting():
+            return False
+        return self.fused_nodes and net_allows
+
+    @torch.jit.unused
+    def _embed_contract(self, net: EmbeddingNet, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return net.embed_contract(rows)
+
+    @torch.jit.unused
+    def _row_grad_fused(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
+        return row_grad_fused(tbar, value, slope, rows.transpose(1, 2))
 
     def _descriptor_of_t(self, t: Tensor) -> Tensor:
         """T/nnei (B, 4, M) -> D (B, M·axis)."""
