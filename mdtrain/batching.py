@@ -1,7 +1,9 @@
 """Frames of one system → model-ready tensors (coordinates, neighbour lists, labels).
 
 Neighbour lists are built here, per frame, outside autograd; the model only gathers positions
-and adds image shifts. A batch never mixes systems, so every frame has the same atoms.
+and adds image shifts. A batch never mixes systems, so every frame has the same atoms. A
+``NeighborListCache`` keeps the lists of frames already seen, so that training, which draws
+every frame many times, builds each list once.
 """
 
 from __future__ import annotations
@@ -53,22 +55,72 @@ class Batch:
         )
 
 
+class NeighborListCache:
+    """Neighbour lists of frames already seen, kept compactly (int32 indices, int8 image
+    shifts when they fit), keyed by system path, frame, rcut and sel.
+
+    Holds at most ``max_bytes``; once full, further frames are simply not kept (training
+    draws frames at random, so any kept frame is as likely to come back as another).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = int(max_bytes)
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._lists: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def get(
+        self,
+        system: System,
+        frame: int,
+        coord: np.ndarray,
+        box: np.ndarray | None,
+        rcut: float,
+        sel: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(nlist, shift)`` of one frame as ``build_nlist`` returns them (int64)."""
+        key = (system.path, int(frame), float(rcut), tuple(int(s) for s in sel))
+        kept = self._lists.get(key)
+        if kept is not None:
+            self.hits += 1
+            return kept[0].astype(np.int64), kept[1].astype(np.int64)
+        self.misses += 1
+        nlist, shift, _ = build_nlist(coord, box, system.atype, rcut, sel)
+        small = nlist.astype(np.int32)
+        fits = shift.size == 0 or int(np.abs(shift).max()) <= np.iinfo(np.int8).max
+        small_shift = shift.astype(np.int8 if fits else np.int64)
+        size = small.nbytes + small_shift.nbytes
+        if self.nbytes + size <= self.max_bytes:
+            self._lists[key] = (small, small_shift)
+            self.nbytes += size
+        return nlist, shift
+
+
 def make_batch(
     system: System,
     indices: np.ndarray | list[int],
     rcut: float,
     sel: list[int],
     device: torch.device | str = "cpu",
+    cache: NeighborListCache | None = None,
 ) -> Batch:
-    """Read frames ``indices`` of ``system`` and build their neighbour lists."""
-    frames = system.frames(np.asarray(indices, dtype=np.int64))
+    """Read frames ``indices`` of ``system`` and build their neighbour lists (or take them
+    from ``cache``)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    frames = system.frames(indices)
     coord = frames["coord"]
     boxes = frames.get("box")
     lists, shifts = [], []
     for f in range(coord.shape[0]):
-        nlist, shift, _ = build_nlist(
-            coord[f], None if boxes is None else boxes[f], system.atype, rcut, sel
-        )
+        box = None if boxes is None else boxes[f]
+        if cache is not None:
+            nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel)
+        else:
+            nlist, shift, _ = build_nlist(coord[f], box, system.atype, rcut, sel)
         lists.append(nlist)
         shifts.append(shift)
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from mdtrain import distributed as dist_rt
-from mdtrain.batching import make_batch
+from mdtrain.batching import NeighborListCache, make_batch
 from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
@@ -92,7 +92,8 @@ class Trainer:
         )  # fmt: skip
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=lr_cfg["start_lr"])
+        # foreach: the same numbers as the per-tensor loop, in a few multi-tensor operations
+        self.optimizer = torch.optim.Adam(self.params, lr=lr_cfg["start_lr"], foreach=True)
         ctrl = training.get("batch_controller", {})
         spec = training["training_data"]["batch_size"]
         grow = bool(ctrl.get("grow", False)) and isinstance(spec, str) and spec.startswith("auto")
@@ -105,6 +106,7 @@ class Trainer:
             retry_interval=int(ctrl.get("retry_interval", 200)), grow=grow, max_scale=most
         )
         self.descriptor = config["model"]["descriptor"]
+        self.nlist_cache = NeighborListCache()  # frames come back many times: search once
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
@@ -147,7 +149,9 @@ class Trainer:
     def _batch(self, systems: list[System], sampler: TrainingSampler, scale: int = 1):
         system, frames = sampler.next_batch(scale)
         d = self.descriptor
-        return make_batch(systems[system], frames, d["rcut"], d["sel"], self.rt.device)
+        return make_batch(
+            systems[system], frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache
+        )
 
     def train_step(self, lr: float) -> dict[str, float]:
         """One optimisation step on this rank's share of the global batch; returns its metrics."""
