@@ -237,7 +237,7 @@ def _fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
     if skip == 1:
         return grad
     if skip == 2:
-        return grad.view(-1, 2, n_in).sum(dim=1)
+        return torch.add(grad[:, :n_in], grad[:, n_in:])  # faster than a 2-wide reduction
     return None
 
 
