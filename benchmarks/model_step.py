@@ -7,6 +7,13 @@ Settings follow the DeePMD water example: sel [46, 92], rcut 6, neuron [25, 50, 
 axis_neuron 16, fitting [240, 240, 240]. The neighbour list is built once, outside the timing.
 
     python benchmarks/model_step.py [--precision float64|float32] [--steps N] [--threads T]
+        [--autograd-forces] [--plain-ops] [--no-skip-padded] [--profile]
+
+The switches select the slower reference paths, to measure what each optimisation brings:
+``--autograd-forces`` (forces by autograd.grad with create_graph and a double backward in
+training, instead of explicit first-order derivatives), ``--plain-ops`` (the embedding net
+and contraction as plain differentiable operations instead of the fused autograd nodes),
+``--no-skip-padded`` (the embedding net also on slot columns that are padding everywhere).
 """
 
 from __future__ import annotations
@@ -90,6 +97,12 @@ def main() -> None:
         "--no-skip-padded", action="store_true", help="run the embedding net on padded slots too"
     )
     parser.add_argument(
+        "--autograd-forces", action="store_true", help="forces by autograd (double backward)"
+    )
+    parser.add_argument(
+        "--plain-ops", action="store_true", help="no fused autograd nodes in the descriptor"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="print a profiler table of a train step"
     )
     args = parser.parse_args()
@@ -101,6 +114,12 @@ def main() -> None:
     config["fitting_net"] = {**CONFIG["fitting_net"], "precision": args.precision}
     model = EnergyModel(config)
     model.descriptor.skip_padded = not args.no_skip_padded
+    if args.autograd_forces:
+        model.explicit_forces = False
+    if args.plain_ops:
+        model.descriptor.fused_nodes = False
+        for net in model.descriptor.networks:
+            net.fused_backward = False
     coord, atype = water_box()
     box = np.eye(3) * BOX
     nlist, shift, counts = build_nlist(coord, box, atype, model.rcut, model.sel)
@@ -123,7 +142,7 @@ def main() -> None:
     )
     e_label = torch.tensor([-187.0 * 64 / 2 * 3 / 3])
     f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)  # as the Trainer
 
     def eval_step() -> None:
         model.eval()
