@@ -219,3 +219,14 @@ def test_fused_nodes_with_a_loss_on_energy_or_forces_only(target):
 def test_keep_freed_memory_is_idempotent():
     first = keep_freed_memory()
     assert isinstance(first, bool) and keep_freed_memory() is first
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_models_of_two_shapes_script_in_one_process():
+    """The eager-only fused nodes must not tie a scripted method to one net's type."""
+    first = torch.jit.script(make_model({"sel": [20, 40]}).eval())
+    other = make_model({"sel": [8, 16], "neuron": [2, 4, 8]}, {"neuron": [8, 8]}).eval()
+    second = torch.jit.script(other)
+    args = batch(other)
+    torch.testing.assert_close(second(*args)["force"], other(*args)["force"])
+    assert first(*batch(make_model({"sel": [20, 40]})))["energy"].shape == (2,)

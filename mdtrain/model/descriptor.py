@@ -384,7 +384,7 @@ class DescriptorSeA(nn.Module):
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
                 if self._fused(net.fused_backward):
-                    t_k, g, dg = self._embed_contract(net, rr_t)
+                    t_k, g, dg = net.embed_contract(rr_t)
                     tmat = tmat + t_k
                 else:
                     g, dg = net.value_and_derivative(rr_t[:, 0].reshape(-1, 1))
@@ -408,10 +408,6 @@ class DescriptorSeA(nn.Module):
         if torch.jit.is_scripting():
             return False
         return self.fused_nodes and net_allows
-
-    @torch.jit.unused
-    def _embed_contract(self, net: EmbeddingNet, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return net.embed_contract(rows)
 
     @torch.jit.unused
     def _row_grad_fused(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
