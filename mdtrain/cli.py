@@ -36,19 +36,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("neighbor-stat", help="neighbour statistics: min distance, max counts, sel")
     p.add_argument("input", nargs="?", help="input.json (systems, rcut and type_map from it)")
-    p.add_argument("-s", "--system", nargs="+", help="systems (directories, .h5 files or file.h5#/group)")
+    p.add_argument(
+        "-s", "--system", nargs="+", help="systems (directories, .h5 files or file.h5#/group)"
+    )
     p.add_argument("-r", "--rcut", type=float, help="cutoff radius in Å")
     p.add_argument("-t", "--type-map", nargs="+", help="element names, in model type order")
     p.add_argument("-o", "--output", default="neighbor_stat.json", help="JSON file to write")
     p.add_argument(
-        "--sel-ratio", type=float, help='ratio for the "auto" sel (default: the input\'s "auto:x", else 1.1)'
+        "--sel-ratio",
+        type=float,
+        help='ratio for the "auto" sel (default: the input\'s "auto:x", else 1.1)',
     )
 
     p = sub.add_parser("train", help="train a model (also under torchrun, srun or mpirun)")
     p.add_argument("input", help="input.json")
     p.add_argument("--restart", metavar="CKPT", help='checkpoint to continue from, or "auto"')
     p.add_argument("--init-model", metavar="CKPT", help="start from the weights of a checkpoint")
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo", "mpi"], help="process-group backend")
+    p.add_argument(
+        "--backend", choices=["auto", "nccl", "gloo", "mpi"], help="process-group backend"
+    )
     p.add_argument("--neighbor-stat-file", help="use a file written by `mdtrain neighbor-stat`")
     p.add_argument("--skip-neighbor-stat", action="store_true", help="trust the list sel given")
     p.add_argument("-o", "--output-dir", default=".", help="where checkpoints and logs go")
