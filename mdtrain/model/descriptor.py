@@ -327,13 +327,7 @@ class DescriptorSeA(nn.Module):
         rr_cols = rr.transpose(1, 2).contiguous()  # (B, 4, nnei): blocks are plain bmm operands
         tmat = torch.zeros(nrows, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
         for k, net in enumerate(self.networks):
-            t = k if centre < 0 else k // self.ntypes
-            lo, hi = self.offsets[t], self.offsets[t + 1]
-            mine = centre < 0 or k % self.ntypes == centre
-            n = hi - lo if mine else 0
-            if self.skip_padded and n > 0:
-                used = torch.nonzero(mask[:, lo:hi].any(dim=0))
-                n = int(used.max()) + 1 if used.numel() > 0 else 0
+            lo, hi, mine, n = self._block_columns(k, centre, mask)
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
                 s = rr_t[:, 0].reshape(-1, 1)
@@ -374,13 +368,7 @@ class DescriptorSeA(nn.Module):
         rr_cols = rr.transpose(1, 2).contiguous()
         tmat = torch.zeros(nrows, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
         for k, net in enumerate(self.networks):
-            t = k if centre < 0 else k // self.ntypes
-            lo, hi = self.offsets[t], self.offsets[t + 1]
-            mine = centre < 0 or k % self.ntypes == centre
-            n = hi - lo if mine else 0
-            if self.skip_padded and n > 0:
-                used = torch.nonzero(mask[:, lo:hi].any(dim=0))
-                n = int(used.max()) + 1 if used.numel() > 0 else 0
+            lo, hi, mine, n = self._block_columns(k, centre, mask)
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
                 if self._fused(net.fused_backward):
@@ -403,6 +391,19 @@ class DescriptorSeA(nn.Module):
                 tmat = tmat + (tail[types] if types is not None else tail)
         return tmat / self.nnei, (values, slopes, owners, starts)
 
+    def _block_columns(self, k: int, centre: int, mask: Tensor) -> tuple[int, int, bool, int]:
+        """Slot range [lo, hi) of net ``k``'s neighbour-type block, whether the net serves
+        ``centre`` (-1: every centre), and how many leading columns to embed: all of them,
+        or with ``skip_padded`` those up to the last column holding a real neighbour."""
+        t = k if centre < 0 else k // self.ntypes
+        lo, hi = self.offsets[t], self.offsets[t + 1]
+        mine = centre < 0 or k % self.ntypes == centre
+        n = hi - lo if mine else 0
+        if self.skip_padded and n > 0:
+            used = torch.nonzero(mask[:, lo:hi].any(dim=0))
+            n = int(used.max()) + 1 if used.numel() > 0 else 0
+        return lo, hi, mine, n
+
     def _fused(self, net_allows: bool) -> bool:
         """Whether the eager-only fused autograd nodes are used (never under TorchScript)."""
         if torch.jit.is_scripting():
@@ -420,6 +421,4 @@ class DescriptorSeA(nn.Module):
 
     def _descriptor(self, tmat: Tensor) -> Tensor:
         """T (B, 4, M) -> D (B, M·axis), flattened row-major (index m·axis + a)."""
-        tmat = tmat / self.nnei
-        d = torch.matmul(tmat.transpose(1, 2), tmat[:, :, : self.axis_neuron])
-        return d.reshape(tmat.shape[0], self.dim_out)
+        return self._descriptor_of_t(tmat / self.nnei)
