@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mdtrain.model import EnergyModel
+from mdtrain.model.energy import keep_freed_memory
 from mdtrain.model.stats import compute_descriptor_stats
 from mdtrain.neighbors.nlist import build_nlist
 
@@ -112,6 +113,7 @@ def main() -> None:
     config = {**CONFIG}
     config["descriptor"] = {**CONFIG["descriptor"], "precision": args.precision}
     config["fitting_net"] = {**CONFIG["fitting_net"], "precision": args.precision}
+    keep_freed_memory()  # as mdtrain train does
     model = EnergyModel(config)
     model.descriptor.skip_padded = not args.no_skip_padded
     if args.autograd_forces:

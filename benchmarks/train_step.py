@@ -37,7 +37,7 @@ def measure(input_path: str, precision: str, steps: int, warmup: int, threads: i
 
     from mdtrain import distributed as dist_rt
     from mdtrain.config import load_config
-    from mdtrain.model.energy import EnergyModel
+    from mdtrain.model.energy import EnergyModel, keep_freed_memory
     from mdtrain.model.stats import compute_or_load_stats
     from mdtrain.train.loop import Trainer, seed_everything
     from mdtrain.train.prepare import open_datasets, resolve_model_sel
@@ -53,6 +53,7 @@ def measure(input_path: str, precision: str, steps: int, warmup: int, threads: i
     config = resolve_model_sel(config, input_path, data, None, skip_neighbor_stat=False)
     seed_everything(int(training.get("seed") or 0))
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as mdtrain train does
     model = EnergyModel(config["model"])
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
     compute_or_load_stats(model, data.train, None, nbatch)

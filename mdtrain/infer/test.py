@@ -175,9 +175,11 @@ def _frames_to_test(system: System, numb_test: int) -> int:
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]``."""
     from mdtrain.infer.load import load_model
+    from mdtrain.model.energy import keep_freed_memory
     from mdtrain.train.oom import InferenceChunker
 
     device = _device()
+    keep_freed_memory()
     model = load_model(args.model, device)
     type_map = list(model.type_map)
     paths = expand_systems(args.system, os.getcwd())

@@ -32,7 +32,7 @@ _allocator_tuned: bool | None = None
 
 def keep_freed_memory() -> bool:
     """Let glibc keep freed memory for reuse instead of returning it to the OS (once per
-    process; ``MDTRAIN_KEEP_FREED_MEMORY=0`` turns it off).
+    process, called by the commands that evaluate the model repeatedly, not by library users; ``MDTRAIN_KEEP_FREED_MEMORY=0`` turns it off).
 
     A training step allocates and frees the same multi-megabyte tensors every time. By
     default glibc serves such blocks with fresh ``mmap`` pages and unmaps them on free, so
@@ -71,7 +71,6 @@ class EnergyModel(nn.Module):
 
     def __init__(self, model_config: dict) -> None:
         super().__init__()
-        keep_freed_memory()
         cfg = normalize_model_config(model_config)
         self._config = cfg
         self.model_config_json = json.dumps(cfg, sort_keys=True)

@@ -14,7 +14,7 @@ from mdtrain import __version__
 from mdtrain import distributed as dist_rt
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
-from mdtrain.model.energy import EnergyModel
+from mdtrain.model.energy import EnergyModel, keep_freed_memory
 from mdtrain.model.stats import compute_or_load_stats, read_stat_file
 from mdtrain.neighbors.stat import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager, load_checkpoint
@@ -167,6 +167,7 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
                 config, args.input, data, args.neighbor_stat_file, args.skip_neighbor_stat
             )
         seed_everything(int(training.get("seed") or 0))
+        keep_freed_memory()
         model = EnergyModel(config["model"]).to(runtime.device)
         if init_model:
             _load_weights(model, state, init_model)
