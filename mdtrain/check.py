@@ -15,6 +15,7 @@ from mdtrain.config import complete_config, parse_json, resolve_path
 from mdtrain.data import expand_systems, open_system, validate_system
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
+from mdtrain.train.precision import mode_of, network_problem
 
 _SECTIONS = ("training_data", "validation_data")
 
@@ -38,6 +39,10 @@ def run_check(args: argparse.Namespace) -> int:
     config, config_problems = complete_config(data)
     problems = [f"{source}: {p}" for p in config_problems]
     problems += _check_paths(config, source)
+    mode = mode_of(_get(config, "training", "mixed_precision"))
+    model = _get(config, "model")
+    if isinstance(model, dict) and (p := network_problem(mode, model, "training.mixed_precision")):
+        problems.append(f"{source}: {p}")
     type_map = _get(config, "model", "type_map")
     if not (isinstance(type_map, list) and all(isinstance(t, str) for t in type_map)):
         type_map = None

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--neighbor-stat-file", help="use a file written by `mdtrain neighbor-stat`")
     p.add_argument("--skip-neighbor-stat", action="store_true", help="trust the list sel given")
+    p.add_argument(
+        "--mixed-precision",
+        choices=["off", "tf32", "bf16"],
+        help="override training.mixed_precision (GPUs; needs float32 networks)",
+    )
     p.add_argument("-o", "--output-dir", default=".", help="where checkpoints and logs go")
 
     p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")

@@ -112,7 +112,8 @@ class ResidualLayer(nn.Module):
         if self.n_in == 1:
             y = torch.addcmul(self.bias, x, self.weight)  # outer product, one fused pass
         else:
-            y = torch.addmm(self.bias, x, self.weight)
+            # back to x's dtype at once: bf16 under autocast (mdtrain.train.precision)
+            y = torch.addmm(self.bias, x, self.weight).to(x.dtype)
         y = activate(y, self.activation)
         idt = self.idt
         if idt is not None:
@@ -206,9 +207,9 @@ class EmbeddingNet(nn.Module):
             if layer.n_in == 1:
                 pre = torch.addcmul(layer.bias, x, layer.weight)
                 dpre = dx * layer.weight
-            else:
-                pre = torch.addmm(layer.bias, x, layer.weight)
-                dpre = torch.mm(dx, layer.weight)
+            else:  # matmul outputs back to x's dtype at once (bf16 under autocast)
+                pre = torch.addmm(layer.bias, x, layer.weight).to(x.dtype)
+                dpre = torch.mm(dx, layer.weight).to(x.dtype)
             y = torch.tanh(pre)
             dy = tanh_grad(dpre, y)
             idt = layer.idt

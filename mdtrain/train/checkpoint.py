@@ -13,6 +13,7 @@ loading never runs code)::
       "step": int,                       # number of completed optimiser steps
       "sampler_state": dict,             # TrainingSampler.state_dict()
       "rng_state": dict,                 # rng_state_dict(); per rank, e.g. {rank: ...}
+      "mixed_precision": str | None,     # "tf32"/"bf16" the run trained in; None: off
       "config": dict,                    # the full input after defaults
     }
 

@@ -19,6 +19,7 @@ from mdtrain.model.stats import compute_or_load_stats, read_stat_file
 from mdtrain.neighbors.stat import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager, load_checkpoint
 from mdtrain.train.loop import Trainer, seed_everything
+from mdtrain.train.precision import check_networks, mode_of
 from mdtrain.train.prepare import (
     check_samplers,
     open_datasets,
@@ -112,6 +113,16 @@ def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
         ) from None
 
 
+def _apply_precision_override(args: argparse.Namespace, config: dict) -> str:
+    """``--mixed-precision`` replaces ``training.mixed_precision`` (so that out.json and the
+    checkpoints record what ran); returns how to name the setting in messages."""
+    override = args.mixed_precision
+    if override is None:
+        return f"{args.input}: training.mixed_precision"
+    config["training"]["mixed_precision"] = None if override == "off" else override
+    return "--mixed-precision"
+
+
 def _check_stat_file(path: str) -> None:
     """An existing statistics file must be readable before neighbour statistics start."""
     read_stat_file(path)
@@ -133,6 +144,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
     config = load_config(args.input)
+    precision_source = _apply_precision_override(args, config)
     training = config["training"]
     dist_cfg = training.get("distributed", {})
     backend = dist_rt.resolve_backend_request(args.backend, dist_cfg.get("backend"))
@@ -155,6 +167,7 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
             config["model"] = state["model_config"]  # sel and sizes of the run being continued
         elif init_model:
             config = _init_model_config(config, state, init_model)
+        check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
         data = open_datasets(config, args.input)
         check_samplers(config, args.input, data, runtime.world_size)
         dist_rt.run_on_main(validate_datasets, data)

@@ -25,6 +25,7 @@ from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
 from mdtrain.train.lr import ExpDecayLR
 from mdtrain.train.oom import maybe_simulate_oom
+from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.signals import PreemptionHandler
 
@@ -110,6 +111,8 @@ class Trainer:
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
+        self.precision = mode_of(training.get("mixed_precision"))  # None, "tf32" or "bf16"
+        check_networks(self.precision, model.get_model_config(), "training.mixed_precision")
         self.step = 0
         self.ckpt = CheckpointManager(
             out_dir, training["save_ckpt"], int(training["max_ckpt_keep"])
@@ -130,6 +133,7 @@ class Trainer:
             if self.valid_sampler is None
             else self.valid_sampler.state_dict(),
             "controller_state": self.controller.state_dict(),
+            "mixed_precision": self.precision,
             "rng_state": rng_state_dict(),
             "config": self.config,
         }
@@ -144,6 +148,10 @@ class Trainer:
         self.controller.load_state_dict(state["controller_state"])
         load_rng_state(state["rng_state"])
         self.step = int(state["step"])
+
+    def precision_applied(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision setting in force inside the block (``run`` trains in it)."""
+        return mixed_precision(self.precision, self.model, self.rt.device, self.rt.is_main)
 
     # ----------------------------------------------------------------- one step
     def _batch(self, systems: list[System], sampler: TrainingSampler, scale: int = 1):
@@ -241,7 +249,7 @@ class Trainer:
             contextlib.nullcontext(preemption) if preemption is not None else PreemptionHandler()
         )
         try:
-            with guard as signals:
+            with guard as signals, self.precision_applied():
                 while self.step < self.numb_steps:
                     lr = self.lr.value(self.step)
                     metrics = self.train_step(lr)
