@@ -29,6 +29,7 @@ from mdtrain.model import EnergyModel
 from mdtrain.model.energy import keep_freed_memory
 from mdtrain.model.stats import compute_descriptor_stats
 from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.train.loop import make_adam
 
 BOX = 12.44
 CONFIG = {
@@ -144,7 +145,7 @@ def main() -> None:
     )
     e_label = torch.tensor([-187.0 * 64 / 2 * 3 / 3])
     f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)  # as the Trainer
+    optimizer = make_adam(list(model.parameters()), 1e-3)  # as the Trainer
 
     def eval_step() -> None:
         model.eval()

@@ -6,7 +6,9 @@ loss on energies, forces and virials included:
 * ``EmbeddingNet.fused_backward``: (G, dG/ds) as one autograd node with a hand-written
   backward instead of plain differentiable operations;
 * ``DescriptorSeA.fused_nodes``: embedding + contraction, and the row gradients, as two
-  autograd nodes that pass the gradient of G and dG/ds in factored form.
+  autograd nodes that pass the gradient of G and dG/ds in factored form;
+* ``FittingNet.fused_backward``: a fitting net's output and input gradient as one autograd
+  node with a written-out backward.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.energy import keep_freed_memory
-from mdtrain.model.network import EmbeddingNet, _Tape
+from mdtrain.model.network import EmbeddingNet, FittingNet, _Tape
 from mdtrain.neighbors.nlist import build_nlist
 from tests.test_model_common import (
     make_model,
@@ -192,9 +194,43 @@ def test_fused_model_training_matches_plain_operations(descriptor, row_blocks):
     fused = outputs_and_grads(model, args)
     model.descriptor.fused_nodes = False  # the embedding node alone
     assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
-    for net in model.descriptor.networks:
+    for net in [*model.descriptor.networks, *model.fitting.networks]:
         net.fused_backward = False  # plain operations only
     assert_same(fused, outputs_and_grads(model, args), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("neuron", "resnet_dt", "n_in"),
+    [([24, 24, 24], True, 12), ([6, 12, 12], False, 6), ([5], True, 7), ([], False, 4)],
+)
+@pytest.mark.parametrize("cotangents", ["both", "energy", "gradient"])
+def test_fused_fitting_equals_plain_operations(neuron, resnet_dt, n_in, cotangents):
+    """Every skip kind and idt setting; either output may receive no gradient."""
+    net = FittingNet(n_in, neuron, "tanh", resnet_dt, torch.float64, seed=4)
+    x = torch.randn(9, n_in, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x.requires_grad_(True)
+    gen = torch.Generator().manual_seed(2)
+    cot_e = torch.randn(9, 1, generator=gen, dtype=torch.float64)
+    cot_g = torch.randn(9, n_in, generator=gen, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        net.fused_backward = fused
+        e, g = net.value_and_input_grad(x)
+        outputs, cots = {"both": ([e, g], [cot_e, cot_g]), "energy": ([e], [cot_e])}.get(
+            cotangents, ([g], [cot_g])
+        )
+        grads = torch.autograd.grad(outputs, [x, *net.parameters()], cots, allow_unused=True)
+        results.append((e.detach(), g.detach(), grads))
+    (e1, g1, gr1), (e2, g2, gr2) = results
+    torch.testing.assert_close(e1, e2, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g1, g2, rtol=1e-14, atol=1e-14)
+    for a, b in zip(gr1, gr2, strict=True):
+        if a is None or b is None:  # the output bias does not reach the input gradient
+            assert cotangents == "gradient" and (a is None or not a.any())
+            assert b is None or not b.any()
+            continue
+        assert b.abs().max() > 0 or a.abs().max() == 0
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("target", ["energy", "force"])
@@ -206,6 +242,8 @@ def test_fused_nodes_with_a_loss_on_energy_or_forces_only(target):
     grads = []
     for fused in (True, False):
         model.descriptor.fused_nodes = fused
+        for net in model.fitting.networks:
+            net.fused_backward = fused
         model.zero_grad()
         out = model(*args)
         loss = out["energy"].sum() if target == "energy" else (out["force"] ** 2).sum()

@@ -56,6 +56,17 @@ def make_sampler(
     return TrainingSampler(nframes, sizes, probs, seed, rank, world)
 
 
+def make_adam(params: list[torch.Tensor], lr: float) -> torch.optim.Adam:
+    """Adam as one fused kernel over all parameters where this torch has it for their device
+    (CPU since torch 2.4): a third of the multi-tensor version's time, which passes over the
+    parameters and moments several times. The two differ in the last bits of a step, not more.
+    """
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
 class Trainer:
     """Owns the optimiser, samplers and writers of one run; ``run()`` trains to numb_steps."""
 
@@ -93,8 +104,7 @@ class Trainer:
         )  # fmt: skip
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # foreach: the same numbers as the per-tensor loop, in a few multi-tensor operations
-        self.optimizer = torch.optim.Adam(self.params, lr=lr_cfg["start_lr"], foreach=True)
+        self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
         ctrl = training.get("batch_controller", {})
         spec = training["training_data"]["batch_size"]
         grow = bool(ctrl.get("grow", False)) and isinstance(spec, str) and spec.startswith("auto")

@@ -1,0 +1,158 @@
+"""A fitting net's output and its input gradient as one autograd node (tanh nets, eager only).
+
+The force loss differentiates the fitting net's input gradient ``g = de/dx`` w.r.t. the
+parameters. Written as plain operations, autograd records every product and elementwise step of
+the forward and of the gradient sweep and replays them generically; here the backward is written
+out: each weight gradient is accumulated in place, in the layout of the weight, and the
+elementwise factors are computed once.
+
+Per hidden layer ``k``: ``a = xW + b``, ``t = tanh(a)``, ``y = t·idt + skip(x)``; the output is
+``e = x_L w + b_L``. The sweep runs ``g_L = wᵀ``, ``p = (g·idt)(1 − t²)``, ``g_k = p Wᵀ +
+fold(g_(k+1))``. Its reverse (cotangent ``ḡ`` of ``g_0``) gives ``p̄ = ḡW``, ``W̄ += ḡᵀp``,
+``ḡ_(k+1) = unfold(ḡ) + p̄(1 − t²)·idt``, ``idt̄ += Σ p̄(1 − t²)g``, and a contribution
+``−2t·p̄·g·idt`` to ``t̄``; the reverse of the forward then runs as usual with that extra ``t̄``.
+"""
+
+import torch
+from torch import Tensor
+
+Layout = tuple[tuple[int, int, bool], ...]  # per hidden layer: (n_in, skip, has idt)
+
+
+def _tanh_grad(grad: Tensor, t: Tensor) -> Tensor:
+    return torch.ops.aten.tanh_backward(grad, t)
+
+
+def _fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
+    """What reaches a layer's input through its skip connection."""
+    if skip == 1:
+        return grad
+    if skip == 2:
+        return torch.add(grad[:, :n_in], grad[:, n_in:])
+    return None
+
+
+def _unfold(grad: Tensor, skip: int) -> Tensor | None:
+    """The reverse of ``_fold``: a cotangent of the input side, carried to the output side."""
+    if skip == 1:
+        return grad
+    if skip == 2:
+        return torch.cat([grad, grad], dim=1)
+    return None
+
+
+def _split(layout: Layout, params: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:
+    """Per layer (hidden ones, then the output layer): (W, b) or (W, b, idt)."""
+    out, k = [], 0
+    for _, _, has_idt in layout:
+        n = 3 if has_idt else 2
+        out.append(tuple(params[k : k + n]))
+        k += n
+    out.append(tuple(params[k : k + 2]))
+    return out
+
+
+def value_and_input_grad(x: Tensor, layout: Layout, params: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(e, de/dx)`` for rows ``x`` (rows, n_in): e (rows, 1), de/dx (rows, n_in)."""
+    return _ValueAndInputGrad.apply(x, layout, *params)
+
+
+class _ValueAndInputGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, layout: Layout, *params: Tensor) -> tuple[Tensor, Tensor]:
+        layers = _split(layout, params)
+        inputs, ts = [x], []
+        for (n_in, skip, _), (w, b, *idt) in zip(layout, layers[:-1], strict=False):
+            t = torch.addmm(b, x, w).tanh_()
+            y = t * idt[0] if idt else t
+            if skip == 1:
+                y = y + x
+            elif skip == 2:
+                y = (y.view(-1, 2, n_in) + x.unsqueeze(1)).view(-1, 2 * n_in)
+            ts.append(t)
+            x = y
+            inputs.append(x)
+        w_out, b_out = layers[-1]
+        energy = torch.addmm(b_out, x, w_out)
+        g = w_out.t().expand(x.shape[0], w_out.shape[0])
+        upper, slopes = [], []  # per hidden layer: g_(k+1) and p
+        for k in range(len(layout) - 1, -1, -1):
+            (n_in, skip, _), (w, _, *idt) = layout[k], layers[k]
+            p = _tanh_grad(g * idt[0] if idt else g, ts[k])
+            fold = _fold(g, skip, n_in)
+            upper.append(g)
+            slopes.append(p)
+            g = torch.mm(p, w.t()) if fold is None else torch.addmm(fold, p, w.t())
+        upper.reverse()
+        slopes.reverse()
+        ctx.layout = layout
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*params, *inputs, *ts, *upper, *slopes)
+        return energy, g
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, energy_bar: Tensor | None, g_bar: Tensor | None):
+        layout = ctx.layout
+        nlayers = len(layout)
+        nparams = sum(3 if has_idt else 2 for _, _, has_idt in layout) + 2
+        saved = ctx.saved_tensors
+        params, rest = saved[:nparams], saved[nparams:]
+        inputs = rest[: nlayers + 1]
+        ts = rest[nlayers + 1 : 2 * nlayers + 1]
+        upper = rest[2 * nlayers + 1 : 3 * nlayers + 1]
+        slopes = rest[3 * nlayers + 1 :]
+        layers = _split(layout, params)
+        grads: list[Tensor | None] = [None] * len(params)
+
+        def accumulate(i: int, value: Tensor) -> None:
+            grads[i] = value if grads[i] is None else grads[i].add_(value)
+
+        def accumulate_product(i: int, left: Tensor, right: Tensor) -> None:
+            current = grads[i]
+            grads[i] = torch.mm(left, right) if current is None else current.addmm_(left, right)
+
+        offsets, k0 = [], 0
+        for _, _, has_idt in layout:
+            offsets.append(k0)
+            k0 += 3 if has_idt else 2
+        offsets.append(k0)
+        rows = inputs[0].shape[0]
+        t_extra: list[Tensor | None] = [None] * nlayers
+        if g_bar is not None:  # reverse of the sweep, bottom layer first
+            gb = g_bar
+            for k in range(nlayers):
+                (n_in, skip, _), (w, _, *idt), o = layout[k], layers[k], offsets[k]
+                p_bar = torch.mm(gb, w)
+                accumulate_product(o, gb.t(), slopes[k])
+                r = _tanh_grad(p_bar, ts[k])
+                q = upper[k] * idt[0] if idt else upper[k]
+                if idt:
+                    accumulate(o + 2, (r * upper[k]).sum(dim=0))
+                    r = r * idt[0]
+                t_extra[k] = torch.mul(ts[k], p_bar).mul_(q).mul_(-2.0)
+                nxt = _unfold(gb, skip)
+                gb = r if nxt is None else nxt + r
+            accumulate(offsets[-1], gb.sum(dim=0).view(-1, 1))
+        o = offsets[-1]
+        w_out = layers[-1][0]
+        if energy_bar is not None:
+            accumulate_product(o, inputs[-1].t(), energy_bar)
+            accumulate(o + 1, energy_bar.sum(dim=0))
+            y_bar = energy_bar * w_out.view(1, -1)
+        else:
+            y_bar = inputs[-1].new_zeros(rows, w_out.shape[0])
+        for k in range(nlayers - 1, -1, -1):
+            (n_in, skip, _), (w, _, *idt), o = layout[k], layers[k], offsets[k]
+            t_bar = y_bar * idt[0] if idt else y_bar
+            if idt:
+                accumulate(o + 2, (y_bar * ts[k]).sum(dim=0))
+            if t_extra[k] is not None:
+                t_bar = t_bar + t_extra[k]
+            a_bar = _tanh_grad(t_bar, ts[k])
+            accumulate_product(o, inputs[k].t(), a_bar)
+            accumulate(o + 1, a_bar.sum(dim=0))
+            fold = _fold(y_bar, skip, n_in)
+            y_bar = torch.mm(a_bar, w.t()) if fold is None else torch.addmm(fold, a_bar, w.t())
+        x_bar = y_bar if ctx.needs_input_grad[0] else None
+        return (x_bar, None, *grads)
