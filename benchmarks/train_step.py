@@ -2,18 +2,20 @@
 forces, loss, backward, Adam) on a data set given by its input file.
 
     python benchmarks/train_step.py /path/to/water-dft [--steps 300] [--warmup 30]
-        [--precision float64 float32] [--threads 2] [--json result.json]
+        [--precision float64 float32] [--threads 2] [--batch-size N] [--json result.json]
 
 The argument is an ``input.json`` or a directory holding one; its systems are resolved
 relative to it. Nothing is written next to the data: the statistics are computed in memory
 (``stat_file`` is ignored), outputs go to a temporary directory, and validation, display and
-checkpoints are off during the timing. Each precision runs in a fresh process (clean
-allocator state and its own peak RSS). The trainer's neighbour-list cache is filled with
-every training frame first (the steady state of a run longer than an epoch; the time of a
-batch built from scratch is reported too). Reported per precision: median wall and process
-CPU time per step (after warm-up) with the 10th/90th wall percentiles, the median time of
-the batch preparation inside the step (frames and neighbour lists), the peak RSS, and the
-load average of the machine around the run (others' work inflates the times).
+checkpoints are off during the timing; ``--batch-size`` replaces the input's training batch
+size. Each precision runs in a fresh process (clean allocator state and its own peak RSS)
+with ``OMP_NUM_THREADS`` set to the thread count. The trainer's neighbour-list cache is
+filled with every training frame first (the steady state of a run longer than an epoch; the
+time of a batch built from scratch is reported too). Reported per precision: median (and
+mean) wall and median process CPU time per step (after warm-up) with the 10th/90th wall
+percentiles, the median time of the batch preparation inside the step (frames and
+neighbour lists), the peak RSS, and the load average of the machine around the run
+(others' work inflates the times).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ import sys
 import tempfile
 
 
-def measure(input_path: str, precision: str, steps: int, warmup: int, threads: int) -> dict:
+def measure(
+    input_path: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    batch_size: int | None = None,
+) -> dict:
     """Run in the child process: set up a Trainer like ``mdtrain train`` does, then time it."""
     import resource
     import statistics
@@ -49,6 +58,8 @@ def measure(input_path: str, precision: str, steps: int, warmup: int, threads: i
     training = config["training"]
     training["numb_steps"] = warmup + steps
     training["disp_freq"] = training["save_freq"] = 10**9
+    if batch_size is not None:
+        training["training_data"]["batch_size"] = batch_size
     data = open_datasets(config, input_path)
     config = resolve_model_sel(config, input_path, data, None, skip_neighbor_stat=False)
     seed_everything(int(training.get("seed") or 0))
@@ -103,7 +114,9 @@ def measure(input_path: str, precision: str, steps: int, warmup: int, threads: i
         "warmup": warmup,
         "natoms": natoms,
         "sel": list(config["model"]["descriptor"]["sel"]),
+        "batch_size": training["training_data"]["batch_size"],
         "wall_s_per_step": statistics.median(wall),
+        "wall_mean_s": statistics.fmean(wall),
         "wall_p10_s": float(np.percentile(wall, 10)),
         "wall_p90_s": float(np.percentile(wall, 90)),
         "cpu_s_per_step": statistics.median(cpu),
@@ -115,6 +128,37 @@ def measure(input_path: str, precision: str, steps: int, warmup: int, threads: i
     }
 
 
+def find_input(path: str) -> str:
+    """The absolute path of ``path`` (an input file, or a directory holding input.json)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "input.json")
+    if not os.path.isfile(path):
+        sys.exit(f"{path}: no such input file")
+    return os.path.abspath(path)
+
+
+def run_measure(
+    input_path: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    batch_size: int | None = None,
+) -> dict:
+    """`measure` in a fresh process of this interpreter; its result, or RuntimeError with
+    the end of the child's output."""
+    cmd = [sys.executable, os.path.abspath(__file__), input_path, "--child", precision]
+    cmd += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"exit code {done.returncode}: {' '.join(cmd)}\n{tail}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", help="input.json, or a directory holding one")
@@ -124,26 +168,25 @@ def main() -> None:
         "--precision", nargs="+", choices=["float64", "float32"], default=["float64", "float32"]
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--batch-size", type=int, help="training batch size (default: input's)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    input_path = args.data
-    if os.path.isdir(input_path):
-        input_path = os.path.join(input_path, "input.json")
-    if not os.path.isfile(input_path):
-        sys.exit(f"{input_path}: no such input file")
-    input_path = os.path.abspath(input_path)
+    input_path = find_input(args.data)
     if args.child:
-        result = measure(input_path, args.child, args.steps, args.warmup, args.threads)
+        result = measure(
+            input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size
+        )
         print(json.dumps(result))
         return
-    results = []
-    for precision in args.precision:
-        cmd = [sys.executable, os.path.abspath(__file__), input_path, "--child", precision]
-        cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-        cmd += ["--threads", str(args.threads)]
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        results = [
+            run_measure(input_path, precision, args.steps, args.warmup, args.threads,
+                        args.batch_size)
+            for precision in args.precision
+        ]  # fmt: skip
+    except RuntimeError as exc:
+        sys.exit(f"the timing process failed, {exc}")
     print(f"{input_path}: {results[0]['natoms']} atoms, sel {results[0]['sel']}, "
           f"{args.threads} thread(s), {args.steps} steps after {args.warmup} warm-up, "
           f"torch {results[0]['torch']}")  # fmt: skip

@@ -1,0 +1,117 @@
+"""benchmarks/suite.py: the inputs it writes, its step-time parsing, and quick mdtrain-only runs
+on generated data (figures are checked for shape and sign only, never for speed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.train_helpers import make_project, tiny_config
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import suite  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+from neighbor_stat import ChildFailed, ChildRun  # noqa: E402
+
+
+def test_timing_input_for_deepmd(tmp_path):
+    config = tiny_config(
+        stat_file="stat.h5",
+        distributed={"backend": "gloo"},
+        batch_controller={"grow": True},
+        strict_sel=True,
+    )
+    original = json.dumps(config)
+    out = suite.timing_input(config, str(tmp_path), 12, "float32", deepmd=True)
+    assert json.dumps(config) == original  # the input itself is untouched
+    training = out["training"]
+    assert training["training_data"]["systems"] == [
+        str(tmp_path / "data/train_a"),
+        str(tmp_path / "data/train_b"),
+    ]
+    assert training["training_data"]["batch_size"] == 1
+    assert (training["numb_steps"], training["disp_freq"]) == (12, 1)
+    for key in ("validation_data", "stat_file", *suite.MDTRAIN_ONLY):
+        assert key not in training
+    assert out["model"]["descriptor"]["precision"] == "float32"
+    assert out["model"]["fitting_net"]["precision"] == "float32"
+    kept = suite.timing_input(config, str(tmp_path), 12, "float64", deepmd=False)["training"]
+    assert kept["distributed"] == {"backend": "gloo"} and kept["strict_sel"] is True
+
+
+def test_step_times_from_arrival_of_log_lines():
+    lines = [(0.5, "INFO model: 10 parameters"), (1.0, "INFO step 1/5  rmse 1"),
+             (1.5, "INFO step 2/5  rmse 1"), (2.5, "INFO step 3/5  rmse 1"),
+             (2.6, "WARNING something"), (3.0, "INFO step 4/5  rmse 1"),
+             (4.0, "INFO step 5/5  rmse 1")]  # fmt: skip
+    run = ChildRun(["mdtrain"], 0, 4.0, 4.0, 100.0, lines)
+    assert suite.step_times(run, suite.MDTRAIN_STEP, 2, 3) == [1.0, 0.5, 1.0]
+    dp_lines = [(float(k), f"[t] DEEPMD INFO    Batch {k:7d}: total wall time = 0.01 s")
+                for k in (1, 2, 3, 5)]  # fmt: skip
+    dp_run = ChildRun(["dp"], 0, 5.0, 5.0, 100.0, dp_lines)
+    assert suite.step_times(dp_run, suite.DP_STEP, 1, 2) == [1.0, 1.0]
+    with pytest.raises(ChildFailed, match=r"steps \[4\] not found in the log of dp"):
+        suite.step_times(dp_run, suite.DP_STEP, 1, 4)
+    with pytest.raises(ChildFailed, match=r"steps \[6\]"):
+        suite.step_times(run, suite.MDTRAIN_STEP, 2, 4)
+
+
+def run_suite(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    project = make_project(tmp_path / "project").parent
+    before = sorted(p.relative_to(project) for p in project.rglob("*"))
+    out = tmp_path / "suite.json"
+    command = [sys.executable, str(BENCHMARKS / "suite.py"), str(project), "--quick",
+               "--threads", "1", "--json", str(out), *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.relative_to(project) for p in project.rglob("*")) == before
+    return json.loads(out.read_text()), done.stdout
+
+
+def check_rows(report: dict, expected: set[str]) -> None:
+    rows = {r["what"]: r for r in report["table"]}
+    assert set(rows) == expected
+    for r in rows.values():
+        figure = r["mdtrain"]
+        if figure is None and r["what"].endswith("evaluation"):
+            continue  # start-up subtracted: None when the one-frame run happened to be slower
+        assert figure["median"] > 0 and all(v > 0 for v in figure["values"]), r
+        assert r["deepmd"] is None and r["ratio"] is None
+
+
+def test_quick_neighbor_stat_and_train(tmp_path):
+    report, table = run_suite(tmp_path, "--only", "neighbor-stat,train", "--precision", "float32")
+    assert report["settings"]["parts"] == ["neighbor-stat", "train"]
+    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
+    assert len(report["load_average"]["before"]) == len(report["load_average"]["after"]) == 3
+    check_rows(report, {"neighbour statistics, whole process",
+                        "training step, float32, batch 1 (median)",
+                        "training process, float32: peak RSS"})  # fmt: skip
+    (nstat,) = report["parts"]["neighbor-stat"]["results"]["mdtrain"]
+    assert 0 < nstat["min_nbor_dist"] < 4.0 and min(nstat["max_nbor_size"]) > 0
+    (step,) = report["parts"]["train"]["results"]["mdtrain float32"]
+    assert step["step_median_s"] > 0 and step["step_mean_s"] > 0
+    assert "| neighbour statistics, whole process (s) |" in table
+
+
+@pytest.mark.slow
+def test_quick_all_parts(tmp_path):
+    report, _ = run_suite(tmp_path)
+    assert report["settings"]["parts"] == list(suite.PARTS)
+    check_rows(report, {
+        "neighbour statistics, whole process",
+        *(f"training step, {p}, batch 1 (median)" for p in ("float64", "float32")),
+        *(f"training process, {p}: peak RSS" for p in ("float64", "float32")),
+        *(f"test ({kind} model), {what}" for kind in ("checkpoint", "frozen")
+          for what in ("whole process", "evaluation")),
+        "training, 1 rank × 2 threads, float64",
+        "training, 2 ranks × 1 thread (Gloo), float64",
+    })  # fmt: skip
+    assert report["parts"]["test"]["frames"] == 2
+    assert report["parts"]["ranks"]["speedup_2_ranks"] > 0
