@@ -19,7 +19,7 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.energy import keep_freed_memory
-from mdtrain.model.network import EmbeddingNet, FittingNet, _Tape
+from mdtrain.model.network import EmbeddingNet, FittingNet, _add_cross_product, _Tape
 from mdtrain.neighbors.nlist import build_nlist
 from tests.test_model_common import (
     make_model,
@@ -268,3 +268,14 @@ def test_models_of_two_shapes_script_in_one_process():
     args = batch(other)
     torch.testing.assert_close(second(*args)["force"], other(*args)["force"])
     assert first(*batch(make_model({"sel": [20, 40]})))["energy"].shape == (2,)
+
+
+@pytest.mark.parametrize("rows", [1024, 1023, 8])
+def test_cross_product_split_in_halves_equals_one_product(rows):
+    gen = torch.Generator().manual_seed(rows)
+    left = torch.randn(rows, 25, generator=gen, dtype=torch.float64)
+    right = torch.randn(rows, 50, generator=gen, dtype=torch.float64)
+    start = torch.randn(25, 50, generator=gen, dtype=torch.float64)
+    total = start.clone()
+    _add_cross_product(total, left, right)
+    torch.testing.assert_close(total, start + left.t() @ right, rtol=1e-13, atol=1e-12)
