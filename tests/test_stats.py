@@ -175,7 +175,7 @@ def test_energy_bias_least_squares():
     np.testing.assert_allclose(bias, np.linalg.pinv(np.array([[2.0, 4.0]])) @ [-10.0])
 
 
-def test_stat_file_round_trip_and_stale_keys(tmp_path):
+def test_stat_file_round_trip_and_stale_keys(tmp_path, caplog):
     path = str(tmp_path / "stat.h5")
     with h5py.File(path, "w") as f:
         f["other/keep_me"] = np.arange(3.0)
@@ -196,10 +196,18 @@ def test_stat_file_round_trip_and_stale_keys(tmp_path):
         assert f["O H/std_atom_energy"].shape == (2, 1)
     assert os.listdir(tmp_path) == ["stat.h5"]  # no temporary file left behind
 
-    # loaded, not recomputed: other systems would give other numbers
+    # the same data again: no warning
+    with caplog.at_level("WARNING", logger="mdtrain"):
+        compute_or_load_stats(EnergyModel(small_config()), systems, path, nbatch=10)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+    # loaded, not recomputed: other systems would give other numbers; a warning says so
     other = [make_system(2, False, 1, seed=8, bias=(-9.0, 2.0))]
     second = EnergyModel(small_config())
-    compute_or_load_stats(second, other, path, nbatch=10)
+    with caplog.at_level("WARNING", logger="mdtrain"):
+        compute_or_load_stats(second, other, path, nbatch=10)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "other training data" in warnings[0] and path in warnings[0]
     for name, value in first.state_dict().items():
         if name in ("descriptor.davg", "descriptor.dstd", "out_bias", "out_std"):
             torch.testing.assert_close(second.state_dict()[name], value)

@@ -120,3 +120,23 @@ def test_max_ckpt_keep(tmp_path, prefix):
         n for n in os.listdir(tmp_path / "out" / (prefix or ".")) if n.startswith("model.ckpt-")
     )
     assert kept == ["model.ckpt-5.pt", "model.ckpt-6.pt"]
+
+
+def test_seed_null_draws_a_seed_that_repeats_the_run(tmp_path):
+    """DeePMD's rule: no seed means a random one; it is recorded so that the run can be
+    repeated exactly."""
+    runs = []
+    for name, seed in (("a", None), ("b", None), ("c", "from a")):
+        inp = make_project(tmp_path / name, numb_steps=2, disp_freq=1, save_freq=2)
+        config = json.loads(inp.read_text())
+        config["training"]["seed"] = runs[0][0] if seed else None
+        for section in ("descriptor", "fitting_net"):
+            config["model"][section]["seed"] = None  # initialisation from the drawn seed too
+        inp.write_text(json.dumps(config))
+        assert train(inp) == 0
+        drawn = json.loads((tmp_path / name / "out" / "out.json").read_text())["training"]["seed"]
+        runs.append((drawn, lcurve_rows(tmp_path / name / "out" / "lcurve.out")))
+    (seed_a, rows_a), (seed_b, _), (seed_c, rows_c) = runs
+    assert isinstance(seed_a, int) and seed_a != seed_b
+    assert seed_c == seed_a
+    np.testing.assert_array_equal(rows_a, rows_c)

@@ -257,6 +257,25 @@ def descriptor_stat_hash(model) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
+DATA_ATTR = "mdtrain_training_data"
+
+
+def data_summary(systems: Sequence[Any]) -> str:
+    """A cheap identity of a training set: its systems' sizes (frames, atoms), in any order
+    and wherever they lie. Stored in the stat file to warn when it is reused for other data."""
+    sizes = sorted((int(s.nframes), int(s.natoms)) for s in systems)
+    return hashlib.sha1(json.dumps(sizes).encode()).hexdigest()
+
+
+def read_stat_attr(path: str, name: str) -> str | None:
+    """A root attribute of an existing stat file (None if absent)."""
+    if not os.path.exists(path):
+        return None
+    with h5py.File(path, "r") as f:
+        value = f.attrs.get(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def read_stat_file(path: str) -> dict[str, np.ndarray]:
     """All datasets of an HDF5 stat file, keyed by their path (no leading slash)."""
     if not os.path.exists(path):
@@ -278,8 +297,11 @@ def read_stat_file(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def write_stat_file(path: str, entries: dict[str, np.ndarray]) -> None:
-    """Add or replace datasets, keeping all others; written to a temp file then renamed."""
+def write_stat_file(
+    path: str, entries: dict[str, np.ndarray], attrs: dict[str, str] | None = None
+) -> None:
+    """Add or replace datasets (and root attributes), keeping all others; written to a temp
+    file then renamed."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as dst:
@@ -287,6 +309,8 @@ def write_stat_file(path: str, entries: dict[str, np.ndarray]) -> None:
                 with h5py.File(path, "r") as src:
                     for name in src:
                         src.copy(src[name], dst, name=name)
+                    dst.attrs.update(src.attrs)
+            dst.attrs.update(attrs or {})
             for name, value in entries.items():
                 if name in dst:
                     del dst[name]
@@ -316,6 +340,13 @@ def compute_or_load_stats(
     root = " ".join(model.type_map)
     dkey = f"{root}/{descriptor_stat_hash(model)}"
     stored = read_stat_file(stat_file) if stat_file else {}
+    summary = data_summary(systems)
+    if stored and read_stat_attr(stat_file, DATA_ATTR) not in (None, summary):
+        log.warning(
+            "%s holds statistics of other training data (other system sizes): they are "
+            "used as they are; delete the file to compute them from this data",
+            stat_file,
+        )
     new: dict[str, np.ndarray] = {}
     cached_batches: list[dict[str, Any]] | None = None
 
@@ -358,5 +389,5 @@ def compute_or_load_stats(
         ", ".join(f"{t} {b:.6g}" for t, b in zip(model.type_map, bias, strict=True)),
     )
     if stat_file and new:
-        write_stat_file(stat_file, new)
+        write_stat_file(stat_file, new, {DATA_ATTR: summary})
         log.info("statistics written to %s", stat_file)

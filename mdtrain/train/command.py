@@ -7,6 +7,7 @@ import contextlib
 import copy
 import logging
 import os
+import secrets
 
 import torch
 
@@ -179,7 +180,14 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
             config = resolve_model_sel(
                 config, args.input, data, args.neighbor_stat_file, args.skip_neighbor_stat
             )
-        seed_everything(int(training.get("seed") or 0))
+        training = config["training"]  # resolve_model_sel returns a new config
+        if training.get("seed") is None:
+            training["seed"] = dist_rt.run_on_main(_random_seed)  # the same on every rank
+            log.info(
+                "training.seed is not set: drew %d (written to out.json; set it to repeat "
+                "this run)", training["seed"],
+            )  # fmt: skip
+        seed_everything(int(training["seed"]))
         keep_freed_memory()
         model = EnergyModel(config["model"]).to(runtime.device)
         if init_model:
@@ -210,6 +218,10 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
                 _write_marker(_finished_marker(out_dir), result.step)
             log.info("finished at step %d", result.step)
     return 0
+
+
+def _random_seed() -> int:
+    return secrets.randbits(31)
 
 
 def _write_marker(path: str, step: int) -> None:

@@ -252,7 +252,7 @@ class Trainer:
                 self.lcurve_path, keys, self.valid_sampler is not None, append=append_lcurve,
                 resume_step=self.step if append_lcurve else None,
             )  # fmt: skip
-        start_step, start_time = self.step, time.perf_counter()
+        window = _StepTimes()
         last_saved, preempted = None, False
         self.model.train()
         guard = (
@@ -262,13 +262,15 @@ class Trainer:
             with guard as signals, self.precision_applied():
                 while self.step < self.numb_steps:
                     lr = self.lr.value(self.step)
+                    began = time.perf_counter()
                     metrics = self.train_step(lr)
+                    window.add(time.perf_counter() - began)
                     self.step += 1
                     if self.step % self.disp_freq == 0 or self.step == 1:
                         valid = self.validate(lr)
                         if writer is not None:
                             writer.write(self.step, lr, metrics, valid)
-                        self._log_progress(lr, metrics, valid, start_step, start_time)
+                        self._log_progress(lr, metrics, valid, window.take())
                     done = self.step == self.numb_steps
                     stop = dist_rt.any_rank(signals.requested)
                     if done or stop or self.step % self.save_freq == 0:
@@ -299,9 +301,9 @@ class Trainer:
     def _timeout_s(self) -> float:
         return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
 
-    def _log_progress(self, lr, metrics, valid, start_step, start_time) -> None:
-        done = self.step - start_step
-        per_step = (time.perf_counter() - start_time) / max(done, 1)
+    def _log_progress(self, lr, metrics, valid, per_step: float) -> None:
+        """One progress line; ``per_step``: mean training-step time since the last line
+        (validation and checkpoints not included; the first line's includes the warm-up)."""
         eta = per_step * (self.numb_steps - self.step)
         parts = [f"step {self.step}/{self.numb_steps}"]
         for key in self.loss.metric_keys():
@@ -313,6 +315,23 @@ class Trainer:
         parts.append(f"{per_step:.3f} s/step")
         parts.append(f"ETA {_hms(eta)}")
         log.info("  ".join(parts))
+
+
+class _StepTimes:
+    """Training-step times between two progress lines."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+
+    def take(self) -> float:
+        """The mean since the last call, and start a new window."""
+        mean = self.total / max(self.count, 1)
+        self.total, self.count = 0.0, 0
+        return mean
 
 
 def is_collective_failure(exc: BaseException) -> bool:
