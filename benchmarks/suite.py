@@ -339,6 +339,8 @@ class Suite:
             for what, key in figures:
                 what = f"test ({kind} model), {what}"
                 rows.append(row(what, "frames/s", "rate", md, res.get("deepmd"), key))
+            what = f"test ({kind} model), peak RSS"
+            rows.append(row(what, "MiB", "cost", md, res.get("deepmd"), "peak_rss_mib"))
         part = {"systems": systems, "frames": frames, "precision": precision, "results": res}
         return part, rows
 
