@@ -72,7 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parity", help="draw predicted-vs-reference plots to this PNG file")
 
     p = sub.add_parser("freeze", help="export a checkpoint to TorchScript")
-    p.add_argument("checkpoint", help="checkpoint (.pt)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        help="checkpoint (.pt), or a training output directory (its model.ckpt.pt)",
+    )
+    p.add_argument(
+        "-c", "--checkpoint", dest="checkpoint_option", metavar="CHECKPOINT",
+        help="the same, DeePMD-kit's spelling (default: the current directory)",
+    )  # fmt: skip
     p.add_argument("-o", "--output", default="model.pth", help="TorchScript file to write")
 
     p = sub.add_parser("plot", help="plot learning curves from lcurve.out")

@@ -181,3 +181,15 @@ def test_truncated_frozen_file(frozen, tmp_path):
     assert broken.stat().st_size < size and is_torchscript(broken)
     with pytest.raises(MDTrainError, match="broken.pth: cannot load the frozen model"):
         load_model(broken)
+
+
+def test_freeze_takes_deepmd_style_checkpoint_option(frozen, tmp_path, capsys):
+    """``-c`` with a file or a training output directory (its model.ckpt.pt), as dp freeze."""
+    ckpt, _ = frozen
+    directory = os.path.dirname(ckpt)  # holds model.ckpt.pt
+    for i, args in enumerate((["-c", ckpt], ["-c", directory], [directory])):
+        out = tmp_path / f"m{i}.pth"
+        assert main(["freeze", *args, "-o", str(out)]) == 0
+        assert torch.jit.load(str(out)).type_map == ["O", "H"]
+    assert main(["freeze", ckpt, "-c", ckpt, "-o", str(tmp_path / "x.pth")]) == 1
+    assert "give the checkpoint once" in capsys.readouterr().err

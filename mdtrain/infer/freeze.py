@@ -62,9 +62,14 @@ def freeze_model(
 
 
 def run_freeze(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain freeze CKPT -o OUTPUT``."""
+    """Entry point of ``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``."""
     from mdtrain.train.checkpoint import load_checkpoint
 
+    if args.checkpoint and args.checkpoint_option:
+        raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")
+    args.checkpoint = args.checkpoint or args.checkpoint_option or "."
+    if os.path.isdir(args.checkpoint):  # a training output directory, as DeePMD-kit's -c
+        args.checkpoint = os.path.join(args.checkpoint, "model.ckpt.pt")
     if is_torchscript(args.checkpoint):
         raise MDTrainError(f"checkpoint {args.checkpoint}: already a frozen (TorchScript) model")
     state = load_checkpoint(args.checkpoint, map_location="cpu")
