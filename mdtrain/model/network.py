@@ -507,8 +507,8 @@ class _RowGrad(torch.autograd.Function):
 
 def output_layer(weight: Tensor, bias: Tensor, x: Tensor) -> Tensor:
     """A fitting net's one-output linear layer as a multiply and a row sum, which autocast
-    leaves in the working precision: in bf16 the atomic energy itself would carry bfloat16's
-    2⁻⁸ relative rounding (about 4 meV on the water model)."""
+    leaves in the working precision: under bf16 autocast a product would round the atomic
+    energy itself to bfloat16's 8 significant bits."""
     return (x * weight.view(1, -1)).sum(dim=1, keepdim=True) + bias
 
 
