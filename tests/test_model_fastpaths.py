@@ -19,7 +19,8 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.energy import keep_freed_memory
-from mdtrain.model.network import EmbeddingNet, FittingNet, _add_cross_product, _Tape
+from mdtrain.model.fused_embedding import _Tape, add_cross_product
+from mdtrain.model.network import EmbeddingNet, FittingNet
 from mdtrain.neighbors.nlist import build_nlist
 from tests.test_model_common import (
     make_model,
@@ -277,5 +278,5 @@ def test_cross_product_split_in_halves_equals_one_product(rows):
     right = torch.randn(rows, 50, generator=gen, dtype=torch.float64)
     start = torch.randn(25, 50, generator=gen, dtype=torch.float64)
     total = start.clone()
-    _add_cross_product(total, left, right)
+    add_cross_product(total, left, right)
     torch.testing.assert_close(total, start + left.t() @ right, rtol=1e-13, atol=1e-12)

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mdtrain.model.network import EmbeddingNet, child_seed, row_grad_fused
+from mdtrain.model.fused_embedding import row_grad_fused
+from mdtrain.model.network import EmbeddingNet, child_seed
 
 
 def smooth_weight(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:

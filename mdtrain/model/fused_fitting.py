@@ -16,24 +16,13 @@ fold(g_(k+1))``. Its reverse (cotangent ``ḡ`` of ``g_0``) gives ``p̄ = ḡW``
 import torch
 from torch import Tensor
 
+from mdtrain.model.fused_embedding import skip_fold, tanh_grad
+
 Layout = tuple[tuple[int, int, bool], ...]  # per hidden layer: (n_in, skip, has idt)
 
 
-def _tanh_grad(grad: Tensor, t: Tensor) -> Tensor:
-    return torch.ops.aten.tanh_backward(grad, t)
-
-
-def _fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
-    """What reaches a layer's input through its skip connection."""
-    if skip == 1:
-        return grad
-    if skip == 2:
-        return torch.add(grad[:, :n_in], grad[:, n_in:])
-    return None
-
-
 def _unfold(grad: Tensor, skip: int) -> Tensor | None:
-    """The reverse of ``_fold``: a cotangent of the input side, carried to the output side."""
+    """The reverse of ``skip_fold``: a cotangent of the input side, carried to the output side."""
     if skip == 1:
         return grad
     if skip == 2:
@@ -78,8 +67,8 @@ class _ValueAndInputGrad(torch.autograd.Function):
         upper, slopes = [], []  # per hidden layer: g_(k+1) and p
         for k in range(len(layout) - 1, -1, -1):
             (n_in, skip, _), (w, _, *idt) = layout[k], layers[k]
-            p = _tanh_grad(g * idt[0] if idt else g, ts[k])
-            fold = _fold(g, skip, n_in)
+            p = tanh_grad(g * idt[0] if idt else g, ts[k])
+            fold = skip_fold(g, skip, n_in)
             upper.append(g)
             slopes.append(p)
             g = torch.mm(p, w.t()) if fold is None else torch.addmm(fold, p, w.t())
@@ -125,7 +114,7 @@ class _ValueAndInputGrad(torch.autograd.Function):
                 (n_in, skip, _), (w, _, *idt), o = layout[k], layers[k], offsets[k]
                 p_bar = torch.mm(gb, w)
                 accumulate_product(o, gb.t(), slopes[k])
-                r = _tanh_grad(p_bar, ts[k])
+                r = tanh_grad(p_bar, ts[k])
                 q = upper[k] * idt[0] if idt else upper[k]
                 if idt:
                     accumulate(o + 2, (r * upper[k]).sum(dim=0))
@@ -149,10 +138,10 @@ class _ValueAndInputGrad(torch.autograd.Function):
                 accumulate(o + 2, (y_bar * ts[k]).sum(dim=0))
             if t_extra[k] is not None:
                 t_bar = t_bar + t_extra[k]
-            a_bar = _tanh_grad(t_bar, ts[k])
+            a_bar = tanh_grad(t_bar, ts[k])
             accumulate_product(o, inputs[k].t(), a_bar)
             accumulate(o + 1, a_bar.sum(dim=0))
-            fold = _fold(y_bar, skip, n_in)
+            fold = skip_fold(y_bar, skip, n_in)
             y_bar = torch.mm(a_bar, w.t()) if fold is None else torch.addmm(fold, a_bar, w.t())
         x_bar = y_bar if ctx.needs_input_grad[0] else None
         return (x_bar, None, *grads)
