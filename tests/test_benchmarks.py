@@ -109,7 +109,7 @@ def test_quick_all_parts(tmp_path):
         *(f"training step, {p}, batch 1 (median)" for p in ("float64", "float32")),
         *(f"training process, {p}: peak RSS" for p in ("float64", "float32")),
         *(f"test ({kind} model), {what}" for kind in ("checkpoint", "frozen")
-          for what in ("whole process", "evaluation")),
+          for what in ("whole process", "evaluation", "peak RSS")),
         "training, 1 rank × 2 threads, float64",
         "training, 2 ranks × 1 thread (Gloo), float64",
     })  # fmt: skip
