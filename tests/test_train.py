@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mdtrain.cli import main
+from mdtrain.train.loop import load_optimizer_state, make_adam
 from tests.train_helpers import lcurve_rows, load_params, make_project, max_param_diff
 
 
@@ -140,3 +141,17 @@ def test_seed_null_draws_a_seed_that_repeats_the_run(tmp_path):
     assert isinstance(seed_a, int) and seed_a != seed_b
     assert seed_c == seed_a
     np.testing.assert_array_equal(rows_a, rows_c)
+
+
+def test_optimizer_state_keeps_this_process_implementation():
+    """The saved fused/foreach flags come from the writer's torch; the moments are restored."""
+    params = [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))]
+    writer = torch.optim.Adam(params, lr=1e-3, foreach=False, fused=False)
+    params[0].grad = torch.full_like(params[0], 0.5)
+    writer.step()
+    reader = make_adam([torch.nn.Parameter(torch.ones(3, dtype=torch.float64))], 1e-3)
+    flags = [(g["fused"], g["foreach"]) for g in reader.param_groups]
+    load_optimizer_state(reader, writer.state_dict())
+    assert [(g["fused"], g["foreach"]) for g in reader.param_groups] == flags
+    saved = writer.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(reader.state_dict()["state"][0]["exp_avg"], saved)

@@ -67,6 +67,16 @@ def make_adam(params: list[torch.Tensor], lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Restore moments and hyperparameters, but keep this process's implementation (fused or
+    multi-tensor): the saved flags belong to the torch and device that wrote the checkpoint,
+    and a fused flag from a newer torch would fail on an older one."""
+    implementation = [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, (fused, foreach) in zip(optimizer.param_groups, implementation, strict=True):
+        group["fused"], group["foreach"] = fused, foreach
+
+
 class Trainer:
     """Owns the optimiser, samplers and writers of one run; ``run()`` trains to numb_steps."""
 
@@ -151,7 +161,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Continue a run exactly: everything that changes the next step is restored."""
         self.model.load_state_dict(state["model_state"])
-        self.optimizer.load_state_dict(state["optimizer_state"])
+        load_optimizer_state(self.optimizer, state["optimizer_state"])
         self.sampler.load_state_dict(state["sampler_state"])
         if self.valid_sampler is not None and state.get("valid_sampler_state"):
             self.valid_sampler.load_state_dict(state["valid_sampler_state"])
