@@ -236,13 +236,20 @@ def test_latest_skips_a_corrupt_newest_checkpoint(tmp_path, caplog):
     assert mgr.latest() == path
 
 
-def test_saving_an_earlier_step_removes_later_checkpoints_of_an_old_run(tmp_path):
+def test_saving_an_earlier_step_sets_later_checkpoints_of_an_old_run_aside(tmp_path):
     mgr = CheckpointManager(tmp_path, max_keep=10)
     for step in (100, 200, 300):
         mgr.save(step, make_state(step))
     mgr.save(200, make_state(200))
     assert [s for s, _ in mgr.checkpoints()] == [100, 200]
     assert mgr.latest().endswith("model.ckpt-200.pt")
+    aside = tmp_path / "model.ckpt-300.pt.superseded"
+    assert load_checkpoint(aside)["step"] == 300  # kept whole, out of reach of --restart auto
+    for step in (300, 200):  # abandoned a second time: the first copy set aside stays
+        mgr.save(step, make_state(step))
+    assert load_checkpoint(tmp_path / "model.ckpt-300.pt.superseded.1")["step"] == 300
+    assert load_checkpoint(aside)["step"] == 300
+    assert [s for s, _ in mgr.checkpoints()] == [100, 200]
 
 
 def test_copy_fallback_when_symlinks_fail(tmp_path, monkeypatch):

@@ -252,8 +252,9 @@ class CheckpointManager:
     def save(self, step: int, state: dict) -> str:
         """Write the checkpoint of ``step``, update link and index, rotate; returns its path.
 
-        Checkpoints of later steps (left by an earlier run that went further) are removed,
-        so that ``--restart auto`` never jumps to a run that was abandoned.
+        Checkpoints of later steps (left by an earlier run that went further) are renamed to
+        ``<name>.superseded``, out of reach of ``--restart auto`` and of the rotation, so that
+        a restart never jumps to a run that was abandoned and nothing written is deleted.
         """
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -292,9 +293,9 @@ class CheckpointManager:
         ckpts = self.checkpoints()
         for s, p in ckpts:
             if s > step:
-                log.warning("removing checkpoint %s of an earlier run (step %d > %d)", p, s, step)
+                self._set_aside(p, s, step)
         kept = [(s, p) for s, p in ckpts if s <= step]
-        doomed = [p for s, p in ckpts if s > step] + [p for _, p in kept[: -self.max_keep]]
+        doomed = [p for _, p in kept[: -self.max_keep]]
         for name in os.listdir(self.directory):  # temp files of a killed writer
             if self._tmp_pattern.fullmatch(name):
                 doomed.append(os.path.join(self.directory, name))
@@ -303,6 +304,22 @@ class CheckpointManager:
                 os.unlink(p)
             except OSError as exc:
                 log.warning("could not remove old checkpoint %s: %s", p, exc.strerror)
+
+    @staticmethod
+    def _set_aside(path: str, step: int, now: int) -> None:
+        """Rename a later-step checkpoint of an abandoned run (never overwriting one)."""
+        target, n = f"{path}.superseded", 1
+        while os.path.exists(target):
+            target, n = f"{path}.superseded.{n}", n + 1
+        try:
+            os.replace(path, target)
+        except OSError as exc:
+            log.warning("could not set %s aside: %s", path, exc.strerror)
+            return
+        log.warning(
+            "checkpoint %s is from a run that went further (step %d > %d): renamed to %s",
+            path, step, now, os.path.basename(target),
+        )  # fmt: skip
 
     def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[str, dict] | None:
         """Newest checkpoint that loads, with its state; corrupt ones are skipped with a
