@@ -343,12 +343,9 @@ class DescriptorSeA(nn.Module):
                     g = net(s)
                 g = g.view(nrows, n, self.neuron_out)
                 tmat = tmat + torch.bmm(rr_t, g)
-            if mine and lo + n < hi:
-                first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
-                rows = pad[first:last, lo + n : hi]
-                g = net(rows[:, :, 0].reshape(-1, 1)).view(rows.shape[0], hi - lo - n, -1)
-                tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
-                tmat = tmat + (tail[types] if types is not None else tail)
+            if mine and lo + n < hi:  # columns that are padding for every row
+                rows = self._pad_rows(pad, lo + n, hi, centre)
+                tmat = tmat + self._tail(rows, net(rows[:, :, 0].reshape(-1, 1)), types)
         return tmat
 
     def _contract_explicit(
@@ -384,13 +381,21 @@ class DescriptorSeA(nn.Module):
                 slopes.append(dg)
                 owners.append(max(centre, 0))
                 starts.append(lo)
-            if mine and lo + n < hi:
-                first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
-                rows = pad[first:last, lo + n : hi]
-                g = net(rows[:, :, 0].reshape(-1, 1)).view(rows.shape[0], hi - lo - n, -1)
-                tail = torch.matmul(rows.transpose(1, 2), g)  # (ntypes or 1, 4, M)
-                tmat = tmat + (tail[types] if types is not None else tail)
+            if mine and lo + n < hi:  # columns that are padding for every row
+                rows = self._pad_rows(pad, lo + n, hi, centre)
+                tmat = tmat + self._tail(rows, net(rows[:, :, 0].reshape(-1, 1)), types)
         return tmat / self.nnei, (values, slopes, owners, starts)
+
+    def _pad_rows(self, pad: Tensor, lo: int, hi: int, centre: int) -> Tensor:
+        """Normalised rows of padded slots lo:hi per centre type (one type, or all for -1)."""
+        first, last = (centre, centre + 1) if centre >= 0 else (0, self.ntypes)
+        return pad[first:last, lo:hi]
+
+    def _tail(self, rows: Tensor, g: Tensor, types: Tensor | None) -> Tensor:
+        """Σ R̃ᵀG over padded columns: one value per centre type, broadcast to the rows
+        (``types``) or (1, 4, M) for one centre; ``g`` is G of ``rows`` flattened."""
+        tail = torch.matmul(rows.transpose(1, 2), g.view(rows.shape[0], rows.shape[1], -1))
+        return tail[types] if types is not None else tail
 
     def _block_columns(self, k: int, centre: int, mask: Tensor) -> tuple[int, int, bool, int]:
         """Slot range [lo, hi) of net ``k``'s neighbour-type block, whether the net serves

@@ -30,15 +30,19 @@ def _unfold(grad: Tensor, skip: int) -> Tensor | None:
     return None
 
 
+def _offsets(layout: Layout) -> list[int]:
+    """Index of each layer's first parameter (hidden layers, then the output layer), and the
+    total count last."""
+    offsets = [0]
+    for _, _, has_idt in layout:
+        offsets.append(offsets[-1] + (3 if has_idt else 2))
+    return [*offsets, offsets[-1] + 2]
+
+
 def _split(layout: Layout, params: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:
     """Per layer (hidden ones, then the output layer): (W, b) or (W, b, idt)."""
-    out, k = [], 0
-    for _, _, has_idt in layout:
-        n = 3 if has_idt else 2
-        out.append(tuple(params[k : k + n]))
-        k += n
-    out.append(tuple(params[k : k + 2]))
-    return out
+    offsets = _offsets(layout)
+    return [tuple(params[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
 def value_and_input_grad(x: Tensor, layout: Layout, params: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -51,7 +55,7 @@ class _ValueAndInputGrad(torch.autograd.Function):
     def forward(ctx, x: Tensor, layout: Layout, *params: Tensor) -> tuple[Tensor, Tensor]:
         layers = _split(layout, params)
         inputs, ts = [x], []
-        for (n_in, skip, _), (w, b, *idt) in zip(layout, layers[:-1], strict=False):
+        for (n_in, skip, _), (w, b, *idt) in zip(layout, layers[:-1], strict=True):
             t = torch.addmm(b, x, w).tanh_()
             y = t * idt[0] if idt else t
             if skip == 1:
@@ -84,7 +88,8 @@ class _ValueAndInputGrad(torch.autograd.Function):
     def backward(ctx, energy_bar: Tensor | None, g_bar: Tensor | None):
         layout = ctx.layout
         nlayers = len(layout)
-        nparams = sum(3 if has_idt else 2 for _, _, has_idt in layout) + 2
+        offsets = _offsets(layout)
+        nparams = offsets[-1]
         saved = ctx.saved_tensors
         params, rest = saved[:nparams], saved[nparams:]
         inputs = rest[: nlayers + 1]
@@ -101,11 +106,6 @@ class _ValueAndInputGrad(torch.autograd.Function):
             current = grads[i]
             grads[i] = torch.mm(left, right) if current is None else current.addmm_(left, right)
 
-        offsets, k0 = [], 0
-        for _, _, has_idt in layout:
-            offsets.append(k0)
-            k0 += 3 if has_idt else 2
-        offsets.append(k0)
         rows = inputs[0].shape[0]
         t_extra: list[Tensor | None] = [None] * nlayers
         if g_bar is not None:  # reverse of the sweep, bottom layer first
@@ -122,8 +122,8 @@ class _ValueAndInputGrad(torch.autograd.Function):
                 t_extra[k] = torch.mul(ts[k], p_bar).mul_(q).mul_(-2.0)
                 nxt = _unfold(gb, skip)
                 gb = r if nxt is None else nxt + r
-            accumulate(offsets[-1], gb.sum(dim=0).view(-1, 1))
-        o = offsets[-1]
+            accumulate(offsets[-2], gb.sum(dim=0).view(-1, 1))
+        o = offsets[-2]  # the output layer
         w_out = layers[-1][0]
         if energy_bar is not None:
             accumulate_product(o, inputs[-1].t(), energy_bar)

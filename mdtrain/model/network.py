@@ -121,6 +121,19 @@ class ResidualLayer(nn.Module):
         return y
 
 
+def fused_layout(layers) -> tuple[tuple[int, int, bool], ...]:
+    """What the fused nodes need to know of each layer: (n_in, skip kind, has idt)."""
+    return tuple((ly.n_in, ly.skip, ly.idt is not None) for ly in layers)
+
+
+def fused_params(layers) -> list[Tensor]:
+    """The layers' parameters in the order the fused nodes read them: W, b[, idt] each."""
+    params: list[Tensor] = []
+    for ly in layers:
+        params += [ly.weight, ly.bias] + ([ly.idt] if ly.idt is not None else [])
+    return params
+
+
 def _hidden_layers(
     n_in: int,
     neuron: list[int],
@@ -178,23 +191,15 @@ class EmbeddingNet(nn.Module):
         return self._value_and_slope(s)
 
     @torch.jit.unused
-    def _layout_and_params(self) -> tuple[tuple, list[Tensor]]:
-        layout = tuple((ly.n_in, ly.skip, ly.idt is not None) for ly in self.layers)
-        params = []
-        for ly in self.layers:
-            params += [ly.weight, ly.bias] + ([ly.idt] if ly.idt is not None else [])
-        return layout, params
-
-    @torch.jit.unused
     def _value_and_slope(self, s: Tensor) -> tuple[Tensor, Tensor]:
-        layout, params = self._layout_and_params()
+        layout, params = fused_layout(self.layers), fused_params(self.layers)
         return fused_embedding.value_and_slope(s, layout, params)
 
     @torch.jit.unused
     def embed_contract(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(Σ_j R̃_jᵀ G(s_j), G, dG/ds)`` for rows (B, 4, n), ``s = rows[:, 0]``, as one
         autograd node (eager only; see ``mdtrain.model.fused_embedding``)."""
-        layout, params = self._layout_and_params()
+        layout, params = fused_layout(self.layers), fused_params(self.layers)
         return fused_embedding.embed_contract(rows, layout, params)
 
     def value_and_derivative_ops(self, s: Tensor) -> tuple[Tensor, Tensor]:
@@ -275,12 +280,8 @@ class FittingNet(nn.Module):
 
     @torch.jit.unused
     def _value_and_input_grad_fused(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self.layers[:-1]
-        layout = tuple((ly.n_in, ly.skip, ly.idt is not None) for ly in hidden)
-        params = []
-        for ly in self.layers:
-            params += [ly.weight, ly.bias] + ([ly.idt] if ly.idt is not None else [])
-        return fused_fitting.value_and_input_grad(x, layout, params)
+        layout = fused_layout(self.layers[:-1])  # the hidden layers; the output layer is fixed
+        return fused_fitting.value_and_input_grad(x, layout, fused_params(self.layers))
 
     def value_and_input_grad_ops(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``value_and_input_grad`` as plain differentiable operations."""

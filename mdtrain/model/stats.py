@@ -267,19 +267,15 @@ def data_summary(systems: Sequence[Any]) -> str:
     return hashlib.sha1(json.dumps(sizes).encode()).hexdigest()
 
 
-def read_stat_attr(path: str, name: str) -> str | None:
-    """A root attribute of an existing stat file (None if absent)."""
-    if not os.path.exists(path):
-        return None
-    with h5py.File(path, "r") as f:
-        value = f.attrs.get(name)
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def read_stat_file(path: str) -> dict[str, np.ndarray]:
     """All datasets of an HDF5 stat file, keyed by their path (no leading slash)."""
+    return _read_stat_file(path)[0]
+
+
+def _read_stat_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The datasets and the string attributes of the root, in one opening of the file."""
     if not os.path.exists(path):
-        return {}
+        return {}, {}
     out: dict[str, np.ndarray] = {}
     try:
         with h5py.File(path, "r") as f:
@@ -290,11 +286,12 @@ def read_stat_file(path: str) -> dict[str, np.ndarray]:
                     else None
                 )
             )
+            attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
     except OSError as err:
         raise MDTrainError(
             f"training/stat_file: {path} is not a readable HDF5 file ({err})"
         ) from err
-    return out
+    return out, attrs
 
 
 def write_stat_file(
@@ -339,9 +336,9 @@ def compute_or_load_stats(
     ntypes = desc.ntypes
     root = " ".join(model.type_map)
     dkey = f"{root}/{descriptor_stat_hash(model)}"
-    stored = read_stat_file(stat_file) if stat_file else {}
+    stored, attrs = _read_stat_file(stat_file) if stat_file else ({}, {})
     summary = data_summary(systems)
-    if stored and read_stat_attr(stat_file, DATA_ATTR) not in (None, summary):
+    if stored and attrs.get(DATA_ATTR) not in (None, summary):
         log.warning(
             "%s holds statistics of other training data (other system sizes): they are "
             "used as they are; delete the file to compute them from this data",
