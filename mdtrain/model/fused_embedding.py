@@ -9,6 +9,8 @@ a block's intermediate tensors stay in cache (the step is memory-bound). ``Embed
 import torch
 from torch import Tensor
 
+from mdtrain.model import native
+
 
 def tanh_grad(grad: Tensor, y: Tensor) -> Tensor:
     """``grad · (1 − y²)``, the chain rule through ``y = tanh(x)``: one fused pass, and itself
@@ -59,6 +61,11 @@ def skip_fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
     if skip == 2:
         return torch.add(grad[:, :n_in], grad[:, n_in:])  # faster than a 2-wide reduction
     return None
+
+
+def _dense(t: Tensor | None) -> Tensor | None:
+    """A cotangent as a contiguous tensor (autograd may hand over expanded or sliced ones)."""
+    return None if t is None else t.contiguous()
 
 
 class _Tape:
@@ -235,12 +242,18 @@ class _EmbedContract(torch.autograd.Function):
         tape = _Tape(s, layout, params)
         m = tape.value.shape[1]
         tmat = rows.new_empty(nc, 4, m)
-        per = max(1, tape.block // n)
-        for c0 in range(0, nc, per):
-            c1 = min(c0 + per, nc)
-            tape.forward_rows(c0 * n, c1 * n)
-            g = tape.value[c0 * n : c1 * n].view(c1 - c0, n, m)
-            torch.bmm(rows[c0:c1], g, out=tmat[c0:c1])
+        kernels = native.kernels()
+        ctx.native = kernels is not None and kernels.supports(rows, *params)
+        if ctx.native:
+            per = native.centres_per_block(nc, n)
+            kernels.embed_forward(rows, layout, params, tape, tmat, per)
+        else:
+            per = max(1, tape.block // n)
+            for c0 in range(0, nc, per):
+                c1 = min(c0 + per, nc)
+                tape.forward_rows(c0 * n, c1 * n)
+                g = tape.value[c0 * n : c1 * n].view(c1 - c0, n, m)
+                torch.bmm(rows[c0:c1], g, out=tmat[c0:c1])
         ctx.layout, ctx.centres = layout, per
         ctx.row_grad = None
         ctx.set_materialize_grads(False)
@@ -258,9 +271,18 @@ class _EmbedContract(torch.autograd.Function):
         grads = tape.new_grads()
         nc, n = rows.shape[0], rows.shape[2]
         m = tape.value.shape[1]
-        rows_t = rows.transpose(1, 2)  # (B, n, 4)
         row_grad, ctx.row_grad = ctx.row_grad, None
         per = ctx.centres
+        if ctx.native:
+            z, tbar = (None, None) if row_grad is None else (row_grad[0], row_grad[2])
+            cotangents = [_dense(c) for c in (tbar_t, gv, gs, z, tbar)]
+            native.kernels().embed_backward(
+                rows, ctx.layout, tape.params, tape, cotangents, grads, per
+            )
+            return (None, None, *grads)
+        rows_t = rows.transpose(1, 2)  # (B, n, 4)
+        if row_grad is not None and row_grad[1] is None:
+            row_grad = (row_grad[0], rows_t * row_grad[0][:, :, :1], row_grad[2])
         for c0 in range(0, nc, per):
             c1 = min(c0 + per, nc)
             shape = (c1 - c0, n, m)
@@ -287,10 +309,16 @@ class _RowGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
-        tbar_t = tbar.transpose(1, 2)
-        rbar = torch.bmm(value, tbar_t)
-        sbar = (torch.bmm(slope, tbar_t) * rows.transpose(1, 2)).sum(dim=-1)
-        rbar[:, :, 0] += sbar
+        kernels = native.kernels()
+        ctx.native = kernels is not None and kernels.supports(tbar, value, slope, rows)
+        if ctx.native:
+            tbar = tbar.contiguous()
+            rbar = kernels.row_grad(tbar, value.contiguous(), slope.contiguous(), rows)
+        else:
+            tbar_t = tbar.transpose(1, 2)
+            rbar = torch.bmm(value, tbar_t)
+            sbar = (torch.bmm(slope, tbar_t) * rows.transpose(1, 2)).sum(dim=-1)
+            rbar[:, :, 0] += sbar
         ctx.producer = value.grad_fn
         ctx.save_for_backward(tbar, value, slope, rows)
         return rbar
@@ -299,12 +327,20 @@ class _RowGrad(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, z: Tensor):
         tbar, value, slope, rows = ctx.saved_tensors
-        zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
-        tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
+        zr = None
+        if ctx.native:
+            z = z.contiguous()
+            tbar_grad = native.kernels().row_grad_tbar(
+                z, value.contiguous(), slope.contiguous(), rows
+            )
+        else:
+            zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
+            tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
         producer = ctx.producer
         if producer is not None and isinstance(producer, _EmbedContract._backward_cls):
             producer.row_grad = (z, zr, tbar)
             return tbar_grad, None, None, None
+        zr = rows.transpose(1, 2) * z[:, :, :1] if zr is None else zr
         gv = torch.bmm(z, tbar)
         gs = torch.bmm(zr, tbar)
         return tbar_grad, gv, gs, None

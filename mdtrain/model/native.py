@@ -1,0 +1,305 @@
+"""Compiled embedding-net kernels (``native/embedding.cpp``), built on first use.
+
+The training step spends most of its time in the embedding net, on products too narrow for the
+BLAS library to split well over threads, and on elementwise passes between them. The compiled
+kernels hand whole blocks of centres to each of torch's OpenMP threads, which run every layer of
+their block with single-threaded BLAS products and fused loops. They are built with the system's
+C++ compiler (``$CXX``, else ``c++``) for this machine (``-march=native``), against the OpenMP
+runtime and BLAS already loaded by torch, and cached under ``$MDTRAIN_CACHE_DIR`` (default
+``~/.cache/mdtrain``) by a hash of the source, the compiler, torch and the CPU. When that is not
+possible (no compiler, a torch without the BLAS symbols), or with ``MDTRAIN_NATIVE=0``, the PyTorch
+path (``mdtrain.model.fused_embedding``) runs instead, with one log line saying why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "embedding.cpp"
+ABI_VERSION = 1
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+
+
+def _cpu_signature() -> str:
+    """The CPU model and feature flags: a build for one CPU must not run on another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("MDTRAIN_CACHE_DIR")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mdtrain"
+
+
+def _torch_lib_dir() -> Path:
+    return Path(torch.__file__).parent / "lib"
+
+
+def _openmp_link_args() -> list[str]:
+    """Link against the OpenMP runtime torch uses, so that both share one thread pool."""
+    bundled = sorted(_torch_lib_dir().glob("libgomp*.so*"))
+    if bundled:
+        return [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"]
+    return []
+
+
+def _build(compiler: str) -> Path:
+    """Compile the kernels (or find them in the cache); raises ``RuntimeError`` with the reason."""
+    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"no C++ compiler ({compiler}): {exc}") from None
+    link = _openmp_link_args()
+    key = hashlib.sha256(
+        "\0".join(
+            [
+                SOURCE.read_text(),
+                version,
+                " ".join(flags + link),
+                torch.__version__,
+                _cpu_signature(),
+            ]
+        ).encode()
+    ).hexdigest()[:16]
+    name = f"embedding-{key}.so"
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"mdtrain-{os.getuid()}"):
+        target = folder / name
+        if target.exists():
+            return target
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            break
+    else:
+        raise RuntimeError(f"no writable folder for the build ({_cache_dir()})")
+    # Several ranks may build at once: each writes its own file and renames it into place.
+    log.info("building the compiled embedding kernels (once per machine type): %s", target)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [compiler, *flags, str(SOURCE), "-o", tmp, *link],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if result.returncode != 0:
+            first = (result.stderr.strip().splitlines() or ["(no output)"])[0]
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {first}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class Kernels:
+    """The loaded library, with argument types declared once."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        if lib.mdt_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"{path} is from another version of mdtrain")
+        torch_cpu = ctypes.CDLL(str(_torch_lib_dir() / "libtorch_cpu.so"))
+        try:
+            dgemm, sgemm = torch_cpu.dgemm_, torch_cpu.sgemm_
+        except AttributeError:
+            raise RuntimeError("this torch build exports no BLAS (dgemm_/sgemm_)") from None
+        local = getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None)
+        address = [
+            ctypes.cast(f, _P).value if f is not None else None for f in (dgemm, sgemm, local)
+        ]
+        lib.mdt_set_blas(*(_P(a) for a in address))
+        net = [_INT, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+        rows = [_P, _I64, _I64, _I64]
+        for suffix in ("f32", "f64"):
+            getattr(lib, f"mdt_embed_forward_{suffix}").argtypes = [
+                _I64,
+                _I64,
+                *rows,
+                *net,
+                _P,
+                _I64,
+                _INT,
+            ]
+            getattr(lib, f"mdt_embed_backward_{suffix}").argtypes = [
+                _I64,
+                _I64,
+                *rows,
+                *net,
+                _P,
+                _P,
+                _P,
+                _P,
+                _P,
+                _P,
+                _I64,
+                _INT,
+            ]
+            for name in ("mdt_row_grad_", "mdt_row_grad_tbar_"):
+                getattr(lib, name + suffix).argtypes = [
+                    _I64,
+                    _I64,
+                    _INT,
+                    _P,
+                    _P,
+                    _P,
+                    *rows,
+                    _P,
+                    _INT,
+                ]
+        self.lib = lib
+
+    def supports(self, *tensors: Tensor) -> bool:
+        first = tensors[0]
+        return (
+            first.device.type == "cpu"
+            and first.dtype in (torch.float32, torch.float64)
+            and all(t.dtype == first.dtype for t in tensors)
+        )
+
+    def _fn(self, name: str, dtype: torch.dtype):
+        return getattr(self.lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
+
+    def embed_forward(self, rows: Tensor, layout, params, tape, tmat: Tensor, per: int) -> None:
+        """Fill the tape (G, dG/ds and what the backward needs) and T (B, 4, M)."""
+        fn = self._fn("mdt_embed_forward", rows.dtype)
+        nc, n = rows.shape[0], rows.shape[2]
+        threads = torch.get_num_threads()
+        fn(nc, n, *_rows_args(rows), *net_args(layout, params, tape), _pointer(tmat), per, threads)
+
+    def embed_backward(
+        self, rows: Tensor, layout, params, tape, cotangents, grads, per: int
+    ) -> None:
+        """Accumulate the parameter gradients into ``grads`` (zeros, parameter order) from the
+        cotangents ``(T̄_T, Ḡ, dḠ, Z, T̄)`` of T, G, dG/ds and the row gradients (any None)."""
+        fn = self._fn("mdt_embed_backward", rows.dtype)
+        nc, n = rows.shape[0], rows.shape[2]
+        by_layer = []
+        k = 0
+        for _, _, has_idt in layout:
+            by_layer += [grads[k], grads[k + 1], grads[k + 2] if has_idt else None]
+            k += 3 if has_idt else 2
+        fn(
+            nc,
+            n,
+            *_rows_args(rows),
+            *net_args(layout, params, tape),
+            *(_pointer(c) for c in cotangents),
+            _pointers(by_layer),
+            per,
+            torch.get_num_threads(),
+        )
+
+    def row_grad(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
+        """dE/dR̃ (B, n, 4) of one block of slot columns; rows (B, 4, n)."""
+        nc, n, m = value.shape
+        out = value.new_empty(nc, n, 4)
+        fn = self._fn("mdt_row_grad", value.dtype)
+        args = (_pointer(tbar), _pointer(value), _pointer(slope), *_rows_args(rows), _pointer(out))
+        fn(nc, n, m, *args, torch.get_num_threads())
+        return out
+
+    def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
+        """The T̄ (B, 4, M) part of ``row_grad``'s backward for the cotangent z (B, n, 4)."""
+        nc, n, m = value.shape
+        out = value.new_empty(nc, 4, m)
+        fn = self._fn("mdt_row_grad_tbar", value.dtype)
+        args = (_pointer(z), _pointer(value), _pointer(slope), *_rows_args(rows), _pointer(out))
+        fn(nc, n, m, *args, torch.get_num_threads())
+        return out
+
+
+def _pointer(t: Tensor | None) -> _P:
+    return _P(t.data_ptr() if t is not None else None)
+
+
+def _pointers(tensors) -> ctypes.Array:
+    return (_P * len(tensors))(*[_pointer(t) for t in tensors])
+
+
+def _ints(values) -> ctypes.Array:
+    return (_INT * len(values))(*values)
+
+
+def _rows_args(rows: Tensor) -> list:
+    """Rows (B, 4, n) of any strides: pointer and the strides of centre, component, slot."""
+    rc, ra, rj = rows.stride()
+    return [_pointer(rows), rc, ra, rj]
+
+
+def net_args(layout: tuple, params, tape) -> list:
+    """The net's layout, parameters and tape buffers (``fused_embedding._Tape``) as C arrays."""
+    weights, biases, idts = [], [], []
+    k = 0
+    for _, _, has_idt in layout:
+        weights.append(params[k])
+        biases.append(params[k + 1])
+        idts.append(params[k + 2] if has_idt else None)
+        k += 3 if has_idt else 2
+    return [
+        len(layout),
+        _ints([n_in for n_in, _, _ in layout]),
+        _ints([int(w.shape[1]) for w in weights]),
+        _ints([skip for _, skip, _ in layout]),
+        _pointers(weights),
+        _pointers(biases),
+        _pointers(idts),
+        _pointers(tape.ts),
+        _pointers(tape.outs),
+        _pointers(tape.douts),
+        _pointers(tape.das),
+    ]
+
+
+BLOCK_ROWS = 512
+
+
+def centres_per_block(nc: int, n: int) -> int:
+    """Centres per block: about ``BLOCK_ROWS`` rows, and a whole number of blocks per thread
+    (the threads take blocks in turn)."""
+    threads = torch.get_num_threads()
+    rounds = max(1, round(nc * max(n, 1) / (BLOCK_ROWS * threads)))
+    return max(1, -(-nc // (rounds * threads)))
+
+
+@lru_cache(maxsize=1)
+def kernels() -> Kernels | None:
+    """The compiled kernels, or None (reason logged once) when they cannot be used here."""
+    if os.environ.get("MDTRAIN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if platform.system() != "Linux" or not (_torch_lib_dir() / "libtorch_cpu.so").exists():
+        log.info("compiled embedding kernels: not supported on this platform; using PyTorch ops")
+        return None
+    try:
+        return Kernels(_build(os.environ.get("CXX", "c++")))
+    except (RuntimeError, OSError) as exc:
+        log.warning("compiled embedding kernels unavailable (%s); using PyTorch ops", exc)
+        return None

@@ -1,0 +1,534 @@
+// Compiled kernels of the tanh embedding net (see mdtrain/model/native.py, which builds this file
+// at first use and falls back to the PyTorch path when it cannot).
+//
+// The math is that of mdtrain/model/fused_embedding.py (the PyTorch path, which the tests compare
+// against): per layer a = xW + b, t = tanh(a), y = t·idt + skip(x), carried forward together with
+// the tangent dy/ds; T = Σ_j R̃_jᵀ G(s_j) per centre; the row gradients; and the backward of all of
+// it w.r.t. the parameters. The difference is the execution: OpenMP threads (torch's own runtime)
+// each take whole blocks of centres through every layer, with single-threaded BLAS products and
+// fused elementwise loops, so that a block stays in the core's cache and the two cores never wait
+// on each other between operations.
+//
+// Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj]; tape buffers and
+// G, dG/ds are row-major (centres·slots, width); T and T̄ are (centres, 4, M).
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using i64 = std::int64_t;
+
+typedef void (*dgemm_fn)(const char*, const char*, const int*, const int*, const int*,
+                         const double*, const double*, const int*, const double*, const int*,
+                         const double*, double*, const int*);
+typedef void (*sgemm_fn)(const char*, const char*, const int*, const int*, const int*,
+                         const float*, const float*, const int*, const float*, const int*,
+                         const float*, float*, const int*);
+typedef int (*set_local_threads_fn)(int);
+
+dgemm_fn g_dgemm = nullptr;
+sgemm_fn g_sgemm = nullptr;
+set_local_threads_fn g_set_local_threads = nullptr;
+
+// Row-major C (m×n) = alpha·op(A)·op(B) + beta·C through the column-major Fortran BLAS.
+inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda,
+                 const double* b, int ldb, double beta, double* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  g_dgemm(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  g_sgemm(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+
+// tanh(x) = 1 − 2/(1 + e^{2x}) with e^y = 2^k·p(r), |r| ≤ ln2/2, p of degree 13 (error below
+// double rounding); written so that the compiler vectorises it. Absolute error ~1e-16.
+inline double tanh_of(double x) {
+  double y = 2.0 * x;
+  y = y < -40.0 ? -40.0 : (y > 40.0 ? 40.0 : y);
+  const double shift = 6755399441055744.0;  // 1.5·2^52: the rounded k lands in the low bits
+  double big = y * 1.4426950408889634 + shift;
+  double k = big - shift;
+  double r = (y - k * 0.693147180369123816490) - k * 1.90821492927058770002e-10;
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  std::uint64_t bits;
+  std::memcpy(&bits, &big, 8);
+  bits = (bits << 52) + (std::uint64_t(1023) << 52);
+  double scale;
+  std::memcpy(&scale, &bits, 8);
+  return 1.0 - 2.0 / (p * scale + 1.0);
+}
+
+// The same in single precision (degree 7, error below float rounding).
+inline float tanh_of(float x) {
+  float y = 2.0f * x;
+  y = y < -20.0f ? -20.0f : (y > 20.0f ? 20.0f : y);
+  const float shift = 12582912.0f;  // 1.5·2^23
+  float big = y * 1.44269504f + shift;
+  float k = big - shift;
+  float r = (y - k * 0.693359375f) + k * 2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  std::uint32_t bits;
+  std::memcpy(&bits, &big, 4);
+  bits = (bits << 23) + (std::uint32_t(127) << 23);
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return 1.0f - 2.0f / (p * scale + 1.0f);
+}
+
+template <typename T>
+struct Net {
+  int layers;
+  const int* n_in;
+  const int* n_out;
+  const int* skip;  // 0 none, 1 + x, 2 + concat(x, x)
+  const T* const* w;
+  const T* const* b;
+  const T* const* idt;  // nullptr entries: no idt
+  T* const* ts;         // tanh outputs
+  T* const* outs;       // layer outputs y (may alias ts)
+  T* const* douts;      // dy/ds
+  T* const* das;        // da/ds (entry 0 unused: it is W itself)
+};
+
+template <typename T>
+struct Rows {
+  const T* p;
+  i64 rc, ra, rj;
+  T at(i64 c, int a, i64 j) const { return p[c * rc + a * ra + j * rj]; }
+};
+
+// One block of centres [c0, c1) through every layer (value and tangent), then T for each centre.
+template <typename T>
+void forward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1, T* tmat,
+                   const std::vector<T>& ones) {
+  const i64 r0 = c0 * n, nr = (c1 - c0) * n;
+  for (int l = 0; l < net.layers; ++l) {
+    const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
+    const T* w = net.w[l];
+    const T* b = net.b[l];
+    const T* sc = net.idt[l] ? net.idt[l] : ones.data();
+    T* t = net.ts[l] + r0 * no;
+    T* y = net.outs[l] + r0 * no;
+    T* dy = net.douts[l] + r0 * no;
+    if (l == 0) {  // input s (one column), tangent 1
+      for (i64 i = 0; i < nr; ++i) {
+        const T s = R.at(c0 + i / n, 0, i % n);
+        T* ti = t + i * no;
+        T* yi = y + i * no;
+        T* dyi = dy + i * no;
+#pragma omp simd
+        for (int k = 0; k < no; ++k) {
+          const T tk = tanh_of(T(s * w[k] + b[k]));
+          ti[k] = tk;
+          yi[k] = tk * sc[k];
+          dyi[k] = w[k] * (T(1) - tk * tk) * sc[k];
+        }
+        if (sk != 0) {  // n_in == 1: the skip adds s, its tangent 1, to every output
+          for (int k = 0; k < no; ++k) {
+            yi[k] += s;
+            dyi[k] += T(1);
+          }
+        }
+      }
+      continue;
+    }
+    const T* x = net.outs[l - 1] + r0 * ni;
+    const T* dx = net.douts[l - 1] + r0 * ni;
+    T* da = net.das[l] + r0 * no;
+    gemm(false, false, int(nr), no, ni, T(1), x, ni, w, no, T(0), t, no);
+    gemm(false, false, int(nr), no, ni, T(1), dx, ni, w, no, T(0), da, no);
+    for (i64 i = 0; i < nr; ++i) {
+      T* ti = t + i * no;
+      T* yi = y + i * no;
+      T* dyi = dy + i * no;
+      const T* dai = da + i * no;
+#pragma omp simd
+      for (int k = 0; k < no; ++k) {
+        const T tk = tanh_of(T(ti[k] + b[k]));
+        ti[k] = tk;
+        yi[k] = tk * sc[k];
+        dyi[k] = dai[k] * (T(1) - tk * tk) * sc[k];
+      }
+      const T* xi = x + i * ni;
+      const T* dxi = dx + i * ni;
+      for (int rep = 0; rep < sk; ++rep) {  // skip 1: + x; skip 2: + x on each half
+#pragma omp simd
+        for (int k = 0; k < ni; ++k) {
+          yi[rep * ni + k] += xi[k];
+          dyi[rep * ni + k] += dxi[k];
+        }
+      }
+    }
+  }
+  const int m = net.n_out[net.layers - 1];
+  const T* g = net.outs[net.layers - 1];
+  for (i64 c = c0; c < c1; ++c) {
+    T* out = tmat + c * 4 * m;
+    std::fill(out, out + 4 * m, T(0));
+    const T* gc = g + c * n * m;
+    for (i64 j = 0; j < n; ++j) {
+      const T* gj = gc + j * m;
+      for (int a = 0; a < 4; ++a) {
+        const T r = R.at(c, a, j);
+        T* oa = out + a * m;
+#pragma omp simd
+        for (int k = 0; k < m; ++k) oa[k] += r * gj[k];
+      }
+    }
+  }
+}
+
+// Per-thread scratch and parameter-gradient partials of the backward.
+template <typename T>
+struct Scratch {
+  std::vector<T> gy, gdy, gx, gdx, abar, dabar;
+  std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
+};
+
+// Cotangents of the block's last-layer outputs: ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ, dȳ = z₀(R̃ᵀT̄) + dḠ.
+template <typename T>
+void entry_cotangents(const Rows<T>& R, i64 n, int m, i64 c0, i64 c1, const T* tbar_t,
+                      const T* gv, const T* gs, const T* z, const T* tbar, T* gy, T* gdy) {
+  for (i64 c = c0; c < c1; ++c) {
+    for (i64 j = 0; j < n; ++j) {
+      const i64 i = (c - c0) * n + j;
+      T* gyi = gy + i * m;
+      T* gdyi = gdy + i * m;
+      std::fill(gyi, gyi + m, T(0));
+      std::fill(gdyi, gdyi + m, T(0));
+      for (int a = 0; a < 4; ++a) {
+        const T r = R.at(c, a, j);
+        if (tbar_t) {
+          const T* ta = tbar_t + (c * 4 + a) * m;
+#pragma omp simd
+          for (int k = 0; k < m; ++k) gyi[k] += r * ta[k];
+        }
+        if (z) {
+          const T za = z[(c * n + j) * 4 + a], zr = r * z[(c * n + j) * 4];
+          const T* ta = tbar + (c * 4 + a) * m;
+#pragma omp simd
+          for (int k = 0; k < m; ++k) {
+            gyi[k] += za * ta[k];
+            gdyi[k] += zr * ta[k];
+          }
+        }
+      }
+      if (gv) {
+        const T* g = gv + (c * n + j) * m;
+#pragma omp simd
+        for (int k = 0; k < m; ++k) gyi[k] += g[k];
+      }
+      if (gs) {
+        const T* g = gs + (c * n + j) * m;
+#pragma omp simd
+        for (int k = 0; k < m; ++k) gdyi[k] += g[k];
+      }
+    }
+  }
+}
+
+template <typename T>
+void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
+                    const int* offsets, Scratch<T>& sc, const std::vector<T>& ones) {
+  const i64 r0 = c0 * n, nr = (c1 - c0) * n;
+  T* gy = sc.gy.data();
+  T* gdy = sc.gdy.data();
+  T* gx = sc.gx.data();
+  T* gdx = sc.gdx.data();
+  T* abar = sc.abar.data();
+  T* dabar = sc.dabar.data();
+  for (int l = net.layers - 1; l >= 0; --l) {
+    const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
+    const T* w = net.w[l];
+    const T* idt = net.idt[l];
+    const T* scale = idt ? idt : ones.data();
+    const T* t = net.ts[l] + r0 * no;
+    T* gw = sc.grads.data() + offsets[l];
+    T* gb = gw + ni * no;
+    T* gidt = idt ? gb + no : nullptr;
+    for (i64 i = 0; i < nr; ++i) {
+      const T* ti = t + i * no;
+      const T* dai = l == 0 ? w : net.das[l] + (r0 + i) * no;
+      const T* gyi = gy + i * no;
+      const T* gdyi = gdy + i * no;
+      T* ai = abar + i * no;
+      T* dai_bar = dabar + i * no;
+      if (gidt) {
+        for (int k = 0; k < no; ++k) {
+          const T g = T(1) - ti[k] * ti[k];
+          gidt[k] += gyi[k] * ti[k] + gdyi[k] * dai[k] * g;
+        }
+      }
+#pragma omp simd
+      for (int k = 0; k < no; ++k) {
+        const T g = T(1) - ti[k] * ti[k];
+        const T q = gyi[k] * scale[k], dq = gdyi[k] * scale[k];
+        dai_bar[k] = dq * g;
+        ai[k] = (q - T(2) * ti[k] * dai[k] * dq) * g;
+      }
+#pragma omp simd
+      for (int k = 0; k < no; ++k) gb[k] += ai[k];
+      if (l == 0) {  // x = s, dx = 1
+        const T s = R.at(c0 + i / n, 0, i % n);
+#pragma omp simd
+        for (int k = 0; k < no; ++k) gw[k] += s * ai[k] + dai_bar[k];
+      }
+    }
+    if (l == 0) break;  // the inputs s get no gradient on this path
+    const T* x = net.outs[l - 1] + r0 * ni;
+    const T* dx = net.douts[l - 1] + r0 * ni;
+    gemm(true, false, ni, no, int(nr), T(1), x, ni, abar, no, T(1), gw, no);
+    gemm(true, false, ni, no, int(nr), T(1), dx, ni, dabar, no, T(1), gw, no);
+    // x̄ = ā Wᵀ + fold(ȳ), dx̄ = dā Wᵀ + fold(dȳ)
+    for (i64 i = 0; i < nr; ++i) {
+      T* gxi = gx + i * ni;
+      T* gdxi = gdx + i * ni;
+      std::fill(gxi, gxi + ni, T(0));
+      std::fill(gdxi, gdxi + ni, T(0));
+      for (int rep = 0; rep < sk; ++rep) {
+        const T* a = gy + i * no + rep * ni;
+        const T* d = gdy + i * no + rep * ni;
+#pragma omp simd
+        for (int k = 0; k < ni; ++k) {
+          gxi[k] += a[k];
+          gdxi[k] += d[k];
+        }
+      }
+    }
+    gemm(false, true, int(nr), ni, no, T(1), abar, no, w, no, T(1), gx, ni);
+    gemm(false, true, int(nr), ni, no, T(1), dabar, no, w, no, T(1), gdx, ni);
+    std::swap(gy, gx);
+    std::swap(gdy, gdx);
+  }
+}
+
+int widest(const int* n_out, int layers) {
+  int m = 1;
+  for (int l = 0; l < layers; ++l) m = n_out[l] > m ? n_out[l] : m;
+  return m;
+}
+
+struct ThreadsScope {  // BLAS calls inside the parallel region run on their own thread
+  ThreadsScope() {
+    if (g_set_local_threads) g_set_local_threads(1);
+  }
+  ~ThreadsScope() {
+    if (g_set_local_threads) g_set_local_threads(0);
+  }
+};
+
+template <typename T>
+Net<T> make_net(int layers, const int* n_in, const int* n_out, const int* skip, void* const* w,
+                void* const* b, void* const* idt, void* const* ts, void* const* outs,
+                void* const* douts, void* const* das) {
+  return Net<T>{layers,
+                n_in,
+                n_out,
+                skip,
+                reinterpret_cast<const T* const*>(w),
+                reinterpret_cast<const T* const*>(b),
+                reinterpret_cast<const T* const*>(idt),
+                reinterpret_cast<T* const*>(ts),
+                reinterpret_cast<T* const*>(outs),
+                reinterpret_cast<T* const*>(douts),
+                reinterpret_cast<T* const*>(das)};
+}
+
+template <typename T>
+int forward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<T>& net,
+            void* tmat, i64 per, int threads) {
+  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+  const std::vector<T> ones(widest(net.n_out, net.layers), T(1));
+  const i64 blocks = (nc + per - 1) / per;
+#pragma omp parallel num_threads(threads)
+  {
+    ThreadsScope scope;
+#pragma omp for schedule(static, 1)
+    for (i64 blk = 0; blk < blocks; ++blk) {
+      const i64 c0 = blk * per, c1 = c0 + per < nc ? c0 + per : nc;
+      forward_block(net, R, n, c0, c1, static_cast<T*>(tmat), ones);
+    }
+  }
+  return 0;
+}
+
+template <typename T>
+int backward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<T>& net,
+             const void* tbar_t, const void* gv, const void* gs, const void* z, const void* tbar,
+             void* const* grads, i64 per, int threads) {
+  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+  const int m = net.n_out[net.layers - 1];
+  const int width = widest(net.n_out, net.layers);
+  const std::vector<T> ones(width, T(1));
+  std::vector<int> offsets(net.layers + 1, 0);
+  for (int l = 0; l < net.layers; ++l)
+    offsets[l + 1] =
+        offsets[l] + net.n_in[l] * net.n_out[l] + net.n_out[l] * (net.idt[l] ? 2 : 1);
+  const i64 blocks = (nc + per - 1) / per;
+  std::vector<Scratch<T>> scratch(threads);
+  for (auto& sc : scratch) sc.grads.assign(offsets[net.layers], T(0));
+#pragma omp parallel num_threads(threads)
+  {
+    ThreadsScope scope;
+    Scratch<T>& sc = scratch[omp_get_thread_num()];
+    const size_t rows_max = size_t(per * n) * width;
+    for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar}) v->resize(rows_max);
+#pragma omp for schedule(static, 1)
+    for (i64 blk = 0; blk < blocks; ++blk) {
+      const i64 c0 = blk * per, c1 = c0 + per < nc ? c0 + per : nc;
+      entry_cotangents(R, n, m, c0, c1, static_cast<const T*>(tbar_t), static_cast<const T*>(gv),
+                       static_cast<const T*>(gs), static_cast<const T*>(z),
+                       static_cast<const T*>(tbar), sc.gy.data(), sc.gdy.data());
+      backward_block(net, R, n, c0, c1, offsets.data(), sc, ones);
+    }
+  }
+  // Partials summed in thread order: the same result for the same thread count.
+  for (int l = 0; l < net.layers; ++l) {
+    const int sizes[3] = {net.n_in[l] * net.n_out[l], net.n_out[l], net.idt[l] ? net.n_out[l] : 0};
+    int at = offsets[l];
+    for (int p = 0; p < 3; ++p) {
+      T* out = static_cast<T*>(grads[3 * l + p]);
+      for (int th = 0; th < threads && out; ++th) {
+        const T* part = scratch[th].grads.data() + at;
+        for (int k = 0; k < sizes[p]; ++k) out[k] += part[k];
+      }
+      at += sizes[p];
+    }
+  }
+  return 0;
+}
+
+// dE/dR̃ (nc, n, 4) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0] for one block of slot columns.
+template <typename T>
+int row_grad(i64 nc, i64 n, int m, const void* tbar_p, const void* value_p, const void* slope_p,
+             const void* rows, i64 rc, i64 ra, i64 rj, void* out_p, int threads) {
+  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+  const T* tbar = static_cast<const T*>(tbar_p);
+  const T* value = static_cast<const T*>(value_p);
+  const T* slope = static_cast<const T*>(slope_p);
+  T* out = static_cast<T*>(out_p);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (i64 c = 0; c < nc; ++c) {
+    const T* tc = tbar + c * 4 * m;
+    for (i64 j = 0; j < n; ++j) {
+      const T* g = value + (c * n + j) * m;
+      const T* d = slope + (c * n + j) * m;
+      T* o = out + (c * n + j) * 4;
+      T sbar = 0;
+      for (int a = 0; a < 4; ++a) {
+        const T* ta = tc + a * m;
+        T dot = 0, dots = 0;
+#pragma omp simd reduction(+ : dot, dots)
+        for (int k = 0; k < m; ++k) {
+          dot += g[k] * ta[k];
+          dots += d[k] * ta[k];
+        }
+        o[a] = dot;
+        sbar += R.at(c, a, j) * dots;
+      }
+      o[0] += sbar;
+    }
+  }
+  return 0;
+}
+
+// T̄ of row_grad's backward: Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j per centre, (nc, 4, M).
+template <typename T>
+int row_grad_tbar(i64 nc, i64 n, int m, const void* z_p, const void* value_p, const void* slope_p,
+                  const void* rows, i64 rc, i64 ra, i64 rj, void* out_p, int threads) {
+  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+  const T* z = static_cast<const T*>(z_p);
+  const T* value = static_cast<const T*>(value_p);
+  const T* slope = static_cast<const T*>(slope_p);
+  T* out = static_cast<T*>(out_p);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (i64 c = 0; c < nc; ++c) {
+    T* oc = out + c * 4 * m;
+    std::fill(oc, oc + 4 * m, T(0));
+    for (i64 j = 0; j < n; ++j) {
+      const T* g = value + (c * n + j) * m;
+      const T* d = slope + (c * n + j) * m;
+      const T* zj = z + (c * n + j) * 4;
+      for (int a = 0; a < 4; ++a) {
+        const T za = zj[a], zr = R.at(c, a, j) * zj[0];
+        T* oa = oc + a * m;
+#pragma omp simd
+        for (int k = 0; k < m; ++k) oa[k] += za * g[k] + zr * d[k];
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mdt_abi_version() { return 1; }
+
+void mdt_set_blas(void* dgemm, void* sgemm, void* set_local_threads) {
+  g_dgemm = reinterpret_cast<dgemm_fn>(dgemm);
+  g_sgemm = reinterpret_cast<sgemm_fn>(sgemm);
+  g_set_local_threads = reinterpret_cast<set_local_threads_fn>(set_local_threads);
+}
+
+#define MDT_NET_ARGS                                                                         \
+  int layers, const int *n_in, const int *n_out, const int *skip, void *const *w,            \
+      void *const *b, void *const *idt, void *const *ts, void *const *outs, void *const *douts, \
+      void *const *das
+#define MDT_NET(T) make_net<T>(layers, n_in, n_out, skip, w, b, idt, ts, outs, douts, das)
+
+#define MDT_EXPORT(T, suffix)                                                                  \
+  int mdt_embed_forward_##suffix(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj,      \
+                                 MDT_NET_ARGS, void* tmat, i64 per, int threads) {             \
+    return forward<T>(nc, n, rows, rc, ra, rj, MDT_NET(T), tmat, per, threads);                \
+  }                                                                                            \
+  int mdt_embed_backward_##suffix(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj,     \
+                                  MDT_NET_ARGS, const void* tbar_t, const void* gv,            \
+                                  const void* gs, const void* z, const void* tbar,             \
+                                  void* const* grads, i64 per, int threads) {                  \
+    return backward<T>(nc, n, rows, rc, ra, rj, MDT_NET(T), tbar_t, gv, gs, z, tbar, grads,    \
+                       per, threads);                                                          \
+  }                                                                                            \
+  int mdt_row_grad_##suffix(i64 nc, i64 n, int m, const void* tbar, const void* value,         \
+                            const void* slope, const void* rows, i64 rc, i64 ra, i64 rj,       \
+                            void* out, int threads) {                                          \
+    return row_grad<T>(nc, n, m, tbar, value, slope, rows, rc, ra, rj, out, threads);          \
+  }                                                                                            \
+  int mdt_row_grad_tbar_##suffix(i64 nc, i64 n, int m, const void* z, const void* value,       \
+                                 const void* slope, const void* rows, i64 rc, i64 ra, i64 rj,  \
+                                 void* out, int threads) {                                     \
+    return row_grad_tbar<T>(nc, n, m, z, value, slope, rows, rc, ra, rj, out, threads);        \
+  }
+
+MDT_EXPORT(double, f64)
+MDT_EXPORT(float, f32)
+}

@@ -1,0 +1,148 @@
+"""The compiled embedding kernels (``mdtrain.model.native``) against the PyTorch path of the same
+autograd nodes (``mdtrain.model.fused_embedding``), and the fallback when they cannot be built.
+
+The model-level comparison with plain differentiable operations (and with autograd forces) is in
+``test_model_fastpaths.py``, which runs on the compiled kernels whenever they are available.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+
+from mdtrain.model import native
+from mdtrain.model.fused_embedding import embed_contract, row_grad_fused
+from mdtrain.model.network import EmbeddingNet, fused_layout, fused_params
+
+HAVE_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None
+needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
+
+
+@needs_kernels
+def test_kernels_build_where_a_compiler_exists():
+    assert native.kernels() is not None
+
+
+def _node_outputs(net, rows, cot, use_native, monkeypatch):
+    """T, G, dG/ds, the row gradients, and the parameter gradients of a loss on T and on the
+    row gradients, through the two autograd nodes."""
+    with monkeypatch.context() as m:
+        if not use_native:
+            m.setattr(native, "kernels", lambda: None)
+        params = fused_params(net.layers)
+        tmat, value, slope = embed_contract(rows, fused_layout(net.layers), params)
+        tbar = torch.tanh(tmat)  # a T̄ that depends on the parameters, as in the model
+        rbar = row_grad_fused(tbar, value, slope, rows)
+        loss = (cot[0] * tmat).sum() + (cot[1] * rbar).sum()
+        grads = torch.autograd.grad(loss, params)
+    return [tmat.detach(), value.detach(), slope.detach(), rbar.detach(), *grads]
+
+
+def _rows(nc: int, n: int, dtype: torch.dtype, strided: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    full = torch.randn(nc, 4, n + 3, generator=gen, dtype=torch.float64).to(dtype)
+    # the descriptor hands over column slices of (B, 4, nnei), and (B, n, 4) transposed
+    return full[:, :, 1 : n + 1] if strided else full[:, :, :n].contiguous()
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "neuron, resnet_dt",
+    [
+        ([25, 50, 100], False),
+        ([4, 8, 16], True),
+        ([2, 4, 4, 8], True),
+        ([1, 1, 3], True),
+        ([3, 5], False),
+    ],
+)
+@pytest.mark.parametrize("nc, n, block_rows", [(13, 7, 512), (13, 7, 10), (1, 1, 512), (5, 40, 64)])
+def test_kernels_match_pytorch_path_float64(neuron, resnet_dt, nc, n, block_rows, monkeypatch):
+    """Every skip kind, with and without idt; one block, many blocks, blocks of one centre."""
+    monkeypatch.setattr(native, "BLOCK_ROWS", block_rows)
+    net = EmbeddingNet(neuron, "tanh", resnet_dt, torch.float64, seed=7)
+    rows = _rows(nc, n, torch.float64, strided=True)
+    gen = torch.Generator().manual_seed(2)
+    cot = [torch.randn(nc, 4, neuron[-1], generator=gen, dtype=torch.float64), None]
+    cot[1] = torch.randn(nc, n, 4, generator=gen, dtype=torch.float64)
+    compiled = _node_outputs(net, rows, cot, True, monkeypatch)
+    reference = _node_outputs(net, rows, cot, False, monkeypatch)
+    for a, b in zip(compiled, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_kernels
+def test_kernels_match_pytorch_path_float32(monkeypatch):
+    net = EmbeddingNet([25, 50, 100], "tanh", True, torch.float32, seed=7)
+    rows = _rows(19, 30, torch.float32, strided=False)
+    gen = torch.Generator().manual_seed(3)
+    cot = [torch.randn(19, 4, 100, generator=gen), torch.randn(19, 30, 4, generator=gen)]
+    compiled = _node_outputs(net, rows, cot, True, monkeypatch)
+    reference = _node_outputs(net, rows, cot, False, monkeypatch)
+    for a, b in zip(compiled, reference, strict=True):
+        scale = b.abs().max().item()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * scale)
+
+
+@needs_kernels
+def test_kernels_same_result_on_one_and_two_threads(monkeypatch):
+    """The threads' partial gradients are summed in a fixed order: only the rounding of that
+    sum may differ between thread counts."""
+    net = EmbeddingNet([25, 50, 100], "tanh", False, torch.float64, seed=1)
+    rows = _rows(40, 20, torch.float64, strided=True)
+    gen = torch.Generator().manual_seed(4)
+    cot = [torch.randn(40, 4, 100, generator=gen, dtype=torch.float64)]
+    cot.append(torch.randn(40, 20, 4, generator=gen, dtype=torch.float64))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _node_outputs(net, rows, cot, True, monkeypatch)
+        torch.set_num_threads(2)
+        two = _node_outputs(net, rows, cot, True, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
+
+
+def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    native.kernels.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mdtrain.model.native"):
+            assert native.kernels() is None
+            assert native.kernels() is None
+        warnings = [r for r in caplog.records if "kernels unavailable" in r.getMessage()]
+        assert len(warnings) == 1 and "no-such-compiler" in warnings[0].getMessage()
+        # the model still trains, on the PyTorch path
+        net = EmbeddingNet([4, 8], "tanh", False, torch.float64, seed=0)
+        tmat, _, _ = net.embed_contract(_rows(3, 5, torch.float64, strided=False))
+        tmat.sum().backward()
+        assert net.layers[0].weight.grad is not None
+    finally:
+        native.kernels.cache_clear()
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("MDTRAIN_NATIVE", "0")
+    native.kernels.cache_clear()
+    try:
+        assert native.kernels() is None
+    finally:
+        native.kernels.cache_clear()
+
+
+@needs_kernels
+def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
+    """A second build finds the first; nothing but the library is left in the cache."""
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))
+    first = native._build(os.environ.get("CXX", "c++"))
+    mtime = first.stat().st_mtime_ns
+    second = native._build(os.environ.get("CXX", "c++"))
+    assert first == second and second.stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
