@@ -27,18 +27,23 @@ def test_kernels_build_where_a_compiler_exists():
     assert native.kernels() is not None
 
 
-def _node_outputs(net, rows, cot, use_native, monkeypatch):
-    """T, G, dG/ds, the row gradients, and the parameter gradients of a loss on T and on the
-    row gradients, through the two autograd nodes."""
+def _node_outputs(net, rows, cot, use_native, monkeypatch, used=None):
+    """T, G, dG/ds (as (B, n, M)), the row gradients, and the parameter gradients of a loss on
+    T and on the row gradients, through the two autograd nodes."""
     with monkeypatch.context() as m:
         if not use_native:
             m.setattr(native, "kernels", lambda: None)
         params = fused_params(net.layers)
-        tmat, value, slope = embed_contract(rows, fused_layout(net.layers), params)
+        tmat, value, slope, plan = embed_contract(rows, fused_layout(net.layers), params, used)
+        assert bool(plan) == use_native
         tbar = torch.tanh(tmat)  # a T̄ that depends on the parameters, as in the model
-        rbar = row_grad_fused(tbar, value, slope, rows)
+        rbar = row_grad_fused(tbar, value, slope, rows, plan)
         loss = (cot[0] * tmat).sum() + (cot[1] * rbar).sum()
         grads = torch.autograd.grad(loss, params)
+    if plan and used is None:  # the plan keeps the centres in order: (tape rows, M) is (B, n, M)
+        value, slope = (t.view(rows.shape[0], rows.shape[2], -1) for t in (value, slope))
+    if plan and used is not None:
+        return [tmat.detach(), rbar.detach(), *grads]
     return [tmat.detach(), value.detach(), slope.detach(), rbar.detach(), *grads]
 
 
@@ -72,6 +77,37 @@ def test_kernels_match_pytorch_path_float64(neuron, resnet_dt, nc, n, block_rows
     compiled = _node_outputs(net, rows, cot, True, monkeypatch)
     reference = _node_outputs(net, rows, cot, False, monkeypatch)
     for a, b in zip(compiled, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_kernels
+@pytest.mark.parametrize("block_rows", [512, 12])
+def test_sorted_blocks_skip_padded_slots(block_rows, monkeypatch):
+    """With ``used``, centres are sorted into blocks that evaluate only their own leading slots:
+    T and the parameter gradients equal the PyTorch path's on rows whose other slots are zero
+    (no share of T), and the row gradients of those slots are 0."""
+    monkeypatch.setattr(native, "BLOCK_ROWS", block_rows)
+    net = EmbeddingNet([4, 8, 16], "tanh", True, torch.float64, seed=5)
+    nc, n = 17, 9
+    rows = _rows(nc, n, torch.float64, strided=True)
+    used = torch.randint(0, n + 1, (nc,), generator=torch.Generator().manual_seed(6))
+    gen = torch.Generator().manual_seed(7)
+    cot = [torch.randn(nc, 4, 16, generator=gen, dtype=torch.float64)]
+    cot.append(torch.randn(nc, n, 4, generator=gen, dtype=torch.float64))
+    compiled = _node_outputs(net, rows, cot, True, monkeypatch, used=used)
+    widths = native.plan_blocks(used, nc, n).widths
+    assert (widths >= used).all()
+    if block_rows == 12:  # blocks of one or two centres: some narrower than n
+        assert (widths < n).any()
+    outside = torch.arange(n).view(1, n) >= widths.view(nc, 1)  # (B, n) slots not evaluated
+    cleared = rows.masked_fill(outside.unsqueeze(1), 0.0)
+    cot[1] = cot[1].masked_fill(outside.unsqueeze(-1), 0.0)
+    reference = _node_outputs(net, cleared, cot, False, monkeypatch)
+    tmat, rbar, *grads = compiled
+    torch.testing.assert_close(tmat, reference[0], rtol=1e-12, atol=1e-12)
+    assert (rbar[outside] == 0).all()
+    torch.testing.assert_close(rbar[~outside], reference[3][~outside], rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, reference[4:], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -121,7 +157,7 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, cap
         assert len(warnings) == 1 and "no-such-compiler" in warnings[0].getMessage()
         # the model still trains, on the PyTorch path
         net = EmbeddingNet([4, 8], "tanh", False, torch.float64, seed=0)
-        tmat, _, _ = net.embed_contract(_rows(3, 5, torch.float64, strided=False))
+        tmat, _, _, _ = net.embed_contract(_rows(3, 5, torch.float64, strided=False))
         tmat.sum().backward()
         assert net.layers[0].weight.grad is not None
     finally:

@@ -43,10 +43,12 @@ class ExplicitCache(NamedTuple):
     scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
     tmats: list[Tensor]  # per group: T = Σ R̃ᵀG / nnei, (B, 4, M)
     rows: list[Tensor]  # per group: normalised rows (B, nnei, 4)
-    values: list[Tensor]  # per block: G (B, n, M)
-    slopes: list[Tensor]  # per block: dG/ds (B, n, M)
+    values: list[Tensor]  # per block: G (B, n, M), or (tape rows, M) with a plan
+    slopes: list[Tensor]  # per block: dG/ds, same layout
     owners: list[int]  # per block: its group
     starts: list[int]  # per block: lo
+    widths: list[int]  # per block: n
+    plans: list[list[Tensor]]  # per block: the compiled kernels' BlockPlan, or empty
 
 
 class DescriptorSeA(nn.Module):
@@ -206,20 +208,26 @@ class DescriptorSeA(nn.Module):
         slopes: list[Tensor] = []
         owners: list[int] = []
         starts: list[int] = []
+        widths: list[int] = []
+        plans: list[list[Tensor]] = []
         scale = scale.expand_as(rr)
         if self.type_one_side:
             rows = rr.view(nf * natoms, self.nnei, 4)
             types = atype.repeat(nf)
             tmat, blocks = self._contract_explicit(rows, mask.view(-1, self.nnei), pad, types, -1)
-            values, slopes, owners, starts = blocks
-            cache = ExplicitCache(diff, coef, scale, [tmat], [rows], values, slopes, owners, starts)
+            values, slopes, owners, starts, widths, plans = blocks
+            cache = ExplicitCache(
+                diff, coef, scale, [tmat], [rows], values, slopes, owners, starts, widths, plans
+            )
             return self._descriptor_of_t(tmat).view(nf, natoms, self.dim_out), cache
         out = torch.zeros(nf, natoms, self.dim_out, dtype=rr.dtype, device=rr.device)
         for c in range(self.ntypes):
             idx = torch.nonzero(atype == c).view(-1)
             rows = rr.index_select(1, idx).reshape(-1, self.nnei, 4)
             mask_c = mask.index_select(1, idx).reshape(-1, self.nnei)
-            tmat, (vals, slps, _, los) = self._contract_explicit(rows, mask_c, pad, None, c)
+            tmat, (vals, slps, _, los, ns, pls) = self._contract_explicit(
+                rows, mask_c, pad, None, c
+            )
             out = out.index_copy(1, idx, self._descriptor_of_t(tmat).view(nf, -1, self.dim_out))
             tmats.append(tmat)
             rows_of.append(rows)
@@ -227,7 +235,12 @@ class DescriptorSeA(nn.Module):
             slopes += slps
             owners += [c] * len(los)
             starts += los
-        return out, ExplicitCache(diff, coef, scale, tmats, rows_of, values, slopes, owners, starts)
+            widths += ns
+            plans += pls
+        cache = ExplicitCache(
+            diff, coef, scale, tmats, rows_of, values, slopes, owners, starts, widths, plans
+        )
+        return out, cache
 
     def backward_explicit(
         self, grad: Tensor, cache: ExplicitCache, nlist: Tensor, atype: Tensor
@@ -267,13 +280,13 @@ class DescriptorSeA(nn.Module):
         for b in range(len(cache.owners)):
             if cache.owners[b] != group:
                 continue
-            lo = cache.starts[b]
+            lo, n = cache.starts[b], cache.widths[b]
             value, slope = cache.values[b], cache.slopes[b]
-            n = value.shape[1]
             if lo > col:
                 pieces.append(rows.new_zeros(rows.shape[0], lo - col, 4))
             if self._fused(True):
-                pieces.append(self._row_grad_fused(tbar, value, slope, rows[:, lo : lo + n]))
+                block = rows[:, lo : lo + n]
+                pieces.append(self._row_grad_fused(tbar, value, slope, block, cache.plans[b]))
             else:
                 rbar = torch.bmm(value, tbar_t)  # (B, n, 4)
                 sbar = (torch.bmm(slope, tbar_t) * rows[:, lo : lo + n]).sum(-1, keepdim=True)
@@ -355,22 +368,28 @@ class DescriptorSeA(nn.Module):
         pad: Tensor,
         types: Tensor | None,
         centre: int,
-    ) -> tuple[Tensor, tuple[list[Tensor], list[Tensor], list[int], list[int]]]:
+    ) -> tuple[
+        Tensor,
+        tuple[list[Tensor], list[Tensor], list[int], list[int], list[int], list[list[Tensor]]],
+    ]:
         """``_contract`` for the explicit path: T/nnei (B, 4, M) and the blocks (G, dG/ds,
-        group, first column) for ``ExplicitCache``."""
+        group, first column, width, plan) for ``ExplicitCache``."""
         values: list[Tensor] = []
         slopes: list[Tensor] = []
         owners: list[int] = []
         starts: list[int] = []
+        widths: list[int] = []
+        plans: list[list[Tensor]] = []
         nrows = rr.shape[0]
         rr_cols = rr.transpose(1, 2).contiguous()
         tmat = torch.zeros(nrows, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
         for k, net in enumerate(self.networks):
             lo, hi, mine, n = self._block_columns(k, centre, mask)
+            plan: list[Tensor] = []
             if n > 0:
                 rr_t = rr_cols[:, :, lo : lo + n]
                 if self._fused(net.fused_backward):
-                    t_k, g, dg = net.embed_contract(rr_t)
+                    t_k, g, dg, plan = net.embed_contract(rr_t, self._slots_used(mask, lo, n))
                     tmat = tmat + t_k
                 else:
                     g, dg = net.value_and_derivative(rr_t[:, 0].reshape(-1, 1))
@@ -381,10 +400,34 @@ class DescriptorSeA(nn.Module):
                 slopes.append(dg)
                 owners.append(max(centre, 0))
                 starts.append(lo)
-            if mine and lo + n < hi:  # columns that are padding for every row
+                widths.append(n)
+                plans.append(plan)
+            if mine and len(plan) > 0:  # each row's own padded columns (see embed_contract)
+                first = plan[4]
+                start = int(first.min())
+                if lo + start < hi:
+                    rows = self._pad_rows(pad, lo + start, hi, centre)
+                    g = net(rows[:, :, 0].reshape(-1, 1))
+                    tmat = tmat + self._padded_share(rows, g, first - start, types)
+            elif mine and lo + n < hi:  # columns that are padding for every row
                 rows = self._pad_rows(pad, lo + n, hi, centre)
                 tmat = tmat + self._tail(rows, net(rows[:, :, 0].reshape(-1, 1)), types)
-        return tmat / self.nnei, (values, slopes, owners, starts)
+        return tmat / self.nnei, (values, slopes, owners, starts, widths, plans)
+
+    @staticmethod
+    def _slots_used(mask: Tensor, lo: int, n: int) -> Tensor:
+        """Per row, one past its last real slot among columns lo : lo + n."""
+        col = torch.arange(1, n + 1, device=mask.device)
+        return (mask[:, lo : lo + n] * col).amax(dim=1)
+
+    def _padded_share(self, rows: Tensor, g: Tensor, first: Tensor, types: Tensor | None) -> Tensor:
+        """Σ R̃ᵀG over each row's padded columns (B, 4, M), given the padded rows (types, cols,
+        4) of the columns from the first one any row needs, G of them, and each row's first
+        column ``first`` (B,) among them: per centre type, the terms summed from the right."""
+        terms = rows.unsqueeze(-1) * g.view(rows.shape[0], rows.shape[1], 1, -1)
+        suffix = torch.cat([terms.flip(1).cumsum(1).flip(1), torch.zeros_like(terms[:, :1])], 1)
+        kind = types if types is not None else torch.zeros_like(first)
+        return suffix[kind, first.to(kind.device)]
 
     def _pad_rows(self, pad: Tensor, lo: int, hi: int, centre: int) -> Tensor:
         """Normalised rows of padded slots lo:hi per centre type (one type, or all for -1)."""
@@ -417,8 +460,10 @@ class DescriptorSeA(nn.Module):
         return self.fused_nodes and net_allows
 
     @torch.jit.unused
-    def _row_grad_fused(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
-        return row_grad_fused(tbar, value, slope, rows.transpose(1, 2))
+    def _row_grad_fused(
+        self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan: list[Tensor]
+    ) -> Tensor:
+        return row_grad_fused(tbar, value, slope, rows.transpose(1, 2), plan)
 
     def _descriptor_of_t(self, t: Tensor) -> Tensor:
         """T/nnei (B, 4, M) -> D (B, M·axis)."""

@@ -23,16 +23,31 @@ def value_and_slope(s: Tensor, layout: tuple, params: list[Tensor]) -> tuple[Ten
     return _ValueAndSlope.apply(s, layout, *params)
 
 
-def embed_contract(rows: Tensor, layout: tuple, params: list[Tensor]):
-    """``(Σ_j R̃_jᵀ G(s_j), G, dG/ds)`` for rows (B, 4, n) with ``s = rows[:, 0]``."""
-    return _EmbedContract.apply(rows, layout, *params)
+def embed_contract(rows: Tensor, layout: tuple, params: list[Tensor], used: Tensor | None = None):
+    """``(T, G, dG/ds, plan)`` for rows (B, 4, n) with ``s = rows[:, 0]``, T = Σ_j R̃_jᵀ G(s_j).
+
+    With the compiled kernels (``mdtrain.model.native``), ``plan`` (a ``BlockPlan`` as a list
+    of tensors) says which slots were evaluated: the first ``plan.widths[c]`` of centre c, after
+    sorting centres by ``used`` (B,), the slots each needs. T then lacks the share of the other
+    slots, which are padding, and G, dG/ds are (tape rows, M) in the plan's order. Otherwise
+    ``plan`` is empty, every slot is evaluated, and G, dG/ds are (B, n, M).
+    """
+    kernels = native.kernels()
+    plan = None
+    if kernels is not None and kernels.supports(rows, *params):
+        plan = native.plan_blocks(used, rows.shape[0], rows.shape[2])
+    tmat, value, slope = _EmbedContract.apply(rows, plan, layout, *params)
+    return tmat, value, slope, [] if plan is None else list(plan)
 
 
-def row_grad_fused(tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
-    """dE/dR̃ (B, n, 4) = ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` for rows (B, 4, n): the
-    ``_RowGrad`` node (eager only), whose backward hands its gradient to the
-    ``_EmbedContract`` node that made G and G' in factored form."""
-    return _RowGrad.apply(tbar, value, slope, rows)
+def row_grad_fused(
+    tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan: list[Tensor]
+) -> Tensor:
+    """dE/dR̃ (B, n, 4) = ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` for rows (B, 4, n) and the
+    ``plan`` of ``embed_contract`` (0 on slots it did not evaluate): the ``_RowGrad`` node
+    (eager only), whose backward hands its gradient to the ``_EmbedContract`` node that made G
+    and G' in factored form."""
+    return _RowGrad.apply(tbar, value, slope, rows, native.BlockPlan(*plan) if plan else None)
 
 
 def add_cross_product(total: Tensor, left: Tensor, right: Tensor) -> None:
@@ -236,31 +251,29 @@ class _EmbedContract(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, rows: Tensor, layout: tuple, *params: Tensor):
+    def forward(ctx, rows: Tensor, plan, layout: tuple, *params: Tensor):
         nc, n = rows.shape[0], rows.shape[2]
-        s = rows[:, 0, :].reshape(-1, 1)
+        s = rows[:, 0, :].reshape(-1, 1) if plan is None else rows.new_empty(plan.rows, 1)
         tape = _Tape(s, layout, params)
         m = tape.value.shape[1]
         tmat = rows.new_empty(nc, 4, m)
-        kernels = native.kernels()
-        ctx.native = kernels is not None and kernels.supports(rows, *params)
-        if ctx.native:
-            per = native.centres_per_block(nc, n)
-            kernels.embed_forward(rows, layout, params, tape, tmat, per)
+        ctx.plan = plan
+        if plan is not None:
+            native.kernels().embed_forward(rows, layout, params, tape, plan, tmat)
         else:
-            per = max(1, tape.block // n)
-            for c0 in range(0, nc, per):
-                c1 = min(c0 + per, nc)
+            ctx.centres = max(1, tape.block // n)
+            for c0 in range(0, nc, ctx.centres):
+                c1 = min(c0 + ctx.centres, nc)
                 tape.forward_rows(c0 * n, c1 * n)
                 g = tape.value[c0 * n : c1 * n].view(c1 - c0, n, m)
                 torch.bmm(rows[c0:c1], g, out=tmat[c0:c1])
-        ctx.layout, ctx.centres = layout, per
+        ctx.layout = layout
         ctx.row_grad = None
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(rows, s, *params, *tape.saved_tensors())
-        value = tape.value.view(nc, n, m)
-        slope = tape.slope.view(nc, n, m)
-        return tmat, value, slope
+        if plan is not None:
+            return tmat, tape.value, tape.slope
+        return tmat, tape.value.view(nc, n, m), tape.slope.view(nc, n, m)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -272,17 +285,15 @@ class _EmbedContract(torch.autograd.Function):
         nc, n = rows.shape[0], rows.shape[2]
         m = tape.value.shape[1]
         row_grad, ctx.row_grad = ctx.row_grad, None
-        per = ctx.centres
-        if ctx.native:
+        if ctx.plan is not None:
             z, tbar = (None, None) if row_grad is None else (row_grad[0], row_grad[2])
             cotangents = [_dense(c) for c in (tbar_t, gv, gs, z, tbar)]
             native.kernels().embed_backward(
-                rows, ctx.layout, tape.params, tape, cotangents, grads, per
+                rows, ctx.layout, tape.params, tape, ctx.plan, cotangents, grads
             )
-            return (None, None, *grads)
+            return (None, None, None, *grads)
+        per = ctx.centres
         rows_t = rows.transpose(1, 2)  # (B, n, 4)
-        if row_grad is not None and row_grad[1] is None:
-            row_grad = (row_grad[0], rows_t * row_grad[0][:, :, :1], row_grad[2])
         for c0 in range(0, nc, per):
             c1 = min(c0 + per, nc)
             shape = (c1 - c0, n, m)
@@ -300,7 +311,7 @@ class _EmbedContract(torch.autograd.Function):
             if gs is not None:
                 gdy += gs[c0:c1]
             tape.backward_rows(c0 * n, c1 * n, gy.view(-1, m), gdy.view(-1, m), grads)
-        return (None, None, *grads)
+        return (None, None, None, *grads)
 
 
 class _RowGrad(torch.autograd.Function):
@@ -308,12 +319,11 @@ class _RowGrad(torch.autograd.Function):
     ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` with G, G' from ``_EmbedContract`` (its outputs)."""
 
     @staticmethod
-    def forward(ctx, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
-        kernels = native.kernels()
-        ctx.native = kernels is not None and kernels.supports(tbar, value, slope, rows)
-        if ctx.native:
+    def forward(ctx, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
+        ctx.plan = plan
+        if plan is not None:
             tbar = tbar.contiguous()
-            rbar = kernels.row_grad(tbar, value.contiguous(), slope.contiguous(), rows)
+            rbar = native.kernels().row_grad(tbar, value, slope, rows, plan)
         else:
             tbar_t = tbar.transpose(1, 2)
             rbar = torch.bmm(value, tbar_t)
@@ -327,20 +337,20 @@ class _RowGrad(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, z: Tensor):
         tbar, value, slope, rows = ctx.saved_tensors
-        zr = None
-        if ctx.native:
-            z = z.contiguous()
-            tbar_grad = native.kernels().row_grad_tbar(
-                z, value.contiguous(), slope.contiguous(), rows
-            )
-        else:
-            zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
-            tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
         producer = ctx.producer
-        if producer is not None and isinstance(producer, _EmbedContract._backward_cls):
+        to_producer = producer is not None and isinstance(producer, _EmbedContract._backward_cls)
+        if ctx.plan is not None:
+            z = z.contiguous()
+            tbar_grad = native.kernels().row_grad_tbar(z, value, slope, rows, ctx.plan)
+            if not to_producer:
+                raise RuntimeError("compiled row gradients need G and dG/ds from embed_contract")
+            producer.row_grad = (z, None, tbar)
+            return tbar_grad, None, None, None, None
+        zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
+        tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
+        if to_producer:
             producer.row_grad = (z, zr, tbar)
-            return tbar_grad, None, None, None
-        zr = rows.transpose(1, 2) * z[:, :, :1] if zr is None else zr
+            return tbar_grad, None, None, None, None
         gv = torch.bmm(z, tbar)
         gs = torch.bmm(zr, tbar)
-        return tbar_grad, gv, gs, None
+        return tbar_grad, gv, gs, None, None

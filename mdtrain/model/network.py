@@ -196,11 +196,14 @@ class EmbeddingNet(nn.Module):
         return fused_embedding.value_and_slope(s, layout, params)
 
     @torch.jit.unused
-    def embed_contract(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(Σ_j R̃_jᵀ G(s_j), G, dG/ds)`` for rows (B, 4, n), ``s = rows[:, 0]``, as one
-        autograd node (eager only; see ``mdtrain.model.fused_embedding``)."""
+    def embed_contract(
+        self, rows: Tensor, used: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+        """``(Σ_j R̃_jᵀ G(s_j), G, dG/ds, plan)`` for rows (B, 4, n), ``s = rows[:, 0]``, as one
+        autograd node (eager only; see ``mdtrain.model.fused_embedding.embed_contract``, also
+        for ``used`` and the plan)."""
         layout, params = fused_layout(self.layers), fused_params(self.layers)
-        return fused_embedding.embed_contract(rows, layout, params)
+        return fused_embedding.embed_contract(rows, layout, params, used)
 
     def value_and_derivative_ops(self, s: Tensor) -> tuple[Tensor, Tensor]:
         """``value_and_derivative`` as plain operations (differentiable any number of times)."""

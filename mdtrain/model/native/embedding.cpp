@@ -9,8 +9,13 @@
 // fused elementwise loops, so that a block stays in the core's cache and the two cores never wait
 // on each other between operations.
 //
-// Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj]; tape buffers and
-// G, dG/ds are row-major (centres·slots, width); T and T̄ are (centres, 4, M).
+// Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj]; T and T̄ are
+// (centres, 4, M); the row gradients and their cotangent Z are (centres, n, 4). The net runs on
+// blocks of a plan (built in native.py): block b holds the centres order[start[b] : start[b+1]]
+// and evaluates their first width[b] slots, as tape rows row0[b] + (centre's place in the
+// block)·width[b] + slot. Centres sorted by neighbour count share blocks with others of nearly
+// the same count, so few padded slots are evaluated; the slots past a block's width are padding
+// for all its centres, and their share of T is added by the caller.
 
 #include <omp.h>
 
@@ -125,36 +130,55 @@ struct Rows {
   T at(i64 c, int a, i64 j) const { return p[c * rc + a * ra + j * rj]; }
 };
 
-// One block of centres [c0, c1) through every layer (value and tangent), then T for each centre.
+struct Plan {
+  const i64* order;
+  const i64* start;
+  const i64* width;
+  const i64* row0;
+  i64 blocks;
+  // Blocks are dealt to the threads in a snake order (0 1 1 0 0 1 ...): sorted blocks shrink
+  // steadily, and the snake evens out the threads' shares. Fixed, so results repeat exactly.
+  bool mine(i64 b, int me, int team) const {
+    const i64 k = b % team;
+    return ((b / team) % 2 ? team - 1 - k : k) == me;
+  }
+};
+
+// One block through every layer (value and tangent), then T of each of its centres.
 template <typename T>
-void forward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1, T* tmat,
+void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T* tmat,
                    const std::vector<T>& ones) {
-  const i64 r0 = c0 * n, nr = (c1 - c0) * n;
-  for (int l = 0; l < net.layers; ++l) {
+  const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
+  const i64 nr = nb * w;
+  for (int l = 0; l < net.layers && nr > 0; ++l) {
     const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
-    const T* w = net.w[l];
-    const T* b = net.b[l];
+    const T* wt = net.w[l];
+    const T* bias = net.b[l];
     const T* sc = net.idt[l] ? net.idt[l] : ones.data();
     T* t = net.ts[l] + r0 * no;
     T* y = net.outs[l] + r0 * no;
     T* dy = net.douts[l] + r0 * no;
     if (l == 0) {  // input s (one column), tangent 1
-      for (i64 i = 0; i < nr; ++i) {
-        const T s = R.at(c0 + i / n, 0, i % n);
-        T* ti = t + i * no;
-        T* yi = y + i * no;
-        T* dyi = dy + i * no;
+      for (i64 q = 0; q < nb; ++q) {
+        const i64 c = P.order[p0 + q];
+        for (i64 j = 0; j < w; ++j) {
+          const T s = R.at(c, 0, j);
+          const i64 i = q * w + j;
+          T* ti = t + i * no;
+          T* yi = y + i * no;
+          T* dyi = dy + i * no;
 #pragma omp simd
-        for (int k = 0; k < no; ++k) {
-          const T tk = tanh_of(T(s * w[k] + b[k]));
-          ti[k] = tk;
-          yi[k] = tk * sc[k];
-          dyi[k] = w[k] * (T(1) - tk * tk) * sc[k];
-        }
-        if (sk != 0) {  // n_in == 1: the skip adds s, its tangent 1, to every output
           for (int k = 0; k < no; ++k) {
-            yi[k] += s;
-            dyi[k] += T(1);
+            const T tk = tanh_of(T(s * wt[k] + bias[k]));
+            ti[k] = tk;
+            yi[k] = tk * sc[k];
+            dyi[k] = wt[k] * (T(1) - tk * tk) * sc[k];
+          }
+          if (sk != 0) {  // n_in == 1: the skip adds s, its tangent 1, to every output
+            for (int k = 0; k < no; ++k) {
+              yi[k] += s;
+              dyi[k] += T(1);
+            }
           }
         }
       }
@@ -163,8 +187,8 @@ void forward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1, T
     const T* x = net.outs[l - 1] + r0 * ni;
     const T* dx = net.douts[l - 1] + r0 * ni;
     T* da = net.das[l] + r0 * no;
-    gemm(false, false, int(nr), no, ni, T(1), x, ni, w, no, T(0), t, no);
-    gemm(false, false, int(nr), no, ni, T(1), dx, ni, w, no, T(0), da, no);
+    gemm(false, false, int(nr), no, ni, T(1), x, ni, wt, no, T(0), t, no);
+    gemm(false, false, int(nr), no, ni, T(1), dx, ni, wt, no, T(0), da, no);
     for (i64 i = 0; i < nr; ++i) {
       T* ti = t + i * no;
       T* yi = y + i * no;
@@ -172,7 +196,7 @@ void forward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1, T
       const T* dai = da + i * no;
 #pragma omp simd
       for (int k = 0; k < no; ++k) {
-        const T tk = tanh_of(T(ti[k] + b[k]));
+        const T tk = tanh_of(T(ti[k] + bias[k]));
         ti[k] = tk;
         yi[k] = tk * sc[k];
         dyi[k] = dai[k] * (T(1) - tk * tk) * sc[k];
@@ -189,13 +213,13 @@ void forward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1, T
     }
   }
   const int m = net.n_out[net.layers - 1];
-  const T* g = net.outs[net.layers - 1];
-  for (i64 c = c0; c < c1; ++c) {
+  const T* g = net.outs[net.layers - 1] + r0 * m;
+  for (i64 q = 0; q < nb; ++q) {
+    const i64 c = P.order[p0 + q];
     T* out = tmat + c * 4 * m;
     std::fill(out, out + 4 * m, T(0));
-    const T* gc = g + c * n * m;
-    for (i64 j = 0; j < n; ++j) {
-      const T* gj = gc + j * m;
+    for (i64 j = 0; j < w; ++j) {
+      const T* gj = g + (q * w + j) * m;
       for (int a = 0; a < 4; ++a) {
         const T r = R.at(c, a, j);
         T* oa = out + a * m;
@@ -213,27 +237,43 @@ struct Scratch {
   std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
 };
 
-// Cotangents of the block's last-layer outputs: ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ, dȳ = z₀(R̃ᵀT̄) + dḠ.
+// The cotangents the backward starts from (any may be null): T̄_T (nc, 4, M) of T; Ḡ, dḠ (tape
+// rows, M) of G and dG/ds; and, in factored form from the row-gradient node, Z (nc, n, 4) with
+// T̄ (nc, 4, M).
 template <typename T>
-void entry_cotangents(const Rows<T>& R, i64 n, int m, i64 c0, i64 c1, const T* tbar_t,
-                      const T* gv, const T* gs, const T* z, const T* tbar, T* gy, T* gdy) {
-  for (i64 c = c0; c < c1; ++c) {
-    for (i64 j = 0; j < n; ++j) {
-      const i64 i = (c - c0) * n + j;
+struct Cotangents {
+  const T* tbar_t;
+  const T* gv;
+  const T* gs;
+  const T* z;
+  const T* tbar;
+  i64 n;  // slot columns of Z
+};
+
+// ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ and dȳ = z₀(R̃ᵀT̄) + dḠ on the block's rows.
+template <typename T>
+void entry_cotangents(const Rows<T>& R, const Plan& P, i64 b, int m, const Cotangents<T>& in,
+                      T* gy, T* gdy) {
+  const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
+  for (i64 q = 0; q < nb; ++q) {
+    const i64 c = P.order[p0 + q];
+    for (i64 j = 0; j < w; ++j) {
+      const i64 i = q * w + j;
       T* gyi = gy + i * m;
       T* gdyi = gdy + i * m;
       std::fill(gyi, gyi + m, T(0));
       std::fill(gdyi, gdyi + m, T(0));
       for (int a = 0; a < 4; ++a) {
         const T r = R.at(c, a, j);
-        if (tbar_t) {
-          const T* ta = tbar_t + (c * 4 + a) * m;
+        if (in.tbar_t) {
+          const T* ta = in.tbar_t + (c * 4 + a) * m;
 #pragma omp simd
           for (int k = 0; k < m; ++k) gyi[k] += r * ta[k];
         }
-        if (z) {
-          const T za = z[(c * n + j) * 4 + a], zr = r * z[(c * n + j) * 4];
-          const T* ta = tbar + (c * 4 + a) * m;
+        if (in.z) {
+          const T* zj = in.z + (c * in.n + j) * 4;
+          const T za = zj[a], zr = r * zj[0];
+          const T* ta = in.tbar + (c * 4 + a) * m;
 #pragma omp simd
           for (int k = 0; k < m; ++k) {
             gyi[k] += za * ta[k];
@@ -241,13 +281,13 @@ void entry_cotangents(const Rows<T>& R, i64 n, int m, i64 c0, i64 c1, const T* t
           }
         }
       }
-      if (gv) {
-        const T* g = gv + (c * n + j) * m;
+      if (in.gv) {
+        const T* g = in.gv + (r0 + i) * m;
 #pragma omp simd
         for (int k = 0; k < m; ++k) gyi[k] += g[k];
       }
-      if (gs) {
-        const T* g = gs + (c * n + j) * m;
+      if (in.gs) {
+        const T* g = in.gs + (r0 + i) * m;
 #pragma omp simd
         for (int k = 0; k < m; ++k) gdyi[k] += g[k];
       }
@@ -256,9 +296,10 @@ void entry_cotangents(const Rows<T>& R, i64 n, int m, i64 c0, i64 c1, const T* t
 }
 
 template <typename T>
-void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
+void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
                     const int* offsets, Scratch<T>& sc, const std::vector<T>& ones) {
-  const i64 r0 = c0 * n, nr = (c1 - c0) * n;
+  const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
+  const i64 nr = nb * w;
   T* gy = sc.gy.data();
   T* gdy = sc.gdy.data();
   T* gx = sc.gx.data();
@@ -267,7 +308,7 @@ void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
   T* dabar = sc.dabar.data();
   for (int l = net.layers - 1; l >= 0; --l) {
     const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
-    const T* w = net.w[l];
+    const T* wt = net.w[l];
     const T* idt = net.idt[l];
     const T* scale = idt ? idt : ones.data();
     const T* t = net.ts[l] + r0 * no;
@@ -276,7 +317,7 @@ void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
     T* gidt = idt ? gb + no : nullptr;
     for (i64 i = 0; i < nr; ++i) {
       const T* ti = t + i * no;
-      const T* dai = l == 0 ? w : net.das[l] + (r0 + i) * no;
+      const T* dai = l == 0 ? wt : net.das[l] + (r0 + i) * no;
       const T* gyi = gy + i * no;
       const T* gdyi = gdy + i * no;
       T* ai = abar + i * no;
@@ -296,13 +337,20 @@ void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
       }
 #pragma omp simd
       for (int k = 0; k < no; ++k) gb[k] += ai[k];
-      if (l == 0) {  // x = s, dx = 1
-        const T s = R.at(c0 + i / n, 0, i % n);
-#pragma omp simd
-        for (int k = 0; k < no; ++k) gw[k] += s * ai[k] + dai_bar[k];
-      }
     }
-    if (l == 0) break;  // the inputs s get no gradient on this path
+    if (l == 0) {  // x = s, dx = 1; the inputs s get no gradient on this path
+      for (i64 q = 0; q < nb; ++q) {
+        const i64 c = P.order[p0 + q];
+        for (i64 j = 0; j < w; ++j) {
+          const T s = R.at(c, 0, j);
+          const T* ai = abar + (q * w + j) * no;
+          const T* di = dabar + (q * w + j) * no;
+#pragma omp simd
+          for (int k = 0; k < no; ++k) gw[k] += s * ai[k] + di[k];
+        }
+      }
+      break;
+    }
     const T* x = net.outs[l - 1] + r0 * ni;
     const T* dx = net.douts[l - 1] + r0 * ni;
     gemm(true, false, ni, no, int(nr), T(1), x, ni, abar, no, T(1), gw, no);
@@ -323,8 +371,8 @@ void backward_block(const Net<T>& net, const Rows<T>& R, i64 n, i64 c0, i64 c1,
         }
       }
     }
-    gemm(false, true, int(nr), ni, no, T(1), abar, no, w, no, T(1), gx, ni);
-    gemm(false, true, int(nr), ni, no, T(1), dabar, no, w, no, T(1), gdx, ni);
+    gemm(false, true, int(nr), ni, no, T(1), abar, no, wt, no, T(1), gx, ni);
+    gemm(false, true, int(nr), ni, no, T(1), dabar, no, wt, no, T(1), gdx, ni);
     std::swap(gy, gx);
     std::swap(gdy, gdx);
   }
@@ -363,28 +411,21 @@ Net<T> make_net(int layers, const int* n_in, const int* n_out, const int* skip, 
 }
 
 template <typename T>
-int forward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<T>& net,
-            void* tmat, i64 per, int threads) {
-  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int threads) {
   const std::vector<T> ones(widest(net.n_out, net.layers), T(1));
-  const i64 blocks = (nc + per - 1) / per;
 #pragma omp parallel num_threads(threads)
   {
     ThreadsScope scope;
-#pragma omp for schedule(static, 1)
-    for (i64 blk = 0; blk < blocks; ++blk) {
-      const i64 c0 = blk * per, c1 = c0 + per < nc ? c0 + per : nc;
-      forward_block(net, R, n, c0, c1, static_cast<T*>(tmat), ones);
-    }
+    const int me = omp_get_thread_num(), team = omp_get_num_threads();
+    for (i64 b = 0; b < P.blocks; ++b)
+      if (P.mine(b, me, team)) forward_block(net, R, P, b, static_cast<T*>(tmat), ones);
   }
   return 0;
 }
 
 template <typename T>
-int backward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<T>& net,
-             const void* tbar_t, const void* gv, const void* gs, const void* z, const void* tbar,
-             void* const* grads, i64 per, int threads) {
-  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
+int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangents<T>& in,
+             void* const* grads, int threads) {
   const int m = net.n_out[net.layers - 1];
   const int width = widest(net.n_out, net.layers);
   const std::vector<T> ones(width, T(1));
@@ -392,22 +433,24 @@ int backward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<
   for (int l = 0; l < net.layers; ++l)
     offsets[l + 1] =
         offsets[l] + net.n_in[l] * net.n_out[l] + net.n_out[l] * (net.idt[l] ? 2 : 1);
-  const i64 blocks = (nc + per - 1) / per;
+  i64 rows_max = 0;
+  for (i64 b = 0; b < P.blocks; ++b) {
+    const i64 nr = (P.start[b + 1] - P.start[b]) * P.width[b];
+    rows_max = nr > rows_max ? nr : rows_max;
+  }
   std::vector<Scratch<T>> scratch(threads);
   for (auto& sc : scratch) sc.grads.assign(offsets[net.layers], T(0));
 #pragma omp parallel num_threads(threads)
   {
     ThreadsScope scope;
-    Scratch<T>& sc = scratch[omp_get_thread_num()];
-    const size_t rows_max = size_t(per * n) * width;
-    for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar}) v->resize(rows_max);
-#pragma omp for schedule(static, 1)
-    for (i64 blk = 0; blk < blocks; ++blk) {
-      const i64 c0 = blk * per, c1 = c0 + per < nc ? c0 + per : nc;
-      entry_cotangents(R, n, m, c0, c1, static_cast<const T*>(tbar_t), static_cast<const T*>(gv),
-                       static_cast<const T*>(gs), static_cast<const T*>(z),
-                       static_cast<const T*>(tbar), sc.gy.data(), sc.gdy.data());
-      backward_block(net, R, n, c0, c1, offsets.data(), sc, ones);
+    const int me = omp_get_thread_num(), team = omp_get_num_threads();
+    Scratch<T>& sc = scratch[me];
+    for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
+      v->resize(size_t(rows_max) * width);
+    for (i64 b = 0; b < P.blocks; ++b) {
+      if (!P.mine(b, me, team) || P.width[b] == 0) continue;
+      entry_cotangents(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
+      backward_block(net, R, P, b, offsets.data(), sc, ones);
     }
   }
   // Partials summed in thread order: the same result for the same thread count.
@@ -426,22 +469,33 @@ int backward(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj, const Net<
   return 0;
 }
 
-// dE/dR̃ (nc, n, 4) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0] for one block of slot columns.
+// Calls f(centre, its first tape row, its width) for every centre of the plan, each block on
+// the thread the other kernels give it.
+template <typename F>
+void each_centre(const Plan& P, int threads, F f) {
+#pragma omp parallel num_threads(threads)
+  {
+    const int me = omp_get_thread_num(), team = omp_get_num_threads();
+    for (i64 b = 0; b < P.blocks; ++b) {
+      if (!P.mine(b, me, team)) continue;
+      const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b];
+      for (i64 q = 0; q < nb; ++q) f(P.order[p0 + q], P.row0[b] + q * w, w);
+    }
+  }
+}
+
+// dE/dR̃ (nc, n, 4) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0] on the evaluated slots, 0 on the others.
 template <typename T>
-int row_grad(i64 nc, i64 n, int m, const void* tbar_p, const void* value_p, const void* slope_p,
-             const void* rows, i64 rc, i64 ra, i64 rj, void* out_p, int threads) {
-  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
-  const T* tbar = static_cast<const T*>(tbar_p);
-  const T* value = static_cast<const T*>(value_p);
-  const T* slope = static_cast<const T*>(slope_p);
-  T* out = static_cast<T*>(out_p);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (i64 c = 0; c < nc; ++c) {
+int row_grad(const Rows<T>& R, const Plan& P, i64 n, int m, const T* tbar, const T* value,
+             const T* slope, T* out, int threads) {
+  each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
     const T* tc = tbar + c * 4 * m;
-    for (i64 j = 0; j < n; ++j) {
-      const T* g = value + (c * n + j) * m;
-      const T* d = slope + (c * n + j) * m;
-      T* o = out + (c * n + j) * 4;
+    T* oc = out + c * n * 4;
+    std::fill(oc + w * 4, oc + n * 4, T(0));
+    for (i64 j = 0; j < w; ++j) {
+      const T* g = value + (r0 + j) * m;
+      const T* d = slope + (r0 + j) * m;
+      T* o = oc + j * 4;
       T sbar = 0;
       for (int a = 0; a < 4; ++a) {
         const T* ta = tc + a * m;
@@ -456,26 +510,21 @@ int row_grad(i64 nc, i64 n, int m, const void* tbar_p, const void* value_p, cons
       }
       o[0] += sbar;
     }
-  }
+  });
   return 0;
 }
 
-// T̄ of row_grad's backward: Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j per centre, (nc, 4, M).
+// T̄ (nc, 4, M) of row_grad's backward for the cotangent Z (nc, n, 4):
+// Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j over each centre's evaluated slots.
 template <typename T>
-int row_grad_tbar(i64 nc, i64 n, int m, const void* z_p, const void* value_p, const void* slope_p,
-                  const void* rows, i64 rc, i64 ra, i64 rj, void* out_p, int threads) {
-  const Rows<T> R{static_cast<const T*>(rows), rc, ra, rj};
-  const T* z = static_cast<const T*>(z_p);
-  const T* value = static_cast<const T*>(value_p);
-  const T* slope = static_cast<const T*>(slope_p);
-  T* out = static_cast<T*>(out_p);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (i64 c = 0; c < nc; ++c) {
+int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, const T* value,
+                  const T* slope, T* out, int threads) {
+  each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
     T* oc = out + c * 4 * m;
     std::fill(oc, oc + 4 * m, T(0));
-    for (i64 j = 0; j < n; ++j) {
-      const T* g = value + (c * n + j) * m;
-      const T* d = slope + (c * n + j) * m;
+    for (i64 j = 0; j < w; ++j) {
+      const T* g = value + (r0 + j) * m;
+      const T* d = slope + (r0 + j) * m;
       const T* zj = z + (c * n + j) * 4;
       for (int a = 0; a < 4; ++a) {
         const T za = zj[a], zr = R.at(c, a, j) * zj[0];
@@ -484,7 +533,7 @@ int row_grad_tbar(i64 nc, i64 n, int m, const void* z_p, const void* value_p, co
         for (int k = 0; k < m; ++k) oa[k] += za * g[k] + zr * d[k];
       }
     }
-  }
+  });
   return 0;
 }
 
@@ -492,7 +541,7 @@ int row_grad_tbar(i64 nc, i64 n, int m, const void* z_p, const void* value_p, co
 
 extern "C" {
 
-int mdt_abi_version() { return 1; }
+int mdt_abi_version() { return 2; }
 
 void mdt_set_blas(void* dgemm, void* sgemm, void* set_local_threads) {
   g_dgemm = reinterpret_cast<dgemm_fn>(dgemm);
@@ -500,33 +549,42 @@ void mdt_set_blas(void* dgemm, void* sgemm, void* set_local_threads) {
   g_set_local_threads = reinterpret_cast<set_local_threads_fn>(set_local_threads);
 }
 
+#define MDT_ROWS_ARGS const void *rows, i64 rc, i64 ra, i64 rj
+#define MDT_ROWS(T) Rows<T>{static_cast<const T*>(rows), rc, ra, rj}
+#define MDT_PLAN_ARGS const i64 *order, const i64 *start, const i64 *width, const i64 *row0, i64 blocks
+#define MDT_PLAN Plan{order, start, width, row0, blocks}
 #define MDT_NET_ARGS                                                                         \
   int layers, const int *n_in, const int *n_out, const int *skip, void *const *w,            \
       void *const *b, void *const *idt, void *const *ts, void *const *outs, void *const *douts, \
       void *const *das
 #define MDT_NET(T) make_net<T>(layers, n_in, n_out, skip, w, b, idt, ts, outs, douts, das)
 
-#define MDT_EXPORT(T, suffix)                                                                  \
-  int mdt_embed_forward_##suffix(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj,      \
-                                 MDT_NET_ARGS, void* tmat, i64 per, int threads) {             \
-    return forward<T>(nc, n, rows, rc, ra, rj, MDT_NET(T), tmat, per, threads);                \
-  }                                                                                            \
-  int mdt_embed_backward_##suffix(i64 nc, i64 n, const void* rows, i64 rc, i64 ra, i64 rj,     \
-                                  MDT_NET_ARGS, const void* tbar_t, const void* gv,            \
-                                  const void* gs, const void* z, const void* tbar,             \
-                                  void* const* grads, i64 per, int threads) {                  \
-    return backward<T>(nc, n, rows, rc, ra, rj, MDT_NET(T), tbar_t, gv, gs, z, tbar, grads,    \
-                       per, threads);                                                          \
-  }                                                                                            \
-  int mdt_row_grad_##suffix(i64 nc, i64 n, int m, const void* tbar, const void* value,         \
-                            const void* slope, const void* rows, i64 rc, i64 ra, i64 rj,       \
-                            void* out, int threads) {                                          \
-    return row_grad<T>(nc, n, m, tbar, value, slope, rows, rc, ra, rj, out, threads);          \
-  }                                                                                            \
-  int mdt_row_grad_tbar_##suffix(i64 nc, i64 n, int m, const void* z, const void* value,       \
-                                 const void* slope, const void* rows, i64 rc, i64 ra, i64 rj,  \
-                                 void* out, int threads) {                                     \
-    return row_grad_tbar<T>(nc, n, m, z, value, slope, rows, rc, ra, rj, out, threads);        \
+#define MDT_EXPORT(T, suffix)                                                                 \
+  int mdt_embed_forward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, void* tmat,      \
+                                 int threads) {                                               \
+    return forward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, tmat, threads);                      \
+  }                                                                                           \
+  int mdt_embed_backward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, i64 n,          \
+                                  const void* tbar_t, const void* gv, const void* gs,         \
+                                  const void* z, const void* tbar, void* const* grads,        \
+                                  int threads) {                                              \
+    const Cotangents<T> in{static_cast<const T*>(tbar_t), static_cast<const T*>(gv),          \
+                           static_cast<const T*>(gs),     static_cast<const T*>(z),           \
+                           static_cast<const T*>(tbar),   n};                                 \
+    return backward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads);                \
+  }                                                                                           \
+  int mdt_row_grad_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* tbar,     \
+                            const void* value, const void* slope, void* out, int threads) {   \
+    return row_grad<T>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(tbar),              \
+                       static_cast<const T*>(value), static_cast<const T*>(slope),            \
+                       static_cast<T*>(out), threads);                                        \
+  }                                                                                           \
+  int mdt_row_grad_tbar_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* z,   \
+                                 const void* value, const void* slope, void* out,             \
+                                 int threads) {                                               \
+    return row_grad_tbar<T>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(z),            \
+                            static_cast<const T*>(value), static_cast<const T*>(slope),       \
+                            static_cast<T*>(out), threads);                                   \
   }
 
 MDT_EXPORT(double, f64)
