@@ -27,6 +27,18 @@ def test_kernels_build_where_a_compiler_exists():
     assert native.kernels() is not None
 
 
+@pytest.fixture(params=["torch", "openblas"])
+def blas(request):
+    """The kernels' products on torch's BLAS, then on numpy's OpenBLAS (where usable)."""
+    kernels = native.kernels()
+    if request.param == "openblas" and native._numpy_openblas() is None:
+        pytest.skip("numpy's OpenBLAS is not usable here")
+    before = kernels.blas
+    kernels.blas = kernels.use_blas(request.param)
+    yield request.param
+    kernels.blas = kernels.use_blas(before)
+
+
 def _node_outputs(net, rows, cot, use_native, monkeypatch, used=None):
     """T, G, dG/ds (as (B, n, M)), the row gradients, and the parameter gradients of a loss on
     T and on the row gradients, through the two autograd nodes."""
@@ -66,7 +78,9 @@ def _rows(nc: int, n: int, dtype: torch.dtype, strided: bool) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("nc, n, block_rows", [(13, 7, 512), (13, 7, 10), (1, 1, 512), (5, 40, 64)])
-def test_kernels_match_pytorch_path_float64(neuron, resnet_dt, nc, n, block_rows, monkeypatch):
+def test_kernels_match_pytorch_path_float64(
+    neuron, resnet_dt, nc, n, block_rows, blas, monkeypatch
+):
     """Every skip kind, with and without idt; one block, many blocks, blocks of one centre."""
     monkeypatch.setattr(native, "BLOCK_ROWS", block_rows)
     net = EmbeddingNet(neuron, "tanh", resnet_dt, torch.float64, seed=7)
@@ -82,7 +96,7 @@ def test_kernels_match_pytorch_path_float64(neuron, resnet_dt, nc, n, block_rows
 
 @needs_kernels
 @pytest.mark.parametrize("block_rows", [512, 12])
-def test_sorted_blocks_skip_padded_slots(block_rows, monkeypatch):
+def test_sorted_blocks_skip_padded_slots(block_rows, blas, monkeypatch):
     """With ``used``, centres are sorted into blocks that evaluate only their own leading slots:
     T and the parameter gradients equal the PyTorch path's on rows whose other slots are zero
     (no share of T), and the row gradients of those slots are 0."""
@@ -112,7 +126,7 @@ def test_sorted_blocks_skip_padded_slots(block_rows, monkeypatch):
 
 
 @needs_kernels
-def test_kernels_match_pytorch_path_float32(monkeypatch):
+def test_kernels_match_pytorch_path_float32(blas, monkeypatch):
     net = EmbeddingNet([25, 50, 100], "tanh", True, torch.float32, seed=7)
     rows = _rows(19, 30, torch.float32, strided=False)
     gen = torch.Generator().manual_seed(3)
@@ -125,7 +139,7 @@ def test_kernels_match_pytorch_path_float32(monkeypatch):
 
 
 @needs_kernels
-def test_kernels_same_result_on_one_and_two_threads(monkeypatch):
+def test_kernels_same_result_on_one_and_two_threads(blas, monkeypatch):
     """The threads' partial gradients are summed in a fixed order: only the rounding of that
     sum may differ between thread counts."""
     net = EmbeddingNet([25, 50, 100], "tanh", False, torch.float64, seed=1)
@@ -162,6 +176,12 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, cap
         assert net.layers[0].weight.grad is not None
     finally:
         native.kernels.cache_clear()
+
+
+@needs_kernels
+def test_unknown_blas_is_refused():
+    with pytest.raises(RuntimeError, match="MDTRAIN_BLAS='mkl'"):
+        native.kernels().use_blas("mkl")
 
 
 def test_disabled_by_environment(monkeypatch):

@@ -35,22 +35,45 @@ typedef void (*dgemm_fn)(const char*, const char*, const int*, const int*, const
 typedef void (*sgemm_fn)(const char*, const char*, const int*, const int*, const int*,
                          const float*, const float*, const int*, const float*, const int*,
                          const float*, float*, const int*);
+typedef void (*dgemm64_fn)(const char*, const char*, const i64*, const i64*, const i64*,
+                           const double*, const double*, const i64*, const double*, const i64*,
+                           const double*, double*, const i64*);
+typedef void (*sgemm64_fn)(const char*, const char*, const i64*, const i64*, const i64*,
+                           const float*, const float*, const i64*, const float*, const i64*,
+                           const float*, float*, const i64*);
 typedef int (*set_local_threads_fn)(int);
 
+// torch's BLAS (32-bit integers), or an OpenBLAS with 64-bit integers when one is given
 dgemm_fn g_dgemm = nullptr;
 sgemm_fn g_sgemm = nullptr;
+dgemm64_fn g_dgemm64 = nullptr;
+sgemm64_fn g_sgemm64 = nullptr;
 set_local_threads_fn g_set_local_threads = nullptr;
 
 // Row-major C (m×n) = alpha·op(A)·op(B) + beta·C through the column-major Fortran BLAS.
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda,
                  const double* b, int ldb, double beta, double* c, int ldc) {
   if (m == 0 || n == 0) return;
-  g_dgemm(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  const char* opa = ta ? "T" : "N";
+  const char* opb = tb ? "T" : "N";
+  if (g_dgemm64) {
+    const i64 M = m, N = n, K = k, la = lda, lb = ldb, lc = ldc;
+    g_dgemm64(opb, opa, &N, &M, &K, &alpha, b, &lb, a, &la, &beta, c, &lc);
+  } else {
+    g_dgemm(opb, opa, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  }
 }
 inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
   if (m == 0 || n == 0) return;
-  g_sgemm(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  const char* opa = ta ? "T" : "N";
+  const char* opb = tb ? "T" : "N";
+  if (g_sgemm64) {
+    const i64 M = m, N = n, K = k, la = lda, lb = ldb, lc = ldc;
+    g_sgemm64(opb, opa, &N, &M, &K, &alpha, b, &lb, a, &la, &beta, c, &lc);
+  } else {
+    g_sgemm(opb, opa, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  }
 }
 
 // tanh(x) = 1 − 2/(1 + e^{2x}) with e^y = 2^k·p(r), |r| ≤ ln2/2, p of degree 13 (error below
@@ -385,11 +408,12 @@ int widest(const int* n_out, int layers) {
 }
 
 struct ThreadsScope {  // BLAS calls inside the parallel region run on their own thread
+  int before = 0;
   ThreadsScope() {
-    if (g_set_local_threads) g_set_local_threads(1);
+    if (g_set_local_threads) before = g_set_local_threads(1);
   }
   ~ThreadsScope() {
-    if (g_set_local_threads) g_set_local_threads(0);
+    if (g_set_local_threads) g_set_local_threads(before);
   }
 };
 
@@ -541,11 +565,15 @@ int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, con
 
 extern "C" {
 
-int mdt_abi_version() { return 2; }
+int mdt_abi_version() { return 3; }
 
-void mdt_set_blas(void* dgemm, void* sgemm, void* set_local_threads) {
-  g_dgemm = reinterpret_cast<dgemm_fn>(dgemm);
-  g_sgemm = reinterpret_cast<sgemm_fn>(sgemm);
+// dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
+// set_local_threads: the library's per-thread thread count (returns the previous one), or null.
+void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads) {
+  g_dgemm = ilp64 ? nullptr : reinterpret_cast<dgemm_fn>(dgemm);
+  g_sgemm = ilp64 ? nullptr : reinterpret_cast<sgemm_fn>(sgemm);
+  g_dgemm64 = ilp64 ? reinterpret_cast<dgemm64_fn>(dgemm) : nullptr;
+  g_sgemm64 = ilp64 ? reinterpret_cast<sgemm64_fn>(sgemm) : nullptr;
   g_set_local_threads = reinterpret_cast<set_local_threads_fn>(set_local_threads);
 }
 
