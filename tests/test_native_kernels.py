@@ -179,6 +179,28 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, cap
 
 
 @needs_kernels
+def test_openblas_thread_setting_is_restored():
+    """numpy's OpenBLAS has only a process-wide thread count, which the kernels set to 1 while
+    their own threads call it: numpy gets its setting back afterwards."""
+    entry = native._numpy_openblas()
+    if entry is None:
+        pytest.skip("numpy's OpenBLAS is not usable here")
+    set_threads, get_threads = entry[4], entry[5]
+    kernels = native.kernels()
+    before_blas, before_threads = kernels.blas, get_threads()
+    try:
+        kernels.blas = kernels.use_blas("openblas")
+        set_threads(2)
+        net = EmbeddingNet([4, 8, 16], "tanh", False, torch.float64, seed=0)
+        tmat, _, _, _ = net.embed_contract(_rows(40, 30, torch.float64, strided=False))
+        tmat.sum().backward()
+        assert get_threads() == 2
+    finally:
+        set_threads(before_threads)
+        kernels.blas = kernels.use_blas(before_blas)
+
+
+@needs_kernels
 def test_unknown_blas_is_refused():
     with pytest.raises(RuntimeError, match="MDTRAIN_BLAS='mkl'"):
         native.kernels().use_blas("mkl")

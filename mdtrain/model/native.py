@@ -30,7 +30,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "embedding.cpp"
-ABI_VERSION = 3
+ABI_VERSION = 4
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -129,7 +129,7 @@ class Kernels:
         lib = ctypes.CDLL(str(path))
         if lib.mdt_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{path} is from another version of mdtrain")
-        lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P]
+        lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P, _P, _P]
         self.lib = lib
         self.blas = self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
         net = [_INT, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]
@@ -175,8 +175,8 @@ class Kernels:
         chosen = "openblas" if entry is not None else "torch"
         if entry is None:
             entry = _torch_blas()
-        dgemm, sgemm, ilp64, local = entry
-        self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, _address(local))
+        dgemm, sgemm, ilp64, *threads = entry
+        self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, *map(_address, threads))
         return chosen
 
     def supports(self, *tensors: Tensor) -> bool:
@@ -319,19 +319,20 @@ def _torch_blas() -> tuple:
         dgemm, sgemm = torch_cpu.dgemm_, torch_cpu.sgemm_
     except AttributeError:
         raise RuntimeError("this torch build exports no BLAS (dgemm_/sgemm_)") from None
-    return dgemm, sgemm, 0, getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None)
+    return dgemm, sgemm, 0, getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None), None, None
 
 
 def _numpy_openblas() -> tuple | None:
-    """The OpenBLAS inside numpy's wheel (64-bit integers), if it has a per-thread thread count
-    (without one, its own threads would compete with torch's)."""
+    """The OpenBLAS inside numpy's wheel (64-bit integers). Built with pthreads, it has only a
+    process-wide thread count: the kernels set it to 1 for their calls and restore it."""
     import numpy
 
     folder = Path(numpy.__file__).parent.parent / "numpy.libs"
     for path in sorted(folder.glob("libscipy_openblas64_*.so")):
         try:
             lib = ctypes.CDLL(str(path))
-            return lib.scipy_dgemm_64_, lib.scipy_sgemm_64_, 1, lib.openblas_set_num_threads_local
+            threads = (lib.scipy_openblas_set_num_threads64_, lib.scipy_openblas_get_num_threads64_)
+            return lib.scipy_dgemm_64_, lib.scipy_sgemm_64_, 1, None, *threads
         except (OSError, AttributeError):
             continue
     return None

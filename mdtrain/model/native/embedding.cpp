@@ -49,6 +49,10 @@ sgemm_fn g_sgemm = nullptr;
 dgemm64_fn g_dgemm64 = nullptr;
 sgemm64_fn g_sgemm64 = nullptr;
 set_local_threads_fn g_set_local_threads = nullptr;
+typedef void (*set_threads_fn)(int);
+typedef int (*get_threads_fn)();
+set_threads_fn g_set_threads = nullptr;  // a BLAS with only a process-wide thread count
+get_threads_fn g_get_threads = nullptr;
 
 // Row-major C (m×n) = alpha·op(A)·op(B) + beta·C through the column-major Fortran BLAS.
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda,
@@ -417,6 +421,21 @@ struct ThreadsScope {  // BLAS calls inside the parallel region run on their own
   }
 };
 
+// A BLAS with only a process-wide thread count (OpenBLAS built with pthreads) runs on one
+// thread while the kernels' own threads call it, then gets its setting back.
+struct SerialBlas {
+  int before = 0;
+  SerialBlas() {
+    if (g_set_threads) {
+      before = g_get_threads();
+      g_set_threads(1);
+    }
+  }
+  ~SerialBlas() {
+    if (g_set_threads) g_set_threads(before);
+  }
+};
+
 template <typename T>
 Net<T> make_net(int layers, const int* n_in, const int* n_out, const int* skip, void* const* w,
                 void* const* b, void* const* idt, void* const* ts, void* const* outs,
@@ -436,6 +455,7 @@ Net<T> make_net(int layers, const int* n_in, const int* n_out, const int* skip, 
 
 template <typename T>
 int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int threads) {
+  const SerialBlas serial;
   const std::vector<T> ones(widest(net.n_out, net.layers), T(1));
 #pragma omp parallel num_threads(threads)
   {
@@ -450,6 +470,7 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
 template <typename T>
 int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangents<T>& in,
              void* const* grads, int threads) {
+  const SerialBlas serial;
   const int m = net.n_out[net.layers - 1];
   const int width = widest(net.n_out, net.layers);
   const std::vector<T> ones(width, T(1));
@@ -565,11 +586,15 @@ int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, con
 
 extern "C" {
 
-int mdt_abi_version() { return 3; }
+int mdt_abi_version() { return 4; }
 
 // dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
-// set_local_threads: the library's per-thread thread count (returns the previous one), or null.
-void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads) {
+// set_local_threads: the library's per-thread thread count (returns the previous one), or null;
+// set_threads/get_threads: its process-wide thread count, or null.
+void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads,
+                  void* set_threads, void* get_threads) {
+  g_set_threads = reinterpret_cast<set_threads_fn>(set_threads);
+  g_get_threads = reinterpret_cast<get_threads_fn>(get_threads);
   g_dgemm = ilp64 ? nullptr : reinterpret_cast<dgemm_fn>(dgemm);
   g_sgemm = ilp64 ? nullptr : reinterpret_cast<sgemm_fn>(sgemm);
   g_dgemm64 = ilp64 ? reinterpret_cast<dgemm64_fn>(dgemm) : nullptr;
