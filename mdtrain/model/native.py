@@ -1,4 +1,4 @@
-"""Compiled embedding-net kernels (``native/embedding.cpp``), built on first use.
+"""Compiled embedding-net kernels (``csrc/embedding.cpp``), built on first use.
 
 The training step spends most of its time in the embedding net, on products too narrow for the
 BLAS library to split well over threads, and on elementwise passes between them. The compiled
@@ -29,7 +29,7 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "embedding.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "embedding.cpp"
 ABI_VERSION = 4
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
