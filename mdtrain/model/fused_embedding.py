@@ -3,7 +3,9 @@ contraction T = Σ R̃ᵀG in one node, and the row gradients dE/dR̃ in another
 gradient back in factored form. Both directions walk blocks of rows through all layers so that
 a block's intermediate tensors stay in cache (the step is memory-bound). ``EmbeddingNet``
 (``mdtrain.model.network``) switches between these and plain operations
-(``fused_backward``); ``tests/test_model_fastpaths.py`` checks that both agree.
+(``fused_backward``); ``tests/test_model_fastpaths.py`` checks that both agree. On CPUs both
+nodes hand their work to compiled kernels (``mdtrain.model.native``) when those can be built;
+the PyTorch code here is then the reference they are tested against, and the fallback.
 """
 
 import torch
@@ -241,7 +243,8 @@ class _ValueAndSlope(torch.autograd.Function):
 class _EmbedContract(torch.autograd.Function):
     """``T = Σ_j R̃_jᵀ G(s_j)`` (B, 4, M) for rows ``R̃`` (B, 4, n) with ``s = R̃[:, 0]``; also
     returns G and dG/ds (B, n, M) for ``_RowGrad``. Blocks of centres run the embedding net
-    and the contraction while their rows are in cache.
+    and the contraction while their rows are in cache. Given a ``native.BlockPlan``, the
+    compiled kernels do both directions instead, on the plan's blocks (see ``embed_contract``).
 
     In the backward, the gradient reaching G and dG/ds through ``_RowGrad`` arrives in
     factored form (``Z``, ``T̄``, left on this node by ``_RowGrad.backward``), so that the

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "embedding.cpp"
 ABI_VERSION = 4
 BLAS_CHOICES = ("auto", "torch", "openblas")
+BLOCK_ROWS = 512  # 256–1024 alike on the water step; 4096 was 12 % slower
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
@@ -132,40 +133,21 @@ class Kernels:
         lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P, _P, _P]
         self.lib = lib
         self.blas = self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
-        net = [_INT, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+        net = [_INT, *[_P] * 10]  # layers, n_in, n_out, skip, W, b, idt, ts, outs, douts, das
         rows = [_P, _I64, _I64, _I64]
         plan = [_P, _P, _P, _P, _I64]
         for suffix in ("f32", "f64"):
-            getattr(lib, f"mdt_embed_forward_{suffix}").argtypes = [*rows, *net, *plan, _P, _INT]
-            getattr(lib, f"mdt_embed_backward_{suffix}").argtypes = [
-                *rows,
-                *net,
-                *plan,
-                _I64,
-                _P,
-                _P,
-                _P,
-                _P,
-                _P,
-                _P,
-                _INT,
-            ]
+            fn = getattr(lib, f"mdt_embed_forward_{suffix}")
+            fn.argtypes = [*rows, *net, *plan, _P, _INT]
+            fn = getattr(lib, f"mdt_embed_backward_{suffix}")
+            fn.argtypes = [*rows, *net, *plan, _I64, *[_P] * 6, _INT]
             for name in ("mdt_row_grad_", "mdt_row_grad_tbar_"):
-                getattr(lib, name + suffix).argtypes = [
-                    *rows,
-                    *plan,
-                    _I64,
-                    _INT,
-                    _P,
-                    _P,
-                    _P,
-                    _P,
-                    _INT,
-                ]
+                fn = getattr(lib, name + suffix)
+                fn.argtypes = [*rows, *plan, _I64, _INT, *[_P] * 4, _INT]
 
     def use_blas(self, choice: str) -> str:
         """Point the kernels' products at a BLAS: "torch" (the one inside torch, usually MKL),
-        "openblas" (numpy's OpenBLAS, 5 % faster steps on an AMD EPYC, where MKL takes a
+        "openblas" (numpy's OpenBLAS, 4 % faster steps on an AMD EPYC, where MKL takes a
         generic path) or "auto" (OpenBLAS when usable). Returns the one chosen."""
         if choice not in BLAS_CHOICES:
             raise RuntimeError(f"MDTRAIN_BLAS={choice!r} is not one of {BLAS_CHOICES}")
@@ -382,9 +364,6 @@ def net_args(layout: tuple, params, tape) -> list:
         _pointers(tape.douts),
         _pointers(tape.das),
     ]
-
-
-BLOCK_ROWS = 512
 
 
 def centres_per_block(nc: int, n: int) -> int:
