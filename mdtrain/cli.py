@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--numb-test", type=int, default=0, help="frames per system (0: all)")
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--parity", help="draw predicted-vs-reference plots to this PNG file")
+    p.add_argument(
+        "--torchscript",
+        action="store_true",
+        help="run a frozen model as its TorchScript module (as a deployment would) instead of "
+        "loading its weights into the faster eager model",
+    )
 
     p = sub.add_parser("freeze", help="export a checkpoint to TorchScript")
     p.add_argument(

@@ -17,6 +17,7 @@ import torch
 from mdtrain.cli import main
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import is_torchscript, load_model, read_frozen_metadata
+from mdtrain.model import EnergyModel
 from mdtrain.neighbors.nlist import build_nlist
 from tests.datagen import random_water_like, water_labeled, write_npy_system
 from tests.test_infer_test import save_tiny_checkpoint, tiny_model
@@ -68,10 +69,35 @@ def test_frozen_matches_checkpoint(frozen, periodic):
     loaded = torch.jit.load(path)
     with torch.enable_grad():
         assert_same(loaded(*args), ref)
-    via_loader = load_model(path)
-    assert isinstance(via_loader, torch.jit.ScriptModule) and not via_loader.training
+    scripted = load_model(path, scripted=True)
+    assert isinstance(scripted, torch.jit.ScriptModule) and not scripted.training
     with torch.enable_grad():
-        assert_same(via_loader(*args), ref)
+        assert_same(scripted(*args), ref)
+    # by default the weights go into the eager model (fused nodes, compiled kernels)
+    eager = load_model(path)
+    assert isinstance(eager, EnergyModel) and not eager.training
+    assert list(eager.type_map) == list(scripted.type_map) and eager.sel == scripted.sel
+    assert_same(eager(*args), ref)
+
+
+def test_frozen_with_mismatched_metadata_is_one_line_error(frozen, tmp_path):
+    _, path = frozen
+    metadata = read_frozen_metadata(path)
+    metadata["model_config"]["descriptor"]["neuron"] = [3, 6, 12]
+    odd = tmp_path / "odd.pth"
+    torch.jit.save(torch.jit.load(path), odd, _extra_files={"mdtrain.json": json.dumps(metadata)})
+    with pytest.raises(MDTrainError, match=r"odd\.pth: frozen weights do not match model_config"):
+        load_model(odd)
+    assert isinstance(load_model(odd, scripted=True), torch.jit.ScriptModule)
+
+
+def test_frozen_without_metadata_loads_scripted(frozen, tmp_path):
+    """A TorchScript file without mdtrain's metadata (saved by other means) runs as it is."""
+    _, path = frozen
+    bare = tmp_path / "bare.pth"
+    torch.jit.save(torch.jit.load(path), bare)
+    model = load_model(bare)
+    assert isinstance(model, torch.jit.ScriptModule)
 
 
 def test_frozen_attributes_and_metadata(frozen):
@@ -146,13 +172,14 @@ def test_mdtrain_test_accepts_frozen(frozen, tmp_path):
     ckpt, path = frozen
     system = write_npy_system(tmp_path / "sys", **water_labeled(nframes=3, seed=6))
     figures = []
-    for model in (ckpt, path):
+    for model, options in ((ckpt, []), (path, []), (path, ["--torchscript"])):
         out = tmp_path / "res.json"
-        assert main(["test", "-m", model, "-s", system, "--json", str(out)]) == 0
+        assert main(["test", "-m", model, "-s", system, "--json", str(out), *options]) == 0
         figures.append(json.loads(out.read_text())["total"])
-    assert figures[0].keys() == figures[1].keys()
-    for key, value in figures[0].items():
-        assert figures[1][key] == pytest.approx(value, rel=1e-10, abs=1e-12), key
+    for other in figures[1:]:
+        assert other.keys() == figures[0].keys()
+        for key, value in figures[0].items():
+            assert other[key] == pytest.approx(value, rel=1e-10, abs=1e-12), key
 
 
 def test_freeze_errors(tmp_path, capsys):

@@ -173,14 +173,15 @@ def _frames_to_test(system: System, numb_test: int) -> int:
 
 
 def run_test(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]``."""
+    """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
+    [--torchscript]``."""
     from mdtrain.infer.load import load_model
     from mdtrain.model.energy import keep_freed_memory
     from mdtrain.train.oom import InferenceChunker
 
     device = _device()
     keep_freed_memory()
-    model = load_model(args.model, device)
+    model = load_model(args.model, device, scripted=args.torchscript)
     type_map = list(model.type_map)
     paths = expand_systems(args.system, os.getcwd())
     systems = [open_system(p, type_map) for p in paths]
