@@ -213,7 +213,7 @@ def test_backend_fallback(monkeypatch, caplog):
 
 def test_select_device_cpu_threads(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(D, "_cpu_count", lambda: 8)
+    monkeypatch.setattr(D.device, "_cpu_count", lambda: 8)  # where select_device looks it up
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
