@@ -42,16 +42,16 @@ typedef void (*sgemm64_fn)(const char*, const char*, const i64*, const i64*, con
                            const float*, const float*, const i64*, const float*, const i64*,
                            const float*, float*, const i64*);
 typedef int (*set_local_threads_fn)(int);
+typedef void (*set_threads_fn)(int);
+typedef int (*get_threads_fn)();
 
 // torch's BLAS (32-bit integers), or an OpenBLAS with 64-bit integers when one is given
 dgemm_fn g_dgemm = nullptr;
 sgemm_fn g_sgemm = nullptr;
 dgemm64_fn g_dgemm64 = nullptr;
 sgemm64_fn g_sgemm64 = nullptr;
-set_local_threads_fn g_set_local_threads = nullptr;
-typedef void (*set_threads_fn)(int);
-typedef int (*get_threads_fn)();
-set_threads_fn g_set_threads = nullptr;  // a BLAS with only a process-wide thread count
+set_local_threads_fn g_set_local_threads = nullptr;  // a per-thread thread count (MKL)
+set_threads_fn g_set_threads = nullptr;  // a process-wide thread count only (OpenBLAS)
 get_threads_fn g_get_threads = nullptr;
 
 // Row-major C (m×n) = alpha·op(A)·op(B) + beta·C through the column-major Fortran BLAS.
