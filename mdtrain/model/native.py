@@ -383,7 +383,9 @@ def kernels() -> Kernels | None:
         log.info("compiled embedding kernels: not supported on this platform; using PyTorch ops")
         return None
     try:
-        return Kernels(_build(os.environ.get("CXX", "c++")))
+        loaded = Kernels(_build(os.environ.get("CXX", "c++")))
+        log.info("compiled embedding kernels in use (products on %s)", loaded.blas)
+        return loaded
     except (RuntimeError, OSError) as exc:
         log.warning("compiled embedding kernels unavailable (%s); using PyTorch ops", exc)
         return None
