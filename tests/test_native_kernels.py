@@ -34,9 +34,9 @@ def blas(request):
     if request.param == "openblas" and native._numpy_openblas() is None:
         pytest.skip("numpy's OpenBLAS is not usable here")
     before = kernels.blas
-    kernels.blas = kernels.use_blas(request.param)
+    kernels.use_blas(request.param)
     yield request.param
-    kernels.blas = kernels.use_blas(before)
+    kernels.use_blas(before)
 
 
 def _node_outputs(net, rows, cot, use_native, monkeypatch, used=None):
@@ -189,7 +189,7 @@ def test_openblas_thread_setting_is_restored():
     kernels = native.kernels()
     before_blas, before_threads = kernels.blas, get_threads()
     try:
-        kernels.blas = kernels.use_blas("openblas")
+        kernels.use_blas("openblas")
         set_threads(2)
         net = EmbeddingNet([4, 8, 16], "tanh", False, torch.float64, seed=0)
         tmat, _, _, _ = net.embed_contract(_rows(40, 30, torch.float64, strided=False))
@@ -197,7 +197,7 @@ def test_openblas_thread_setting_is_restored():
         assert get_threads() == 2
     finally:
         set_threads(before_threads)
-        kernels.blas = kernels.use_blas(before_blas)
+        kernels.use_blas(before_blas)
 
 
 @needs_kernels

@@ -89,7 +89,7 @@ def load_model(
     return model.eval()
 
 
-def _load_frozen(path: str, device: str | torch.device) -> tuple[torch.nn.Module, dict]:
+def _jit_load(path: str, device: str | torch.device) -> tuple[torch.nn.Module, dict]:
     """The TorchScript module and the metadata ``mdtrain freeze`` stored with it ({} if none)."""
     extra = {FROZEN_METADATA: ""}
     try:
@@ -98,12 +98,24 @@ def _load_frozen(path: str, device: str | torch.device) -> tuple[torch.nn.Module
     except Exception as exc:  # corrupt archives raise RuntimeError, sometimes others
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise MDTrainError(f"model {path}: cannot load the frozen model ({first})") from None
+    raw = extra[FROZEN_METADATA]
+    if not raw:
+        return model, {}
+    try:
+        return model, json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MDTrainError(f"model {path}: unreadable {FROZEN_METADATA} metadata") from None
+
+
+def _load_frozen(path: str, device: str | torch.device) -> tuple[torch.nn.Module, dict]:
+    """``_jit_load``, for an mdtrain model (one with ``type_map``, ``rcut`` and ``sel``)."""
+    model, metadata = _jit_load(path, device)
     for name in ("type_map", "rcut", "sel"):
         if not hasattr(model, name):
             raise MDTrainError(
                 f"model {path}: a TorchScript file without {name!r}; not an mdtrain model"
             )
-    return model, _parse_metadata(path, extra[FROZEN_METADATA])
+    return model, metadata
 
 
 def _eager_from_frozen(path: str, module: torch.nn.Module, config: dict) -> torch.nn.Module:
@@ -127,24 +139,10 @@ def _eager_from_frozen(path: str, module: torch.nn.Module, config: dict) -> torc
     return model
 
 
-def _parse_metadata(path: str, raw: str | bytes) -> dict:
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-    except (ValueError, UnicodeDecodeError):
-        raise MDTrainError(f"model {path}: unreadable {FROZEN_METADATA} metadata") from None
-
-
 def read_frozen_metadata(path: str | os.PathLike) -> dict:
     """The JSON metadata written by ``mdtrain freeze`` (model_config, version, ...)."""
     path = os.fspath(path)
-    extra = {FROZEN_METADATA: ""}
-    try:
-        with quiet_jit():
-            torch.jit.load(path, map_location="cpu", _extra_files=extra)
-    except Exception as exc:
-        raise MDTrainError(f"model {path}: cannot load the frozen model ({exc})") from None
-    if not extra[FROZEN_METADATA]:
+    metadata = _jit_load(path, "cpu")[1]
+    if not metadata:
         raise MDTrainError(f"model {path}: no {FROZEN_METADATA} metadata (not frozen by mdtrain)")
-    return _parse_metadata(path, extra[FROZEN_METADATA])
+    return metadata

@@ -285,8 +285,6 @@ class _EmbedContract(torch.autograd.Function):
         nparams = sum(3 if has_idt else 2 for _, _, has_idt in ctx.layout)
         tape = _Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
         grads = tape.new_grads()
-        nc, n = rows.shape[0], rows.shape[2]
-        m = tape.value.shape[1]
         row_grad, ctx.row_grad = ctx.row_grad, None
         if ctx.plan is not None:
             z, tbar = (None, None) if row_grad is None else (row_grad[0], row_grad[2])
@@ -295,6 +293,8 @@ class _EmbedContract(torch.autograd.Function):
                 rows, ctx.layout, tape.params, tape, ctx.plan, cotangents, grads
             )
             return (None, None, None, *grads)
+        nc, n = rows.shape[0], rows.shape[2]
+        m = tape.value.shape[1]
         per = ctx.centres
         rows_t = rows.transpose(1, 2)  # (B, n, 4)
         for c0 in range(0, nc, per):

@@ -132,7 +132,8 @@ class Kernels:
             raise RuntimeError(f"{path} is from another version of mdtrain")
         lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P, _P, _P]
         self.lib = lib
-        self.blas = self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
+        self.blas = ""  # the BLAS the products run on: "openblas" or "torch"
+        self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
         net = [_INT, *[_P] * 10]  # layers, n_in, n_out, skip, W, b, idt, ts, outs, douts, das
         rows = [_P, _I64, _I64, _I64]
         plan = [_P, _P, _P, _P, _I64]
@@ -159,6 +160,7 @@ class Kernels:
             entry = _torch_blas()
         dgemm, sgemm, ilp64, *threads = entry
         self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, *map(_address, threads))
+        self.blas = chosen
         return chosen
 
     def supports(self, *tensors: Tensor) -> bool:
@@ -215,7 +217,7 @@ class Kernels:
             *_plan_args(plan),
             n,
             m,
-            *_pointers3(tbar, value, slope),
+            *map(_pointer, (tbar, value, slope)),
             _pointer(out),
             torch.get_num_threads(),
         )
@@ -231,7 +233,7 @@ class Kernels:
             *_plan_args(plan),
             n,
             m,
-            *_pointers3(z, value, slope),
+            *map(_pointer, (z, value, slope)),
             _pointer(out),
             torch.get_num_threads(),
         )
@@ -322,10 +324,6 @@ def _numpy_openblas() -> tuple | None:
 
 def _pointer(t: Tensor | None) -> _P:
     return _P(t.data_ptr() if t is not None else None)
-
-
-def _pointers3(a: Tensor, b: Tensor, c: Tensor) -> tuple:
-    return _pointer(a), _pointer(b), _pointer(c)
 
 
 def _pointers(tensors) -> ctypes.Array:
