@@ -1,0 +1,115 @@
+"""Checks that relate several fields (``rcut_smth < rcut``, one ``sel`` entry per element, ...).
+
+The schema judges each value alone; what only two values together can say wrong lives here.
+The checks run on the completed config and tolerate values of the wrong type (the validator
+reports those), so every problem is found in one pass.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mdtrain.config.wording import show
+
+
+def cross_checks(config: dict) -> list[str]:
+    type_map = _get(config, "model.type_map")
+    ntypes = len(type_map) if isinstance(type_map, list) else None
+    desc = _get(config, "model.descriptor")
+    fit = _get(config, "model.fitting_net")
+    return [
+        *_check_descriptor(desc if isinstance(desc, dict) else {}, ntypes),
+        *_check_fitting(fit if isinstance(fit, dict) else {}),
+        *_check_schedule_and_loss(config),
+    ]
+
+
+def _get(config: dict, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_descriptor(desc: dict, ntypes: int | None) -> list[str]:
+    problems = []
+    where = "model.descriptor"
+    rcut, rcut_smth = desc.get("rcut"), desc.get("rcut_smth")
+    if _number(rcut) and _number(rcut_smth) and 0 < rcut <= rcut_smth:
+        problems.append(f"{where}.rcut_smth: must be smaller than rcut ({rcut}), got {rcut_smth}")
+
+    sel = desc.get("sel")
+    if isinstance(sel, list) and ntypes is not None and len(sel) != ntypes:
+        problems.append(
+            f"{where}.sel: needs one entry per element of model.type_map ({ntypes}), got {len(sel)}"
+        )
+    ratio = re.fullmatch(r"auto:(.+)", sel) if isinstance(sel, str) else None
+    if ratio and _float_or_none(ratio.group(1)) == 0:
+        problems.append(f"{where}.sel: the ratio of {show(sel)} must be > 0")
+
+    neuron, axis = desc.get("neuron"), desc.get("axis_neuron")
+    last = neuron[-1] if isinstance(neuron, list) and neuron else None
+    if isinstance(last, int) and isinstance(axis, int) and 1 <= last < axis:
+        problems.append(
+            f"{where}.axis_neuron: must not exceed the last neuron width ({last}), got {axis}"
+        )
+
+    pairs = desc.get("exclude_types")
+    for i, pair in enumerate(pairs if isinstance(pairs, list) and ntypes is not None else []):
+        for t in pair if isinstance(pair, list) else []:
+            if isinstance(t, int) and not isinstance(t, bool) and t >= ntypes:
+                problems.append(
+                    f"{where}.exclude_types[{i}]: type {t} is not in model.type_map "
+                    f"(types 0..{ntypes - 1})"
+                )
+    return problems
+
+
+def _check_fitting(fit: dict) -> list[str]:
+    trainable, neuron = fit.get("trainable"), fit.get("neuron")
+    if (
+        isinstance(trainable, list)
+        and isinstance(neuron, list)
+        and len(trainable) != len(neuron) + 1
+    ):
+        return [
+            f"model.fitting_net.trainable: needs one entry per layer "
+            f"({len(neuron) + 1}: hidden layers and output), got {len(trainable)}"
+        ]
+    return []
+
+
+def _check_schedule_and_loss(config: dict) -> list[str]:
+    problems = []
+    start_lr, stop_lr = (
+        _get(config, "learning_rate.start_lr"),
+        _get(config, "learning_rate.stop_lr"),
+    )
+    if _number(start_lr) and _number(stop_lr) and 0 < start_lr < stop_lr:
+        problems.append(
+            f"learning_rate.stop_lr: must not exceed start_lr ({start_lr}), got {stop_lr}"
+        )
+
+    loss = _get(config, "loss")
+    prefs = (
+        [loss.get(f"{w}_pref_{x}") for w in ("start", "limit") for x in "efv"]
+        if isinstance(loss, dict)
+        else []
+    )
+    if prefs and all(_number(p) for p in prefs) and not any(prefs):
+        problems.append("loss: every prefactor is 0, so there is nothing to train on")
+    return problems
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
