@@ -25,8 +25,8 @@ import time
 import numpy as np
 import torch
 
+from mdtrain.memory import keep_freed_memory
 from mdtrain.model import EnergyModel
-from mdtrain.model.energy import keep_freed_memory
 from mdtrain.model.stats import compute_descriptor_stats
 from mdtrain.neighbors.nlist import build_nlist
 from mdtrain.train.loop import make_adam

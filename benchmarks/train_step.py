@@ -46,7 +46,8 @@ def measure(
 
     from mdtrain import distributed as dist_rt
     from mdtrain.config import load_config
-    from mdtrain.model.energy import EnergyModel, keep_freed_memory
+    from mdtrain.memory import keep_freed_memory
+    from mdtrain.model.energy import EnergyModel
     from mdtrain.model.stats import compute_or_load_stats
     from mdtrain.train.loop import Trainer, seed_everything
     from mdtrain.train.prepare import open_datasets, resolve_model_sel

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from mdtrain import memory
 from mdtrain.errors import MDTrainError
-from mdtrain.train import oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, split_frames
 
 
@@ -237,8 +237,8 @@ def test_no_growth_unless_enabled_or_while_split():
 
 # ------------------------------------------------------------------ two ranks (Gloo)
 def _rank_main(rank, world, init_file, sim_atoms, queue):
-    os.environ[oom.SIMULATE_ATOMS_ENV] = str(sim_atoms)
-    os.environ[oom.SIMULATE_RANKS_ENV] = "1"
+    os.environ[memory.SIMULATE_ATOMS_ENV] = str(sim_atoms)
+    os.environ[memory.SIMULATE_RANKS_ENV] = "1"
     torch.set_num_threads(1)
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
@@ -263,7 +263,7 @@ def _rank_main(rank, world, init_file, sim_atoms, queue):
         def attempt(slices):
             coord, e_ref, f_ref = batch
             for s, w in zip(slices, frame_weights(slices, nframes), strict=True):
-                oom.maybe_simulate_oom((s.stop - s.start) * natoms, rank)
+                memory.maybe_simulate_oom((s.stop - s.start) * natoms, rank)
                 (w * _loss(model, coord[s], e_ref[s], f_ref[s])).backward()
             return len(slices)
 

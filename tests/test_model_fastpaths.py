@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from mdtrain.memory import keep_freed_memory
 from mdtrain.model import EnergyModel
-from mdtrain.model.energy import keep_freed_memory
 from mdtrain.model.fused_embedding import _Tape, add_cross_product
 from mdtrain.model.network import EmbeddingNet, FittingNet
 from mdtrain.neighbors.nlist import build_nlist

@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
+from mdtrain import memory
 from mdtrain.errors import MDTrainError
-from mdtrain.train import oom
-from mdtrain.train.oom import InferenceChunker, is_oom_error, maybe_simulate_oom, release_memory
+from mdtrain.memory import InferenceChunker, is_oom_error, maybe_simulate_oom, release_memory
 
 OOM_MESSAGES = [
     "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)",
@@ -204,30 +204,30 @@ def test_real_allocation_failure_inside_torchscript_is_recognised():
 
 def test_release_memory_collects_garbage(monkeypatch):
     calls = []
-    monkeypatch.setattr(oom.gc, "collect", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(memory.gc, "collect", lambda: calls.append(1) or 0)
     release_memory()
     assert calls == [1]
 
 
 # ------------------------------------------------------------------ fault injection
 def test_no_simulation_without_env(monkeypatch):
-    monkeypatch.delenv(oom.SIMULATE_ATOMS_ENV, raising=False)
+    monkeypatch.delenv(memory.SIMULATE_ATOMS_ENV, raising=False)
     maybe_simulate_oom(10**9, 0)
 
 
 def test_simulation_threshold_is_strictly_more_than_n(monkeypatch):
-    monkeypatch.setenv(oom.SIMULATE_ATOMS_ENV, "100")
-    monkeypatch.delenv(oom.SIMULATE_RANKS_ENV, raising=False)
+    monkeypatch.setenv(memory.SIMULATE_ATOMS_ENV, "100")
+    monkeypatch.delenv(memory.SIMULATE_RANKS_ENV, raising=False)
     maybe_simulate_oom(100, 0)
     exc = _caught(lambda: maybe_simulate_oom(101, 0))
     assert isinstance(exc, torch.OutOfMemoryError)
-    assert oom.SIMULATE_ATOMS_ENV in str(exc)
+    assert memory.SIMULATE_ATOMS_ENV in str(exc)
     assert is_oom_error(exc)
 
 
 def test_simulation_restricted_to_ranks(monkeypatch):
-    monkeypatch.setenv(oom.SIMULATE_ATOMS_ENV, "10")
-    monkeypatch.setenv(oom.SIMULATE_RANKS_ENV, "1,3")
+    monkeypatch.setenv(memory.SIMULATE_ATOMS_ENV, "10")
+    monkeypatch.setenv(memory.SIMULATE_RANKS_ENV, "1,3")
     for rank in (0, 2, 4):
         maybe_simulate_oom(11, rank)
     for rank in (1, 3):
@@ -241,13 +241,13 @@ def test_simulation_restricted_to_ranks(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        (oom.SIMULATE_ATOMS_ENV, "lots"),
-        (oom.SIMULATE_ATOMS_ENV, "-3"),
-        (oom.SIMULATE_RANKS_ENV, "a"),
+        (memory.SIMULATE_ATOMS_ENV, "lots"),
+        (memory.SIMULATE_ATOMS_ENV, "-3"),
+        (memory.SIMULATE_RANKS_ENV, "a"),
     ],
 )
 def test_bad_simulation_env_names_the_variable(monkeypatch, name, value):
-    monkeypatch.setenv(oom.SIMULATE_ATOMS_ENV, "1")
+    monkeypatch.setenv(memory.SIMULATE_ATOMS_ENV, "1")
     monkeypatch.setenv(name, value)
     with pytest.raises(MDTrainError, match=name):
         maybe_simulate_oom(5, 0)
@@ -271,8 +271,8 @@ class FakeDevice:
 
 @pytest.fixture
 def no_infer_env(monkeypatch):
-    monkeypatch.delenv(oom.INFER_BATCH_ENV, raising=False)
-    monkeypatch.delenv(oom.INFER_BATCH_ENV_COMPAT, raising=False)
+    monkeypatch.delenv(memory.INFER_BATCH_ENV, raising=False)
+    monkeypatch.delenv(memory.INFER_BATCH_ENV_COMPAT, raising=False)
 
 
 def _flatten(chunks):
@@ -307,14 +307,14 @@ def test_chunker_halves_on_oom_and_remembers(no_infer_env):
 
 def test_chunker_retries_with_memory_released(no_infer_env, monkeypatch):
     released = []
-    monkeypatch.setattr(oom, "release_memory", lambda: released.append(1))
+    monkeypatch.setattr(memory, "release_memory", lambda: released.append(1))
     dev = FakeDevice(natoms=1, capacity=100)
     InferenceChunker(start_atoms=400, max_atoms=400, device="cpu").run_all(dev, 400, 1)
     assert len(released) == sum(not fits for _, _, fits in dev.calls) == 2
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("env_name", [oom.INFER_BATCH_ENV, oom.INFER_BATCH_ENV_COMPAT])
+@pytest.mark.parametrize("env_name", [memory.INFER_BATCH_ENV, memory.INFER_BATCH_ENV_COMPAT])
 def test_env_is_start_and_upper_bound(no_infer_env, monkeypatch, device, env_name):
     monkeypatch.setenv(env_name, "256")
     dev = FakeDevice(natoms=4, capacity=10**9)
@@ -326,14 +326,14 @@ def test_env_is_start_and_upper_bound(no_infer_env, monkeypatch, device, env_nam
 
 
 def test_project_env_name_wins_over_compat_name(no_infer_env, monkeypatch):
-    monkeypatch.setenv(oom.INFER_BATCH_ENV, "32")
-    monkeypatch.setenv(oom.INFER_BATCH_ENV_COMPAT, "4096")
+    monkeypatch.setenv(memory.INFER_BATCH_ENV, "32")
+    monkeypatch.setenv(memory.INFER_BATCH_ENV_COMPAT, "4096")
     assert InferenceChunker(device="cpu").max_atoms == 32
 
 
 def test_default_bounds(no_infer_env):
     cpu = InferenceChunker(device="cpu")
-    assert cpu.current == cpu.max_atoms == oom.CPU_MAX_ATOMS == 1024  # no growth on a CPU
+    assert cpu.current == cpu.max_atoms == memory.CPU_MAX_ATOMS == 1024  # no growth on a CPU
     gpu = InferenceChunker(device="cuda")
     assert gpu.current == 1024 and gpu.max_atoms > 10**6
     dev = FakeDevice(natoms=1, capacity=10**9)
@@ -365,7 +365,7 @@ _RLIMIT_SCRIPT = textwrap.dedent(
     """
     import json, resource, torch
     torch.set_num_threads(1)
-    from mdtrain.train.oom import InferenceChunker
+    from mdtrain.memory import InferenceChunker
 
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(2048, 64, dtype=torch.float64, generator=gen)

@@ -104,7 +104,7 @@ def test_davg_dstd_match_numpy():
 
 def test_statistics_back_off_on_out_of_memory(monkeypatch):
     """Chunks that run out of memory are halved and retried: the statistics do not change."""
-    from mdtrain.train.oom import simulated_oom
+    from mdtrain.memory import simulated_oom
 
     systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
     cfg = small_config()

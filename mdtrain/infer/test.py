@@ -19,6 +19,7 @@ import torch
 
 from mdtrain.data import System, expand_systems, open_system
 from mdtrain.errors import MDTrainError
+from mdtrain.memory import InferenceChunker
 from mdtrain.progress import progress
 
 log = logging.getLogger("mdtrain.test")
@@ -121,7 +122,6 @@ def evaluate_system(
     ``InferenceChunker`` whose learned size carries over between systems.
     """
     from mdtrain.batching import make_batch
-    from mdtrain.train.oom import InferenceChunker
 
     chunker = chunker or InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
@@ -176,8 +176,7 @@ def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
     [--torchscript]``."""
     from mdtrain.infer.load import load_model
-    from mdtrain.model.energy import keep_freed_memory
-    from mdtrain.train.oom import InferenceChunker
+    from mdtrain.memory import keep_freed_memory
 
     device = _device()
     keep_freed_memory()

@@ -144,8 +144,8 @@ def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str,
     Frames are evaluated in chunks that adapt to the memory available (the sums do not depend
     on the chunking), so statistics of very large frames back off instead of failing.
     """
+    from mdtrain.memory import InferenceChunker
     from mdtrain.progress import progress
-    from mdtrain.train.oom import InferenceChunker
 
     desc = model.descriptor
     items = {f"{k}_{t}": StatItem() for t in range(desc.ntypes) for k in ("r", "a")}

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mdtrain.errors import MDTrainError
-from mdtrain.train.oom import is_oom_error, release_memory
+from mdtrain.memory import is_oom_error, release_memory
 
 
 def _local_only(flag: bool) -> bool:

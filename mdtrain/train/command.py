@@ -15,7 +15,8 @@ from mdtrain import __version__
 from mdtrain import distributed as dist_rt
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
-from mdtrain.model.energy import EnergyModel, keep_freed_memory
+from mdtrain.memory import keep_freed_memory
+from mdtrain.model.energy import EnergyModel
 from mdtrain.model.stats import compute_or_load_stats, read_stat_file
 from mdtrain.neighbors.stat import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager, load_checkpoint

@@ -19,12 +19,12 @@ from mdtrain.batching import NeighborListCache, make_batch
 from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
+from mdtrain.memory import maybe_simulate_oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
 from mdtrain.train.lr import ExpDecayLR
-from mdtrain.train.oom import maybe_simulate_oom
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.signals import PreemptionHandler
