@@ -1,5 +1,7 @@
 """The energy model: se_e2_a descriptor + per-type fitting + energy bias, with exact forces
-and virials by automatic differentiation.
+and virials by automatic differentiation. This is the reference implementation (plain
+operations, any activation, TorchScript); ``mdtrain.model.accel`` holds faster ones with the
+same parameters, and ``mdtrain.model.backend.build_model`` chooses between them once.
 
 Neighbour lists come from outside (``mdtrain.neighbors.nlist.build_nlist``); the model only
 gathers positions, adds ``shift @ box`` and differentiates through that.
@@ -12,10 +14,7 @@ both coordinates and cell, ``r' = r + r @ ε``, ``box' = box + box @ ε``):
 """
 
 import copy
-import ctypes
 import json
-import os
-import sys
 
 import torch
 from torch import Tensor, nn
@@ -24,38 +23,6 @@ from mdtrain.model.config import normalize_model_config
 from mdtrain.model.descriptor import DescriptorSeA
 from mdtrain.model.fitting import EnergyFitting
 from mdtrain.model.network import check_activation, dtype_of
-
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_allocator_tuned: bool | None = None
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep freed memory for reuse instead of returning it to the OS (once per
-    process, called by the commands that evaluate the model repeatedly, not by library users; ``MDTRAIN_KEEP_FREED_MEMORY=0`` turns it off).
-
-    A training step allocates and frees the same multi-megabyte tensors every time. By
-    default glibc serves such blocks with fresh ``mmap`` pages and unmaps them on free, so
-    every step pays page faults on them again: on a virtual machine that cost up to half the
-    step time. Keeping the blocks in the heap makes the process hold its peak memory, which
-    it needs at every step anyway. Returns whether the setting is in effect.
-    """
-    global _allocator_tuned
-    if _allocator_tuned is None:
-        _allocator_tuned = False
-        if sys.platform.startswith("linux") and os.environ.get(
-            "MDTRAIN_KEEP_FREED_MEMORY", "1"
-        ).strip() not in ("0", "false", "no"):
-            try:
-                mallopt = ctypes.CDLL(None).mallopt
-                mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-                mallopt.restype = ctypes.c_int
-                _allocator_tuned = (
-                    mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
-                )
-            except (OSError, AttributeError):
-                pass
-    return _allocator_tuned
 
 
 class EnergyModel(nn.Module):
@@ -67,7 +34,7 @@ class EnergyModel(nn.Module):
     ntypes: int
     model_config_json: str
     has_atom_exclusions: bool
-    explicit_forces: bool
+    backend: str
 
     def __init__(self, model_config: dict) -> None:
         super().__init__()
@@ -117,9 +84,7 @@ class EnergyModel(nn.Module):
             keep[int(t)] = 0.0
         self.register_buffer("atom_keep", keep, persistent=False)
         self.has_atom_exclusions = len(cfg["atom_exclude_types"]) > 0
-        # Forces by explicit first-order derivative operations (tanh nets only) instead of
-        # autograd.grad(create_graph=True); see _evaluate_explicit.
-        self.explicit_forces = self.descriptor.has_tangent and self.fitting.has_tangent
+        self.backend = "reference"  # which implementation runs (``mdtrain.model.backend``)
 
     @torch.jit.unused
     def get_model_config(self) -> dict:
@@ -169,14 +134,7 @@ class EnergyModel(nn.Module):
         """
         grad_enabled = torch.is_grad_enabled()
         create_graph = grad_enabled and self.training
-        if self.explicit_forces:
-            # No autograd needed for the derivatives: a graph is built only for training.
-            if create_graph:
-                out = self._evaluate_explicit(coord, atype, box, nlist, shift)
-            else:
-                with torch.no_grad():
-                    out = self._evaluate_explicit(coord, atype, box, nlist, shift)
-        elif torch.jit.is_scripting():
+        if torch.jit.is_scripting():
             # TorchScript cannot switch grad mode on: a scripted model must be called with grad
             # enabled (the calculator does so).
             out = self._evaluate(coord, atype, box, nlist, shift, create_graph)
@@ -186,46 +144,6 @@ class EnergyModel(nn.Module):
         if not grad_enabled:
             out = {k: v.detach() for k, v in out.items()}
         return out
-
-    def _evaluate_explicit(
-        self,
-        coord: Tensor,
-        atype: Tensor,
-        box: Tensor | None,
-        nlist: Tensor,
-        shift: Tensor,
-    ) -> dict[str, Tensor]:
-        """Energy, forces and virial with dE/d(pair vector) written as explicit operations.
-
-        The result equals the autograd path, but the derivative is an ordinary first-order
-        function of the parameters: a force loss trains without any double backward, and the
-        pair vectors never need a graph. Forces gather ``g = dE/dd`` over the pairs (``d =
-        r_j − r_i + shift``): ``F_i = Σ_j g_ij − Σ_(k,j)→i g_kj``; ``virial = −Σ g ⊗ d``.
-        """
-        x = coord.detach().to(torch.float64)
-        cell: Tensor | None = None
-        if box is not None:
-            cell = box.detach().to(torch.float64)
-        diff = self.pair_vectors(x, cell, nlist, shift)
-        descriptor, cache = self.descriptor.forward_explicit(diff, nlist, atype)
-        atom_energy, grad = self.fitting.forward_with_grad(descriptor, atype)
-        atom_energy = atom_energy + self.out_bias[atype]
-        if self.has_atom_exclusions:
-            keep = self.atom_keep[atype]
-            atom_energy = atom_energy * keep
-            grad = grad * keep.to(grad.dtype).view(1, -1, 1)
-        g = self.descriptor.backward_explicit(grad, cache, nlist, atype)  # (nf, N, nnei, 3)
-        nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
-        frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
-        target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
-        pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)
-        pulled = pulled.index_add(0, target, g.reshape(-1, 3))
-        force = g.sum(dim=2) - pulled.view(nf, natoms, 3)
-        virial = -torch.bmm(
-            g.reshape(nf, natoms * nnei, 3).transpose(1, 2), diff.reshape(nf, natoms * nnei, 3)
-        )
-        energy = atom_energy.sum(dim=-1)
-        return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}
 
     def _evaluate(
         self,

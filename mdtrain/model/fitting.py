@@ -11,7 +11,6 @@ class EnergyFitting(nn.Module):
 
     ntypes: int
     dim_in: int
-    has_tangent: bool
 
     def __init__(
         self,
@@ -36,7 +35,6 @@ class EnergyFitting(nn.Module):
         )
         for p in self.networks.parameters():
             p.requires_grad_(trainable)
-        self.has_tangent = activation == "tanh"
 
     def forward(self, descriptor: Tensor, atype: Tensor) -> Tensor:
         """Atomic energies (nf, N) in float64 from D (nf, N, dim_in)."""
@@ -48,17 +46,3 @@ class EnergyFitting(nn.Module):
             e_c = net(d_c).view(nf, -1).to(torch.float64)
             out = out.index_copy(1, idx, e_c)
         return out
-
-    def forward_with_grad(self, descriptor: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
-        """Atomic energies (nf, N) float64 and their gradient w.r.t. D (nf, N, dim_in) in the
-        fitting dtype, by explicit operations (``FittingNet.value_and_input_grad``)."""
-        nf, natoms = descriptor.shape[0], descriptor.shape[1]
-        out = torch.zeros(nf, natoms, dtype=torch.float64, device=descriptor.device)
-        grad = torch.zeros(nf, natoms, self.dim_in, dtype=self.dtype, device=descriptor.device)
-        for c, net in enumerate(self.networks):
-            idx = torch.nonzero(atype == c).view(-1)
-            d_c = descriptor.index_select(1, idx).reshape(-1, self.dim_in).to(self.dtype)
-            e_c, g_c = net.value_and_input_grad(d_c)
-            out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
-            grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, self.dim_in))
-        return out, grad

@@ -8,42 +8,32 @@ what, for the duration of a training run.
   after the run. cuDNN's TF32 switch is on by default in PyTorch and the model has no
   convolutions. No effect on a CPU (one warning).
 * ``"bf16"``: the matrix products of the embedding and fitting nets run under bfloat16
-  autocast on the model's device; the networks cast each product back to float32 at once, so
-  activations, sums, the descriptor contraction, forces, virials, energies and the loss stay
-  float32/float64. The model's fused autograd nodes compute in the parameters' dtype only,
-  so the model takes its plain-operation paths for the run (the descriptor's
-  ``fused_nodes`` and the nets' ``fused_backward`` off).
+  autocast on the model's device (``mdtrain.model.autocast``); the networks cast each product
+  back to float32 at once, so activations, sums, the descriptor contraction, forces, virials,
+  energies and the loss stay float32/float64. The accelerated backends compute in the
+  parameters' dtype only, so a bf16 model is built as the reference model with autocast nets
+  (``build_model(..., mixed_precision="bf16")``); this context only checks and announces it.
 
-Only the networks' entry points run under autocast (see ``_ENTRY_POINTS``): a context around
-the whole model would also round the descriptor contraction to bfloat16. Parameters,
-gradients and optimiser state stay float32, so a checkpoint is an ordinary float32 model and
-inference after mixed-precision training runs in float32.
+Parameters, gradients and optimiser state stay float32, so a checkpoint is an ordinary float32
+model and inference after mixed-precision training runs in float32.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.network import EmbeddingNet, FittingNet
+from mdtrain.model.autocast import uses_bf16
 
 log = logging.getLogger("mdtrain")
 
 MODES = ("tf32", "bf16")
-
-# The methods through which the descriptor and the fitting call their nets.
-_ENTRY_POINTS: dict[type, tuple[str, ...]] = {
-    EmbeddingNet: ("forward", "value_and_derivative"),
-    FittingNet: ("forward", "value_and_input_grad"),
-}
-
 
 def mode_of(value: Any) -> str | None:
     """``"tf32"``, ``"bf16"`` or None (off) for a ``training.mixed_precision`` value: a mode
@@ -119,52 +109,17 @@ def _tf32(device: torch.device, announce: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _bf16(model: nn.Module, device: torch.device, announce: bool) -> Iterator[None]:
-    try:
-        torch.autocast(device.type, dtype=torch.bfloat16)
-    except (RuntimeError, ValueError) as exc:  # a device without bf16 autocast
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    if not uses_bf16(model):
         raise MDTrainError(
-            f'mixed precision "bf16" is not available on {device} ({first})'
-        ) from None
-    descriptor = model.descriptor
-    nets = [m for m in model.modules() if type(m) in _ENTRY_POINTS]
-    fused_nodes = descriptor.fused_nodes
-    fused = {net: net.fused_backward for net in nets if hasattr(net, "fused_backward")}
-    descriptor.fused_nodes = False
-    for net in fused:
-        net.fused_backward = False
-    for net in nets:
-        for name in _ENTRY_POINTS[type(net)]:
-            method = _bf16_method(getattr(type(net), name), device.type)
-            setattr(net, name, types.MethodType(method, net))
+            'mixed precision "bf16": the model was not built for it '
+            '(build_model(..., mixed_precision="bf16"))'
+        )
     if announce:
+        nets = len(model.descriptor.networks) + len(model.fitting.networks)
         log.info(
             "mixed precision bf16: matrix products of %d networks in bfloat16 (autocast on "
             "%s), everything else in float32/float64",
-            len(nets),
+            nets,
             device.type,
         )
-    try:
-        yield
-    finally:
-        for net in nets:
-            for name in _ENTRY_POINTS[type(net)]:
-                delattr(net, name)  # the class's method again
-        descriptor.fused_nodes = fused_nodes
-        for net, flag in fused.items():
-            net.fused_backward = flag
-
-
-def _bf16_method(function: Callable, device_type: str) -> Callable:
-    """``function`` (a network method) under bf16 autocast, its outputs cast back to the
-    dtype of its input (float32), also where the method itself does not cast its products
-    back (``FittingNet.value_and_input_grad``)."""
-
-    def method(net: nn.Module, x: Tensor) -> Any:
-        with torch.autocast(device_type, dtype=torch.bfloat16):
-            out = function(net, x)
-        if isinstance(out, Tensor):
-            return out.to(x.dtype)
-        return tuple(t.to(x.dtype) for t in out)
-
-    return method
+    yield

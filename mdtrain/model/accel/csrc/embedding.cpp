@@ -1,8 +1,8 @@
-// Compiled kernels of the tanh embedding net (see mdtrain/model/native.py, which builds this file
-// at first use and falls back to the PyTorch path when it cannot).
+// Compiled kernels of the tanh embedding net (see mdtrain/model/accel/kernels.py and
+// build.py, which build this file at first use; without it the fused PyTorch nodes run).
 //
-// The math is that of mdtrain/model/fused_embedding.py (the PyTorch path, which the tests compare
-// against): per layer a = xW + b, t = tanh(a), y = t·idt + skip(x), carried forward together with
+// The math is that of mdtrain/model/accel/embedding_nodes.py (the PyTorch path, which the tests
+// compare against): per layer a = xW + b, t = tanh(a), y = t·idt + skip(x), carried forward together with
 // the tangent dy/ds; T = Σ_j R̃_jᵀ G(s_j) per centre; the row gradients; and the backward of all of
 // it w.r.t. the parameters. The difference is the execution: OpenMP threads (torch's own runtime)
 // each take whole blocks of centres through every layer, with single-threaded BLAS products and
@@ -11,7 +11,7 @@
 //
 // Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj]; T and T̄ are
 // (centres, 4, M); the row gradients and their cotangent Z are (centres, n, 4). The net runs on
-// blocks of a plan (built in native.py): block b holds the centres order[start[b] : start[b+1]]
+// blocks of a plan (built in kernel_nodes.py): block b holds the centres order[start[b] : start[b+1]]
 // and evaluates their first width[b] slots, as tape rows row0[b] + (centre's place in the
 // block)·width[b] + slot. Centres sorted by neighbour count share blocks with others of nearly
 // the same count, so few padded slots are evaluated; the slots past a block's width are padding

@@ -1,126 +1,32 @@
-"""Compiled embedding-net kernels (``csrc/embedding.cpp``), built on first use.
+"""The compiled embedding kernels as a Python object: the library built by ``build.py``,
+loaded through ctypes (no torch headers), with argument types declared once and the BLAS its
+products run on chosen when it loads (``MDTRAIN_BLAS``).
 
 The training step spends most of its time in the embedding net, on products too narrow for the
-BLAS library to split well over threads, and on elementwise passes between them. The compiled
-kernels hand whole blocks of centres to each of torch's OpenMP threads, which run every layer of
-their block with single-threaded BLAS products and fused loops. They are built with the system's
-C++ compiler (``$CXX``, else ``c++``) for this machine (``-march=native``), against the OpenMP
-runtime and BLAS already loaded by torch, and cached under ``$MDTRAIN_CACHE_DIR`` (default
-``~/.cache/mdtrain``) by a hash of the source, the compiler, torch and the CPU. When that is not
-possible (no compiler, a torch without the BLAS symbols), or with ``MDTRAIN_NATIVE=0``, the PyTorch
-path (``mdtrain.model.fused_embedding``) runs instead, with one log line saying why.
+BLAS library to split well over threads, and on elementwise passes between them. The kernels
+hand whole blocks of centres to each of torch's OpenMP threads, which run every layer of their
+block with single-threaded BLAS products and fused loops. They see tensors as pointers and
+strides: keep the layouts in the C++ header comment and here in step, and raise
+``ABI_VERSION`` (and ``mdt_abi_version``) when a signature changes.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import os
 import platform
-import subprocess
-import tempfile
-from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-log = logging.getLogger(__name__)
+from mdtrain.model.accel.build import build, torch_lib_dir
 
-SOURCE = Path(__file__).with_name("csrc") / "embedding.cpp"
 ABI_VERSION = 4
 BLAS_CHOICES = ("auto", "torch", "openblas")
-BLOCK_ROWS = 512  # 256–1024 alike on the water step; 4096 was 12 % slower
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
-
-
-def _cpu_signature() -> str:
-    """The CPU model and feature flags: a build for one CPU must not run on another."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("MDTRAIN_CACHE_DIR")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mdtrain"
-
-
-def _torch_lib_dir() -> Path:
-    return Path(torch.__file__).parent / "lib"
-
-
-def _openmp_link_args() -> list[str]:
-    """Link against the OpenMP runtime torch uses, so that both share one thread pool."""
-    bundled = sorted(_torch_lib_dir().glob("libgomp*.so*"))
-    if bundled:
-        return [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"]
-    return []
-
-
-def _build(compiler: str) -> Path:
-    """Compile the kernels (or find them in the cache); raises ``RuntimeError`` with the reason."""
-    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
-    try:
-        version = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RuntimeError(f"no C++ compiler ({compiler}): {exc}") from None
-    link = _openmp_link_args()
-    key = hashlib.sha256(
-        "\0".join(
-            [
-                SOURCE.read_text(),
-                version,
-                " ".join(flags + link),
-                torch.__version__,
-                _cpu_signature(),
-            ]
-        ).encode()
-    ).hexdigest()[:16]
-    name = f"embedding-{key}.so"
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"mdtrain-{os.getuid()}"):
-        target = folder / name
-        if target.exists():
-            return target
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(folder, os.W_OK):
-            break
-    else:
-        raise RuntimeError(f"no writable folder for the build ({_cache_dir()})")
-    # Several ranks may build at once: each writes its own file and renames it into place.
-    log.info("building the compiled embedding kernels (once per machine type): %s", target)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        result = subprocess.run(
-            [compiler, *flags, str(SOURCE), "-o", tmp, *link],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if result.returncode != 0:
-            first = (result.stderr.strip().splitlines() or ["(no output)"])[0]
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {first}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 class Kernels:
@@ -162,14 +68,6 @@ class Kernels:
         self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, *map(_address, threads))
         self.blas = chosen
         return chosen
-
-    def supports(self, *tensors: Tensor) -> bool:
-        first = tensors[0]
-        return (
-            first.device.type == "cpu"
-            and first.dtype in (torch.float32, torch.float64)
-            and all(t.dtype == first.dtype for t in tensors)
-        )
 
     def _fn(self, name: str, dtype: torch.dtype):
         return getattr(self.lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
@@ -240,49 +138,8 @@ class Kernels:
         return out
 
 
-class BlockPlan(NamedTuple):
-    """How the kernels cut one embedding call into blocks of centres (int64 tensors).
-
-    Block b holds the centres ``order[start[b] : start[b + 1]]`` and evaluates the first
-    ``width[b]`` slots of each, as tape rows from ``row0[b]``; ``widths`` (B,) is each centre's
-    evaluated width in the original order; ``row0[-1]`` is the number of tape rows.
-    """
-
-    order: Tensor
-    start: Tensor
-    width: Tensor
-    row0: Tensor
-    widths: Tensor
-
-    @property
-    def rows(self) -> int:
-        return int(self.row0[-1])
-
-
-def plan_blocks(used: Tensor | None, nc: int, n: int) -> BlockPlan:
-    """Blocks of about ``BLOCK_ROWS`` rows over ``nc`` centres with ``n`` slot columns.
-
-    ``used`` (B,): the slots each centre needs (one past its last real neighbour). Centres are
-    then sorted by it, so that a block's width, its largest ``used``, wastes few rows on padding
-    (about 10 % fewer rows than the rectangle on water). None: every centre evaluates all n.
-    """
-    per = centres_per_block(nc, n)
-    start = torch.cat([torch.arange(0, nc, per), torch.tensor([nc])])
-    if used is None:
-        order = torch.arange(nc)
-        width = torch.full((len(start) - 1,), n, dtype=torch.int64)
-    else:
-        used = used.to(device="cpu", dtype=torch.int64)
-        order = torch.sort(used, descending=True, stable=True).indices
-        width = used[order][start[:-1]]
-    sizes = start[1:] - start[:-1]
-    row0 = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes * width, 0)])
-    widths = torch.empty(nc, dtype=torch.int64)
-    widths[order] = torch.repeat_interleave(width, sizes)
-    return BlockPlan(order, start, width, row0, widths)
-
-
-def _plan_args(plan: BlockPlan) -> list:
+def _plan_args(plan) -> list:
+    """A ``kernel_nodes.BlockPlan`` as the kernels' arguments."""
     return [
         _pointer(plan.order),
         _pointer(plan.start),
@@ -298,7 +155,7 @@ def _address(fn) -> _P:
 
 def _torch_blas() -> tuple:
     """torch's own BLAS (32-bit integers), with MKL's per-thread thread count when present."""
-    torch_cpu = ctypes.CDLL(str(_torch_lib_dir() / "libtorch_cpu.so"))
+    torch_cpu = ctypes.CDLL(str(torch_lib_dir() / "libtorch_cpu.so"))
     try:
         dgemm, sgemm = torch_cpu.dgemm_, torch_cpu.sgemm_
     except AttributeError:
@@ -364,26 +221,20 @@ def net_args(layout: tuple, params, tape) -> list:
     ]
 
 
-def centres_per_block(nc: int, n: int) -> int:
-    """Centres per block: about ``BLOCK_ROWS`` rows, and a whole number of blocks per thread
-    (the threads take blocks in turn)."""
-    threads = torch.get_num_threads()
-    rounds = max(1, round(nc * max(n, 1) / (BLOCK_ROWS * threads)))
-    return max(1, -(-nc // (rounds * threads)))
+_loaded: Kernels | RuntimeError | None = None
 
 
-@lru_cache(maxsize=1)
-def kernels() -> Kernels | None:
-    """The compiled kernels, or None (reason logged once) when they cannot be used here."""
-    if os.environ.get("MDTRAIN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    if platform.system() != "Linux" or not (_torch_lib_dir() / "libtorch_cpu.so").exists():
-        log.info("compiled embedding kernels: not supported on this platform; using PyTorch ops")
-        return None
-    try:
-        loaded = Kernels(_build(os.environ.get("CXX", "c++")))
-        log.info("compiled embedding kernels in use (products on %s)", loaded.blas)
-        return loaded
-    except (RuntimeError, OSError) as exc:
-        log.warning("compiled embedding kernels unavailable (%s); using PyTorch ops", exc)
-        return None
+def load_kernels() -> Kernels:
+    """The compiled kernels, built or taken from the cache once per process; raises
+    ``RuntimeError`` saying why they cannot be used here (the same error on every call)."""
+    global _loaded
+    if _loaded is None:
+        try:
+            if platform.system() != "Linux" or not (torch_lib_dir() / "libtorch_cpu.so").exists():
+                raise RuntimeError("not supported on this platform")
+            _loaded = Kernels(build(os.environ.get("CXX", "c++")))
+        except (RuntimeError, OSError) as exc:
+            _loaded = RuntimeError(str(exc))
+    if isinstance(_loaded, RuntimeError):
+        raise _loaded
+    return _loaded

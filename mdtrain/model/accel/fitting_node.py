@@ -1,4 +1,5 @@
-"""A fitting net's output and its input gradient as one autograd node (tanh nets, eager only).
+"""A fitting net's output and its input gradient as one autograd node (tanh nets, eager only),
+used by both accelerated backends.
 
 The force loss differentiates the fitting net's input gradient ``g = de/dx`` w.r.t. the
 parameters. Written as plain operations, autograd records every product and elementwise step of
@@ -16,9 +17,8 @@ fold(g_(k+1))``. Its reverse (cotangent ``ḡ`` of ``g_0``) gives ``p̄ = ḡW``
 import torch
 from torch import Tensor
 
-from mdtrain.model.fused_embedding import skip_fold, tanh_grad
-
-Layout = tuple[tuple[int, int, bool], ...]  # per hidden layer: (n_in, skip, has idt)
+from mdtrain.model.accel.layout import Layout, layer_layout, layer_params, skip_fold, tanh_grad
+from mdtrain.model.fitting import EnergyFitting
 
 
 def _unfold(grad: Tensor, skip: int) -> Tensor | None:
@@ -45,9 +45,22 @@ def _split(layout: Layout, params: tuple[Tensor, ...]) -> list[tuple[Tensor, ...
     return [tuple(params[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
-def value_and_input_grad(x: Tensor, layout: Layout, params: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """``(e, de/dx)`` for rows ``x`` (rows, n_in): e (rows, 1), de/dx (rows, n_in)."""
-    return _ValueAndInputGrad.apply(x, layout, *params)
+def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor):
+    """Atomic energies (nf, N) float64 and their gradient w.r.t. D (nf, N, dim_in) in the
+    fitting dtype, one node per type's net (``EnergyFitting.forward`` plus its input gradient,
+    as an ordinary first-order function of the parameters)."""
+    nf, natoms = descriptor.shape[0], descriptor.shape[1]
+    dim_in = fitting.dim_in
+    out = torch.zeros(nf, natoms, dtype=torch.float64, device=descriptor.device)
+    grad = torch.zeros(nf, natoms, dim_in, dtype=fitting.dtype, device=descriptor.device)
+    for c, net in enumerate(fitting.networks):
+        idx = torch.nonzero(atype == c).view(-1)
+        d_c = descriptor.index_select(1, idx).reshape(-1, dim_in).to(fitting.dtype)
+        layout = layer_layout(net.layers[:-1])  # the hidden layers; the output layer is fixed
+        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *layer_params(net.layers))
+        out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
+        grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, dim_in))
+    return out, grad
 
 
 class _ValueAndInputGrad(torch.autograd.Function):

@@ -1,88 +1,88 @@
-"""The embedding net's fused autograd nodes (tanh nets, eager only): G, dG/ds and the
-contraction T = Σ R̃ᵀG in one node, and the row gradients dE/dR̃ in another that hands its
-gradient back in factored form. Both directions walk blocks of rows through all layers so that
-a block's intermediate tensors stay in cache (the step is memory-bound). ``EmbeddingNet``
-(``mdtrain.model.network``) switches between these and plain operations
-(``fused_backward``); ``tests/test_model_fastpaths.py`` checks that both agree. On CPUs both
-nodes hand their work to compiled kernels (``mdtrain.model.native``) when those can be built;
-the PyTorch code here is then the reference they are tested against, and the fallback.
+"""The fused PyTorch nodes of a tanh embedding net (eager only): G, dG/ds and the contraction
+T = Σ R̃ᵀG in one autograd node, and the row gradients dE/dR̃ in another that hands its gradient
+back in factored form. Both directions walk blocks of rows through all layers so that a block's
+intermediate tensors stay in cache (the step is memory-bound). ``TorchEmbedding`` is the "fused"
+backend's embedding; ``kernel_nodes`` runs the same two nodes on the compiled kernels, reusing
+the tape defined here.
 """
+
+from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from mdtrain.model import native
+from mdtrain.model.accel.layout import (
+    add_cross_product,
+    layer_layout,
+    layer_params,
+    skip_fold,
+    tanh_grad,
+)
+from mdtrain.model.network import EmbeddingNet
 
 
-def tanh_grad(grad: Tensor, y: Tensor) -> Tensor:
-    """``grad · (1 − y²)``, the chain rule through ``y = tanh(x)``: one fused pass, and itself
-    differentiable (so explicit derivatives built from it train with a first-order backward)."""
-    return torch.ops.aten.tanh_backward(grad, y)
+class EmbeddedBlock(NamedTuple):
+    """One embedding call over the leading ``n`` slot columns from ``lo`` of one group of rows
+    (group: all rows with ``type_one_side``, else the rows of one centre type). ``plan`` is the
+    compiled kernels' ``BlockPlan`` (None for the PyTorch nodes)."""
+
+    value: Tensor  # G
+    slope: Tensor  # dG/ds
+    group: int
+    lo: int
+    n: int
+    plan: object | None
 
 
-def value_and_slope(s: Tensor, layout: tuple, params: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """(G, dG/ds) (rows, M) of the net given by ``layout``/``params`` at inputs s (rows, 1)."""
-    return _ValueAndSlope.apply(s, layout, *params)
+def padded_tail(rows: Tensor, g: Tensor, types: Tensor | None) -> Tensor:
+    """Σ R̃ᵀG over columns that are padding for every row: one value per centre type of
+    ``rows`` (types, cols, 4), broadcast to the rows (``types``) or (1, 4, M) for one centre;
+    ``g`` is G of ``rows`` flattened."""
+    tail = torch.matmul(rows.transpose(1, 2), g.view(rows.shape[0], rows.shape[1], -1))
+    return tail[types] if types is not None else tail
 
 
-def embed_contract(rows: Tensor, layout: tuple, params: list[Tensor], used: Tensor | None = None):
-    """``(T, G, dG/ds, plan)`` for rows (B, 4, n) with ``s = rows[:, 0]``, T = Σ_j R̃_jᵀ G(s_j).
+class TorchEmbedding:
+    """The embedding contraction and its row gradients as the fused PyTorch nodes."""
 
-    With the compiled kernels (``mdtrain.model.native``), ``plan`` (a ``BlockPlan`` as a list
-    of tensors) says which slots were evaluated: the first ``plan.widths[c]`` of centre c, after
-    sorting centres by ``used`` (B,), the slots each needs. T then lacks the share of the other
-    slots, which are padding, and G, dG/ds are (tape rows, M) in the plan's order. Otherwise
-    ``plan`` is empty, every slot is evaluated, and G, dG/ds are (B, n, M).
-    """
-    kernels = native.kernels() if rows.device.type == "cpu" else None  # no build on GPU runs
-    plan = None
-    if kernels is not None and kernels.supports(rows, *params):
-        plan = native.plan_blocks(used, rows.shape[0], rows.shape[2])
-    tmat, value, slope = _EmbedContract.apply(rows, plan, layout, *params)
-    return tmat, value, slope, [] if plan is None else list(plan)
+    name = "fused"
 
+    def contract(
+        self,
+        net: EmbeddingNet,
+        rows: Tensor,
+        n: int,
+        pad: Tensor,
+        types: Tensor | None,
+        tmat: Tensor,
+        group: int,
+        lo: int,
+        mask: Tensor,
+    ) -> tuple[Tensor, EmbeddedBlock | None]:
+        """``tmat`` plus Σ R̃ᵀG over one block of slot columns from ``lo``: rows (B, 4, w) of
+        which the first ``n`` hold a real neighbour for some row (``mask`` (B, w)); the other
+        columns are padding for every row, so their share is computed once per centre type
+        (``types`` (B,), or None for one centre) from the padded rows ``pad`` (types, w, 4)."""
+        block = None
+        if n > 0:
+            t_k, value, slope = _EmbedContract.apply(
+                rows[:, :, :n], layer_layout(net.layers), *layer_params(net.layers)
+            )
+            tmat = tmat + t_k
+            block = EmbeddedBlock(value, slope, group, lo, n, None)
+        if n < rows.shape[2]:
+            tail = pad[:, n:]
+            tmat = tmat + padded_tail(tail, net(tail[:, :, 0].reshape(-1, 1)), types)
+        return tmat, block
 
-def row_grad_fused(
-    tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan: list[Tensor]
-) -> Tensor:
-    """dE/dR̃ (B, n, 4) = ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` for rows (B, 4, n) and the
-    ``plan`` of ``embed_contract`` (0 on slots it did not evaluate): the ``_RowGrad`` node
-    (eager only), whose backward hands its gradient to the ``_EmbedContract`` node that made G
-    and G' in factored form."""
-    return _RowGrad.apply(tbar, value, slope, rows, native.BlockPlan(*plan) if plan else None)
+    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
+        """dE/dR̃ (B, n, 4) of the block's columns, rows (B, 4, n)."""
+        return _RowGrad.apply(tbar, block.value, block.slope, rows)
 
-
-def add_cross_product(total: Tensor, left: Tensor, right: Tensor) -> None:
-    """``total += leftᵀ right`` over many rows. Split into two halves of rows, the two
-    products run as one batched product, one per thread, and are then added: 10–20 % faster
-    for these narrow shapes than one product split by the BLAS library."""
-    rows = left.shape[0]
-    if rows < 512 or left.shape[1] == 1:
-        total.addmm_(left.t(), right)
-        return
-    if rows % 2:  # the last row on its own
-        total.addr_(left[-1], right[-1])
-        rows -= 1
-    half = rows // 2
-    halves = torch.bmm(
-        left[:rows].view(2, half, -1).transpose(1, 2), right[:rows].view(2, half, -1)
-    )
-    total += halves[0]
-    total += halves[1]
-
-
-def skip_fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
-    """Gradient reaching a layer's input through its skip connection."""
-    if skip == 1:
-        return grad
-    if skip == 2:
-        return torch.add(grad[:, :n_in], grad[:, n_in:])  # faster than a 2-wide reduction
-    return None
-
-
-def _dense(t: Tensor | None) -> Tensor | None:
-    """A cotangent as a contiguous tensor (autograd may hand over expanded or sliced ones)."""
-    return None if t is None else t.contiguous()
+    def __deepcopy__(self, memo):  # stateless: copies of a model share it
+        return self
 
 
 class _Tape:
@@ -210,41 +210,10 @@ class _Tape:
         return gy
 
 
-class _ValueAndSlope(torch.autograd.Function):
-    """(G, dG/ds) of a tanh embedding net as one autograd node (see ``_Tape``). First-order
-    only: it is never differentiated again (forces do not backpropagate through it)."""
-
-    @staticmethod
-    def forward(ctx, s: Tensor, layout: tuple, *params: Tensor) -> tuple[Tensor, Tensor]:
-        tape = _Tape(s, layout, params)
-        for lo in range(0, s.shape[0], tape.block):
-            tape.forward_rows(lo, min(lo + tape.block, s.shape[0]))
-        ctx.layout = layout
-        ctx.save_for_backward(s, *params, *tape.saved_tensors())
-        return tape.value, tape.slope
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, gy: Tensor, gdy: Tensor):
-        s, *rest = ctx.saved_tensors
-        nparams = sum(3 if has_idt else 2 for _, _, has_idt in ctx.layout)
-        tape = _Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
-        grads = tape.new_grads()
-        s_grad = torch.empty_like(s) if ctx.needs_input_grad[0] else None
-        rows = s.shape[0]
-        for lo in range(0, rows, tape.block):
-            hi = min(lo + tape.block, rows)
-            g = tape.backward_rows(lo, hi, gy[lo:hi], gdy[lo:hi], grads)
-            if s_grad is not None:
-                s_grad[lo:hi] = g
-        return (s_grad, None, *grads)
-
-
 class _EmbedContract(torch.autograd.Function):
     """``T = Σ_j R̃_jᵀ G(s_j)`` (B, 4, M) for rows ``R̃`` (B, 4, n) with ``s = R̃[:, 0]``; also
     returns G and dG/ds (B, n, M) for ``_RowGrad``. Blocks of centres run the embedding net
-    and the contraction while their rows are in cache. Given a ``native.BlockPlan``, the
-    compiled kernels do both directions instead, on the plan's blocks (see ``embed_contract``).
+    and the contraction while their rows are in cache.
 
     In the backward, the gradient reaching G and dG/ds through ``_RowGrad`` arrives in
     factored form (``Z``, ``T̄``, left on this node by ``_RowGrad.backward``), so that the
@@ -254,28 +223,22 @@ class _EmbedContract(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, rows: Tensor, plan, layout: tuple, *params: Tensor):
+    def forward(ctx, rows: Tensor, layout: tuple, *params: Tensor):
         nc, n = rows.shape[0], rows.shape[2]
-        s = rows[:, 0, :].reshape(-1, 1) if plan is None else rows.new_empty(plan.rows, 1)
+        s = rows[:, 0, :].reshape(-1, 1)
         tape = _Tape(s, layout, params)
         m = tape.value.shape[1]
         tmat = rows.new_empty(nc, 4, m)
-        ctx.plan = plan
-        if plan is not None:
-            native.kernels().embed_forward(rows, layout, params, tape, plan, tmat)
-        else:
-            ctx.centres = max(1, tape.block // n)
-            for c0 in range(0, nc, ctx.centres):
-                c1 = min(c0 + ctx.centres, nc)
-                tape.forward_rows(c0 * n, c1 * n)
-                g = tape.value[c0 * n : c1 * n].view(c1 - c0, n, m)
-                torch.bmm(rows[c0:c1], g, out=tmat[c0:c1])
+        ctx.centres = max(1, tape.block // n)
+        for c0 in range(0, nc, ctx.centres):
+            c1 = min(c0 + ctx.centres, nc)
+            tape.forward_rows(c0 * n, c1 * n)
+            g = tape.value[c0 * n : c1 * n].view(c1 - c0, n, m)
+            torch.bmm(rows[c0:c1], g, out=tmat[c0:c1])
         ctx.layout = layout
         ctx.row_grad = None
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(rows, s, *params, *tape.saved_tensors())
-        if plan is not None:
-            return tmat, tape.value, tape.slope
         return tmat, tape.value.view(nc, n, m), tape.slope.view(nc, n, m)
 
     @staticmethod
@@ -286,13 +249,6 @@ class _EmbedContract(torch.autograd.Function):
         tape = _Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
         grads = tape.new_grads()
         row_grad, ctx.row_grad = ctx.row_grad, None
-        if ctx.plan is not None:
-            z, tbar = (None, None) if row_grad is None else (row_grad[0], row_grad[2])
-            cotangents = [_dense(c) for c in (tbar_t, gv, gs, z, tbar)]
-            native.kernels().embed_backward(
-                rows, ctx.layout, tape.params, tape, ctx.plan, cotangents, grads
-            )
-            return (None, None, None, *grads)
         nc, n = rows.shape[0], rows.shape[2]
         m = tape.value.shape[1]
         per = ctx.centres
@@ -314,7 +270,7 @@ class _EmbedContract(torch.autograd.Function):
             if gs is not None:
                 gdy += gs[c0:c1]
             tape.backward_rows(c0 * n, c1 * n, gy.view(-1, m), gdy.view(-1, m), grads)
-        return (None, None, None, *grads)
+        return (None, None, *grads)
 
 
 class _RowGrad(torch.autograd.Function):
@@ -322,16 +278,11 @@ class _RowGrad(torch.autograd.Function):
     ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` with G, G' from ``_EmbedContract`` (its outputs)."""
 
     @staticmethod
-    def forward(ctx, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        ctx.plan = plan
-        if plan is not None:
-            tbar = tbar.contiguous()
-            rbar = native.kernels().row_grad(tbar, value, slope, rows, plan)
-        else:
-            tbar_t = tbar.transpose(1, 2)
-            rbar = torch.bmm(value, tbar_t)
-            sbar = (torch.bmm(slope, tbar_t) * rows.transpose(1, 2)).sum(dim=-1)
-            rbar[:, :, 0] += sbar
+    def forward(ctx, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor) -> Tensor:
+        tbar_t = tbar.transpose(1, 2)
+        rbar = torch.bmm(value, tbar_t)
+        sbar = (torch.bmm(slope, tbar_t) * rows.transpose(1, 2)).sum(dim=-1)
+        rbar[:, :, 0] += sbar
         ctx.producer = value.grad_fn
         ctx.save_for_backward(tbar, value, slope, rows)
         return rbar
@@ -341,19 +292,11 @@ class _RowGrad(torch.autograd.Function):
     def backward(ctx, z: Tensor):
         tbar, value, slope, rows = ctx.saved_tensors
         producer = ctx.producer
-        to_producer = producer is not None and isinstance(producer, _EmbedContract._backward_cls)
-        if ctx.plan is not None:
-            z = z.contiguous()
-            tbar_grad = native.kernels().row_grad_tbar(z, value, slope, rows, ctx.plan)
-            if not to_producer:
-                raise RuntimeError("compiled row gradients need G and dG/ds from embed_contract")
-            producer.row_grad = (z, None, tbar)
-            return tbar_grad, None, None, None, None
         zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
         tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
-        if to_producer:
+        if producer is not None and isinstance(producer, _EmbedContract._backward_cls):
             producer.row_grad = (z, zr, tbar)
-            return tbar_grad, None, None, None, None
+            return tbar_grad, None, None, None
         gv = torch.bmm(z, tbar)
         gs = torch.bmm(zr, tbar)
-        return tbar_grad, gv, gs, None, None
+        return tbar_grad, gv, gs, None

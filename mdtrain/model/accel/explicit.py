@@ -1,0 +1,85 @@
+"""The energy model with explicit first-order derivatives: the accelerated backends' model.
+
+``ExplicitEnergyModel`` has the reference model's modules, parameters and buffers (so a
+checkpoint does not depend on which backend wrote it) and replaces only ``forward``: energies,
+forces and virials from ``explicit_descriptor`` and the fused fitting node, with the embedding
+work done by the ``EmbeddingOps`` it was built with. It exists for tanh networks in float32 or
+float64; ``mdtrain.model.backend`` decides when it is used.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mdtrain.model.accel.explicit_descriptor import (
+    EmbeddingOps,
+    backward_explicit,
+    forward_explicit,
+)
+from mdtrain.model.accel.fitting_node import fitting_with_grad
+from mdtrain.model.energy import EnergyModel
+
+
+class ExplicitEnergyModel(EnergyModel):
+    """``EnergyModel`` whose forces and virials are explicit operations (no double backward)."""
+
+    def __init__(self, model_config: dict, embedding: EmbeddingOps) -> None:
+        super().__init__(model_config)
+        self.embedding = embedding
+        self.backend = embedding.name
+
+    def forward(
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+    ) -> dict[str, Tensor]:
+        """As ``EnergyModel.forward``; a graph (for a loss on any output) is built only when
+        training with grad enabled."""
+        if torch.is_grad_enabled() and self.training:
+            return self._evaluate(coord, atype, box, nlist, shift)
+        with torch.no_grad():
+            return self._evaluate(coord, atype, box, nlist, shift)
+
+    def _evaluate(
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+    ) -> dict[str, Tensor]:
+        """Energy, forces and virial with dE/d(pair vector) written as explicit operations.
+
+        The derivative is an ordinary first-order function of the parameters: a force loss
+        trains without any double backward, and the pair vectors never need a graph. Forces
+        gather ``g = dE/dd`` over the pairs (``d = r_j − r_i + shift``): ``F_i = Σ_j g_ij −
+        Σ_(k,j)→i g_kj``; ``virial = −Σ g ⊗ d``.
+        """
+        x = coord.detach().to(torch.float64)
+        cell: Tensor | None = None
+        if box is not None:
+            cell = box.detach().to(torch.float64)
+        diff = self.pair_vectors(x, cell, nlist, shift)
+        descriptor, cache = forward_explicit(self.descriptor, self.embedding, diff, nlist, atype)
+        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
+        atom_energy = atom_energy + self.out_bias[atype]
+        if self.has_atom_exclusions:
+            keep = self.atom_keep[atype]
+            atom_energy = atom_energy * keep
+            grad = grad * keep.to(grad.dtype).view(1, -1, 1)
+        g = backward_explicit(self.descriptor, self.embedding, grad, cache, atype)
+        nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
+        frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
+        target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
+        pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)
+        pulled = pulled.index_add(0, target, g.reshape(-1, 3))
+        force = g.sum(dim=2) - pulled.view(nf, natoms, 3)
+        virial = -torch.bmm(
+            g.reshape(nf, natoms * nnei, 3).transpose(1, 2), diff.reshape(nf, natoms * nnei, 3)
+        )
+        energy = atom_energy.sum(dim=-1)
+        return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

@@ -1,0 +1,213 @@
+"""The se_e2_a descriptor with its derivative written out: D and, later, dE/d(pair vector) from
+dE/dD, as explicit first-order operations instead of a second autograd pass.
+
+The reference (``mdtrain.model.descriptor``) gives D; forces then need ``autograd.grad`` with
+``create_graph`` and the force loss a double backward through every net. Here the embedding
+net returns G and dG/ds together, the environment matrix its derivative coefficients, and
+``backward_explicit`` chains them by hand, so a force loss trains with one first-order backward.
+The embedding work goes through an ``EmbeddingOps`` (``TorchEmbedding`` or ``KernelEmbedding``),
+chosen once when the model is built.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from mdtrain.model.accel.embedding_nodes import EmbeddedBlock
+from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
+from mdtrain.model.network import EmbeddingNet
+
+
+class EmbeddingOps(Protocol):
+    """How one backend evaluates the embedding contraction of a block of slot columns and its
+    row gradients (``TorchEmbedding``, ``KernelEmbedding``)."""
+
+    name: str
+
+    def contract(self, net: EmbeddingNet, rows: Tensor, n: int, pad: Tensor, types, tmat, group,
+                 lo, mask) -> tuple[Tensor, EmbeddedBlock | None]: ...  # fmt: skip
+
+    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor: ...
+
+
+class ExplicitCache(NamedTuple):
+    """What ``backward_explicit`` needs from ``forward_explicit``."""
+
+    diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
+    coef: Tensor  # (nf, N, nnei, 3) [h, c0, c1] of ``env_matrix_and_derivative``, 0 if padded
+    scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
+    tmats: list[Tensor]  # per group: T = Σ R̃ᵀG / nnei, (B, 4, M)
+    rows: list[Tensor]  # per group: normalised rows (B, nnei, 4)
+    blocks: list[EmbeddedBlock]
+
+
+def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
+    """d(smooth_weight)/dr ``= -30u²(1-u)²/(rcut - rcut_smth)``; 0 outside (rcut_smth, rcut)."""
+    width = rcut - rcut_smth
+    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / width
+    v = u * (1.0 - u)
+    return v * v * (-30.0 / width)
+
+
+def env_matrix_and_derivative(
+    desc: DescriptorSeA, diff: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``desc.env_matrix`` and coefficients ``[h, c0, c1]`` (nf, N, nnei, 3) of its derivative.
+
+    For the row ``[w/rp, d·h]`` (``h = w/rp²``, ``rp = r + env_protection``), a gradient
+    ``q`` w.r.t. the row pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with
+    ``c₀ = (w'/rp − h)/r`` and ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 where ~mask.
+    """
+    far = torch.full_like(diff, 2.0 * desc.rcut)
+    diff = torch.where(mask.unsqueeze(-1), diff, far)
+    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+    rp = r + desc.env_protection
+    keep = mask.unsqueeze(-1).to(diff.dtype)
+    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
+    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
+    inv = w / rp
+    h = inv / rp
+    raw = torch.cat([inv, diff * h], dim=-1)
+    slope = dw / rp
+    coef = torch.cat([h, (slope - h) / r, (slope - 2.0 * h) / (rp * r)], dim=-1)
+    return raw, coef
+
+
+def pull_back_rows(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+    """dE/dd (…, 3) from dE/d(raw row) ``qbar`` (…, 4); see ``env_matrix_and_derivative``."""
+    q_ang = qbar[..., 1:]
+    h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
+    radial = qbar[..., 0:1] * c0 + (q_ang * diff).sum(dim=-1, keepdim=True) * c1
+    return torch.addcmul(diff * radial, h, q_ang)
+
+
+def forward_explicit(
+    desc: DescriptorSeA, ops: EmbeddingOps, diff: Tensor, nlist: Tensor, atype: Tensor
+) -> tuple[Tensor, ExplicitCache]:
+    """Descriptor D (nf, N, M·axis) like ``desc.forward``, plus what ``backward_explicit``
+    needs; nothing here needs ``diff`` to require grad."""
+    nf, natoms = diff.shape[0], diff.shape[1]
+    mask = nlist >= 0
+    diff = diff.to(desc.dtype)
+    raw, coef = env_matrix_and_derivative(desc, diff, mask)
+    davg_all, dstd_all = desc.davg.to(desc.dtype), desc.dstd.to(desc.dtype)
+    dstd = dstd_all[atype]
+    rr = (raw - davg_all[atype]) / dstd
+    scale = 1.0 / dstd
+    if desc.has_exclusions:
+        keep = desc.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
+        rr = rr * keep
+        scale = scale * keep
+    pad = -davg_all / dstd_all  # normalised rows of padded slots, per centre type
+    scale = scale.expand_as(rr)
+    tmats: list[Tensor] = []
+    rows_of: list[Tensor] = []
+    blocks: list[EmbeddedBlock] = []
+    if desc.type_one_side:
+        rows = rr.view(nf * natoms, desc.nnei, 4)
+        types = atype.repeat(nf)
+        tmat = _contract(desc, ops, rows, mask.view(-1, desc.nnei), pad, types, -1, blocks)
+        cache = ExplicitCache(diff, coef, scale, [tmat], [rows], blocks)
+        return desc.descriptor_of_t(tmat).view(nf, natoms, desc.dim_out), cache
+    out = torch.zeros(nf, natoms, desc.dim_out, dtype=rr.dtype, device=rr.device)
+    for c in range(desc.ntypes):
+        idx = torch.nonzero(atype == c).view(-1)
+        rows = rr.index_select(1, idx).reshape(-1, desc.nnei, 4)
+        mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
+        tmat = _contract(desc, ops, rows, mask_c, pad, None, c, blocks)
+        out = out.index_copy(1, idx, desc.descriptor_of_t(tmat).view(nf, -1, desc.dim_out))
+        tmats.append(tmat)
+        rows_of.append(rows)
+    return out, ExplicitCache(diff, coef, scale, tmats, rows_of, blocks)
+
+
+def backward_explicit(
+    desc: DescriptorSeA,
+    ops: EmbeddingOps,
+    grad: Tensor,
+    cache: ExplicitCache,
+    atype: Tensor,
+) -> Tensor:
+    """dE/d(diff) (nf, N, nnei, 3) float64 from dE/dD ``grad`` (nf, N, M·axis).
+
+    ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
+    through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
+    """
+    nf, natoms = grad.shape[0], grad.shape[1]
+    grad = grad.to(desc.dtype)
+    if desc.type_one_side:
+        rbar = _row_grad(desc, ops, grad.reshape(nf * natoms, -1), 0, cache)
+        rbar = rbar.view(nf, natoms, desc.nnei, 4)
+    else:
+        rbar = torch.zeros(nf, natoms, desc.nnei, 4, dtype=grad.dtype, device=grad.device)
+        for c in range(desc.ntypes):
+            idx = torch.nonzero(atype == c).view(-1)
+            g_c = grad.index_select(1, idx).reshape(-1, desc.dim_out)
+            rbar_c = _row_grad(desc, ops, g_c, c, cache).view(nf, -1, desc.nnei, 4)
+            rbar = rbar.index_copy(1, idx, rbar_c)
+    grad_diff = pull_back_rows(rbar * cache.scale, cache.diff, cache.coef)
+    return grad_diff.to(torch.float64)
+
+
+def _contract(
+    desc: DescriptorSeA,
+    ops: EmbeddingOps,
+    rr: Tensor,
+    mask: Tensor,
+    pad: Tensor,
+    types: Tensor | None,
+    centre: int,
+    blocks: list[EmbeddedBlock],
+) -> Tensor:
+    """T/nnei (B, 4, M) for rows rr (B, nnei, 4), appending the embedding blocks to ``blocks``.
+
+    ``centre`` -1: one net per neighbour type, rows of any centre type (``types`` (B,));
+    otherwise only rows of that centre type and nets ``centre + t·ntypes``. Each net embeds
+    only the leading columns of its block that hold a real neighbour for some row.
+    """
+    rr_cols = rr.transpose(1, 2).contiguous()  # (B, 4, nnei): blocks are plain bmm operands
+    tmat = torch.zeros(rr.shape[0], 4, desc.neuron_out, dtype=rr.dtype, device=rr.device)
+    first, last = (centre, centre + 1) if centre >= 0 else (0, desc.ntypes)
+    for k, net in enumerate(desc.networks):
+        if centre >= 0 and k % desc.ntypes != centre:
+            continue
+        t = k if centre < 0 else k // desc.ntypes
+        lo, hi = desc.offsets[t], desc.offsets[t + 1]
+        used = torch.nonzero(mask[:, lo:hi].any(dim=0))
+        n = int(used.max()) + 1 if used.numel() > 0 else 0
+        tmat, block = ops.contract(
+            net, rr_cols[:, :, lo:hi], n, pad[first:last, lo:hi], types, tmat,
+            max(centre, 0), lo, mask[:, lo:hi],
+        )  # fmt: skip
+        if block is not None:
+            blocks.append(block)
+    return tmat / desc.nnei
+
+
+def _row_grad(
+    desc: DescriptorSeA, ops: EmbeddingOps, grad: Tensor, group: int, cache: ExplicitCache
+) -> Tensor:
+    """dE/dR̃ (B, nnei, 4) of one group from its dE/dD (B, M·axis)."""
+    t = cache.tmats[group]
+    rows = cache.rows[group]
+    axis = desc.axis_neuron
+    dd = grad.view(-1, desc.neuron_out, axis)
+    tbar = torch.bmm(t[:, :, :axis], dd.transpose(1, 2))
+    tbar = torch.cat([tbar[:, :, :axis] + torch.bmm(t, dd), tbar[:, :, axis:]], dim=2)
+    tbar = tbar / desc.nnei
+    pieces: list[Tensor] = []
+    col = 0
+    for block in cache.blocks:
+        if block.group != group:
+            continue
+        lo, n = block.lo, block.n
+        if lo > col:
+            pieces.append(rows.new_zeros(rows.shape[0], lo - col, 4))
+        pieces.append(ops.row_grad(tbar, block, rows[:, lo : lo + n].transpose(1, 2)))
+        col = lo + n
+    if col < desc.nnei:
+        pieces.append(rows.new_zeros(rows.shape[0], desc.nnei - col, 4))
+    return torch.cat(pieces, dim=1)

@@ -1,0 +1,122 @@
+"""Which implementation of the model runs: chosen once, here, when a model is built.
+
+Backends, in the order they are tried:
+
+1. ``kernels``: explicit first-order derivatives, the embedding net on the compiled C++ kernels
+   (``mdtrain.model.accel.kernel_nodes``): tanh networks, float32/float64, CPU tensors, and a
+   C++ compiler on the machine;
+2. ``fused``: the same maths on fused PyTorch autograd nodes (``accel.embedding_nodes``), on
+   any device: tanh networks, float32/float64;
+3. ``reference``: the plain model (``mdtrain.model.energy``): forces by autograd, any
+   activation; the one TorchScript and bf16 mixed precision use, and the one every other
+   backend is tested against.
+
+``MDTRAIN_BACKEND`` (or the ``backend`` argument) forces one; a forced backend that cannot run
+this model is an error, never a silent fallback. All backends share the reference model's
+parameters and buffers, so a checkpoint does not depend on the backend that wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model.accel.embedding_nodes import TorchEmbedding
+from mdtrain.model.accel.explicit import ExplicitEnergyModel
+from mdtrain.model.accel.kernel_nodes import KernelEmbedding
+from mdtrain.model.accel.kernels import load_kernels
+from mdtrain.model.autocast import use_bf16, uses_bf16
+from mdtrain.model.config import normalize_model_config
+from mdtrain.model.energy import EnergyModel
+
+log = logging.getLogger("mdtrain.model")
+
+BACKENDS = ("kernels", "fused", "reference")
+BACKEND_ENV = "MDTRAIN_BACKEND"
+_announced: set[str] = set()
+
+
+def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
+    """Why the explicit-derivative backends cannot run this model, or None."""
+    desc, fit = config["descriptor"], config["fitting_net"]
+    for where, part in (("descriptor", desc), ("fitting_net", fit)):
+        if part["activation_function"] != "tanh":
+            return f"model.{where}.activation_function is {part['activation_function']!r} (needs tanh)"
+    if mixed_precision == "bf16":
+        return "bf16 mixed precision runs the reference model"
+    return None
+
+
+def choose_backend(
+    config: dict,
+    device: torch.device,
+    mixed_precision: str | None = None,
+    forced: str | None = None,
+) -> tuple[str, str]:
+    """(backend name, why) for a normalised model config on ``device``; ``forced`` None reads
+    ``MDTRAIN_BACKEND`` ("auto" or unset: the first that can run)."""
+    choice = (forced or os.environ.get(BACKEND_ENV, "") or "auto").strip().lower()
+    if choice not in ("auto", *BACKENDS):
+        raise MDTrainError(f"{BACKEND_ENV}={choice!r} is not one of auto, {', '.join(BACKENDS)}")
+    problems = {"reference": None, "fused": explicit_problem(config, mixed_precision)}
+    problems["kernels"] = problems["fused"] or _kernel_problem(device)
+    if choice != "auto":
+        if problems[choice]:
+            raise MDTrainError(f"model backend {choice!r} cannot run here: {problems[choice]}")
+        return choice, "forced"
+    for name in BACKENDS:
+        if problems[name] is None:
+            skipped = [f"{n}: {problems[n]}" for n in BACKENDS[: BACKENDS.index(name)]]
+            return name, "; ".join(skipped) or "first choice"
+    raise AssertionError("the reference backend always runs")
+
+
+def build_model(
+    model_config: dict,
+    device: str | torch.device = "cpu",
+    mixed_precision: str | None = None,
+    backend: str | None = None,
+) -> EnergyModel:
+    """The model for ``model_config`` on ``device``, with the fastest backend that can run it
+    (see the module docstring); ``model.backend`` names the one chosen."""
+    device = torch.device(device)
+    config = normalize_model_config(model_config)
+    name, why = choose_backend(config, device, mixed_precision, backend)
+    if name == "kernels":
+        model = ExplicitEnergyModel(config, KernelEmbedding(load_kernels()))
+    elif name == "fused":
+        model = ExplicitEnergyModel(config, TorchEmbedding())
+    else:
+        model = EnergyModel(config)
+    if mixed_precision == "bf16":
+        use_bf16(model, device.type)
+    if name not in _announced:
+        _announced.add(name)
+        detail = f", products on {load_kernels().blas}" if name == "kernels" else ""
+        log.info("model backend: %s%s (%s)", name, detail, why)
+    return model.to(device)
+
+
+def as_reference(model: EnergyModel) -> EnergyModel:
+    """The reference model with ``model``'s parameters and buffers (for TorchScript)."""
+    if type(model) is EnergyModel and not uses_bf16(model):
+        return model
+    reference = EnergyModel(model.get_model_config())
+    reference.load_state_dict(model.state_dict())
+    return reference.to(next(model.buffers()).device).train(model.training)
+
+
+def _kernel_problem(device: torch.device) -> str | None:
+    if device.type != "cpu":
+        return f"the kernels take CPU tensors (device {device})"
+    try:
+        load_kernels()
+    except RuntimeError as exc:
+        if "kernels-unavailable" not in _announced:
+            _announced.add("kernels-unavailable")
+            log.warning("compiled embedding kernels unavailable (%s); using PyTorch ops", exc)
+        return f"compiled kernels unavailable ({exc})"
+    return None
