@@ -15,9 +15,9 @@ import torch
 
 import mdtrain.train.checkpoint as ckpt
 from mdtrain.errors import MDTrainError
+from mdtrain.model.files import load_checkpoint
 from mdtrain.train.checkpoint import (
     CheckpointManager,
-    load_checkpoint,
     load_rng_state,
     rng_state_dict,
     save_checkpoint,

@@ -63,7 +63,7 @@ def freeze_model(
 
 def run_freeze(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``."""
-    from mdtrain.train.checkpoint import load_checkpoint
+    from mdtrain.model.files import load_checkpoint
 
     if args.checkpoint and args.checkpoint_option:
         raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")

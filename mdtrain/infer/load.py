@@ -74,7 +74,7 @@ def load_model(
 ) -> torch.nn.Module:
     """The model stored in ``path`` (checkpoint or frozen), on ``device``, in eval mode; a
     frozen one as its TorchScript module only with ``scripted`` (see the module docstring)."""
-    from mdtrain.train.checkpoint import load_checkpoint
+    from mdtrain.model.files import load_checkpoint
 
     path = os.fspath(path)
     if not os.path.isfile(path):

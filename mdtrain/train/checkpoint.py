@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, safe loads, rotation and RNG state.
+"""Checkpoints: atomic writes, rotation and RNG state (reading is `mdtrain.model.files`).
 
 A checkpoint is one ``torch.save`` file holding a dict (only tensors and plain Python
 containers/ints/floats/str/None, so that ``torch.load(weights_only=True)`` can read it and
@@ -30,11 +30,9 @@ or a copy where symlinks fail) and the text file ``checkpoint`` at the newest on
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import logging
 import os
-import pickle
 import random
 import re
 import uuid
@@ -43,9 +41,7 @@ import numpy as np
 import torch
 
 from mdtrain.errors import MDTrainError
-
-FORMAT = "mdtrain-checkpoint"
-VERSION = 1
+from mdtrain.model.files import FORMAT, VERSION, checkpoint_io_error, load_checkpoint
 
 log = logging.getLogger("mdtrain.checkpoint")
 
@@ -70,16 +66,6 @@ def _fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _io_error(path: str, exc: OSError, action: str = "write") -> MDTrainError:
-    if exc.errno == errno.ENOSPC:
-        reason = "no space left on device"
-    elif exc.errno == errno.EDQUOT:
-        reason = "disk quota exceeded"
-    else:
-        reason = exc.strerror or str(exc)
-    return MDTrainError(f"cannot {action} checkpoint {path}: {reason}")
 
 
 def _atomic_write(path: str, data: bytes | memoryview) -> None:
@@ -112,50 +98,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     try:
         _atomic_write(path, buffer.getbuffer())
     except OSError as exc:
-        raise _io_error(path, exc) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return type(exc).__name__
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``; any problem is one-line `MDTrainError`."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise MDTrainError(f"checkpoint {path}: file not found")
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are I/O errors)
-    except OSError as exc:
-        raise _io_error(path, exc, action="read") from exc
-    try:
-        with f:
-            state = torch.load(f, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        detail = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln]
-        if detail:
-            raise MDTrainError(
-                f"checkpoint {path}: refused to load, it holds Python objects other than "
-                f"tensors and plain containers ({detail[0][:200]})"
-            ) from None
-        lines = [ln.strip() for ln in str(exc).split("WeightsUnpickler error:")[-1].splitlines()]
-        reason = next((ln for ln in lines if ln), _first_line(exc))[:200]
-        raise MDTrainError(f"checkpoint {path}: not a valid checkpoint file ({reason})") from None
-    except Exception as exc:  # zip/pickle/EOF errors (even OSError EINVAL) of a damaged file
-        raise MDTrainError(
-            f"checkpoint {path}: corrupt or truncated file ({_first_line(exc)})"
-        ) from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise MDTrainError(f"checkpoint {path}: not an mdtrain checkpoint")
-    if state.get("version") != VERSION:
-        raise MDTrainError(
-            f"checkpoint {path}: incompatible checkpoint version {state.get('version')!r} "
-            f"(this mdtrain reads version {VERSION})"
-        )
-    return state
+        raise checkpoint_io_error(path, exc) from exc
 
 
 # ----------------------------------------------------------------------------- RNG state
@@ -259,18 +202,18 @@ class CheckpointManager:
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
-            raise _io_error(self.directory, exc) from exc
+            raise checkpoint_io_error(self.directory, exc) from exc
         path = self.path_for(step)
         save_checkpoint(path, state)
         try:
             self._update_link(path)
         except OSError as exc:
-            raise _io_error(self.link_path, exc) from exc
+            raise checkpoint_io_error(self.link_path, exc) from exc
         try:
             index = os.path.relpath(path, self.out_dir) + "\n"
             _atomic_write(self.index_path, index.encode())
         except OSError as exc:
-            raise _io_error(self.index_path, exc) from exc
+            raise checkpoint_io_error(self.index_path, exc) from exc
         self._prune(step)
         return path
 

@@ -1,0 +1,75 @@
+"""Reading model files: a checkpoint written by training, loaded safely.
+
+Inference, freezing and training all read checkpoints; only training writes them (atomic
+writes, rotation and RNG state stay in ``mdtrain.train.checkpoint``, which documents the
+dict a checkpoint holds). Loading uses ``torch.load(weights_only=True)``, so it never runs
+code, and every problem becomes a one-line `MDTrainError` naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+
+import torch
+
+from mdtrain.errors import MDTrainError
+
+#: ``format`` and ``version`` entries of a checkpoint dict (written by ``save_checkpoint``).
+FORMAT = "mdtrain-checkpoint"
+VERSION = 1
+
+
+def checkpoint_io_error(path: str, exc: OSError, action: str = "write") -> MDTrainError:
+    """The one-line error for an I/O failure on checkpoint ``path`` (reading or writing)."""
+    if exc.errno == errno.ENOSPC:
+        reason = "no space left on device"
+    elif exc.errno == errno.EDQUOT:
+        reason = "disk quota exceeded"
+    else:
+        reason = exc.strerror or str(exc)
+    return MDTrainError(f"cannot {action} checkpoint {path}: {reason}")
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return type(exc).__name__
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint with ``weights_only=True``; any problem is one-line `MDTrainError`."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise MDTrainError(f"checkpoint {path}: file not found")
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are I/O errors)
+    except OSError as exc:
+        raise checkpoint_io_error(path, exc, action="read") from exc
+    try:
+        with f:
+            state = torch.load(f, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln]
+        if detail:
+            raise MDTrainError(
+                f"checkpoint {path}: refused to load, it holds Python objects other than "
+                f"tensors and plain containers ({detail[0][:200]})"
+            ) from None
+        lines = [ln.strip() for ln in str(exc).split("WeightsUnpickler error:")[-1].splitlines()]
+        reason = next((ln for ln in lines if ln), _first_line(exc))[:200]
+        raise MDTrainError(f"checkpoint {path}: not a valid checkpoint file ({reason})") from None
+    except Exception as exc:  # zip/pickle/EOF errors (even OSError EINVAL) of a damaged file
+        raise MDTrainError(
+            f"checkpoint {path}: corrupt or truncated file ({_first_line(exc)})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise MDTrainError(f"checkpoint {path}: not an mdtrain checkpoint")
+    if state.get("version") != VERSION:
+        raise MDTrainError(
+            f"checkpoint {path}: incompatible checkpoint version {state.get('version')!r} "
+            f"(this mdtrain reads version {VERSION})"
+        )
+    return state
