@@ -22,13 +22,11 @@ from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors import stat as stat_module
-from mdtrain.neighbors.stat import (
-    auto_sel,
+from mdtrain.neighbors.sel import auto_sel, parse_sel, resolve_sel
+from mdtrain.neighbors.stat import compute_neighbor_stat
+from mdtrain.neighbors.stat_file import (
     check_neighbor_stat_matches,
-    compute_neighbor_stat,
     load_neighbor_stat,
-    parse_sel,
-    resolve_sel,
     write_neighbor_stat,
 )
 from tests.test_nlist import brute_force_pairs, random_cell

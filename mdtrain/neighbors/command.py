@@ -20,14 +20,9 @@ import os
 from typing import Any
 
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.stat import (
-    DEFAULT_SEL_RATIO,
-    NeighborStat,
-    compute_neighbor_stat,
-    parse_sel,
-    resolve_sel,
-    write_neighbor_stat,
-)
+from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, parse_sel, resolve_sel
+from mdtrain.neighbors.stat import NeighborStat, compute_neighbor_stat
+from mdtrain.neighbors.stat_file import write_neighbor_stat
 
 log = logging.getLogger("mdtrain.neighbors")
 

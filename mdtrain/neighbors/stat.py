@@ -14,32 +14,30 @@ Work and memory are O(atoms × neighbours) per frame: the pairs come from the ce
 
 Two atoms closer than ``OVERLAP_DISTANCE`` (1e-3 Å) are taken as a data error (a duplicated
 atom, or a cell vector of length zero): the stage stops and names the system and frame.
+
+``sel`` rules live in ``sel``, the JSON file in ``stat_file``, data fingerprints in
+``fingerprint``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
-import tempfile
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from mdtrain import __version__
 from mdtrain.errors import MDTrainError
+from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
 from mdtrain.neighbors.nlist import NeighborSearch
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
 
 OVERLAP_DISTANCE = 1e-3  # Å; closer atoms are reported as overlapping
-DEFAULT_SEL_RATIO = 1.1
 _ATOMS_PER_READ = 1 << 16  # frames are read in chunks of about this many atoms
 _MAX_FRAMES_PER_READ = 256
 _THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thread
@@ -73,78 +71,6 @@ class NeighborStat:
     @property
     def fingerprint(self) -> str:
         return data_fingerprint([s.sha256 for s in self.systems])
-
-
-def content_hash(fingerprint: dict[str, Any]) -> str:
-    """The content hash from ``System.fingerprint()``: the one hex-digest value other than path.
-
-    Taken by name when present (``sha256``/``hash``), so that a moved data set still matches.
-    """
-    for key in ("sha256", "hash", "content_hash", "digest"):
-        if isinstance(fingerprint.get(key), str):
-            return fingerprint[key]
-    rest = {k: v for k, v in fingerprint.items() if k != "path"}
-    return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def data_fingerprint(system_hashes: Sequence[str]) -> str:
-    """sha256 over the sorted content hashes of the systems: independent of paths and order."""
-    return hashlib.sha256("\n".join(sorted(system_hashes)).encode()).hexdigest()
-
-
-# ----------------------------------------------------------------------------------------
-# sel
-
-
-def auto_sel(max_nbor_size: Sequence[int], ratio: float = DEFAULT_SEL_RATIO) -> list[int]:
-    """DeePMD's rule: scale by ``ratio``, truncate, round up to a multiple of 4 (46 → 52)."""
-    return [4 * ((int(n * ratio) + 3) // 4) for n in max_nbor_size]
-
-
-def parse_sel(sel_value: Any) -> float | list[int]:
-    """``"auto"`` → 1.1, ``"auto:1.2"`` → 1.2 (the ratio, a float); a list → list of ints."""
-    if isinstance(sel_value, str):
-        text = sel_value.strip()
-        if text == "auto":
-            return DEFAULT_SEL_RATIO
-        if text.startswith("auto:"):
-            try:
-                ratio = float(text[5:])
-            except ValueError:
-                ratio = float("nan")
-            if not math.isfinite(ratio) or ratio <= 0:
-                raise MDTrainError(
-                    f'sel "{sel_value}": the ratio after "auto:" must be a positive number'
-                )
-            return ratio
-        raise MDTrainError(f'sel "{sel_value}": expected "auto", "auto:RATIO" or a list')
-    if isinstance(sel_value, (list, tuple)) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sel_value
-    ):
-        return [int(n) for n in sel_value]
-    raise MDTrainError(
-        f'sel {sel_value!r}: expected a list of non-negative integers, or "auto"/"auto:RATIO"'
-    )
-
-
-def resolve_sel(sel_value: Any, max_nbor_size: Sequence[int]) -> list[int]:
-    """The model's sel: auto forms from the statistics; a list kept, with a warning per type
-    whose largest count exceeds it (a zero entry is skipped, as in DeePMD)."""
-    parsed = parse_sel(sel_value)
-    if isinstance(parsed, float):
-        return auto_sel(max_nbor_size, parsed)
-    if len(parsed) != len(max_nbor_size):
-        raise MDTrainError(
-            f"sel {parsed}: {len(parsed)} entries but the type_map has {len(max_nbor_size)} types"
-        )
-    for t, (given, needed) in enumerate(zip(parsed, max_nbor_size, strict=True)):
-        if given and needed > given:
-            log.warning(
-                "sel[%d] = %d is smaller than the largest neighbour count %d of type %d in "
-                "the data: neighbours beyond it are dropped (\"auto\" would give %d)",
-                t, given, needed, t, auto_sel([needed])[0],
-            )  # fmt: skip
-    return parsed
 
 
 # ----------------------------------------------------------------------------------------
@@ -354,136 +280,3 @@ def _read_chunks(totals: list[_SystemTotals]):
             boxes = data.get("box") if system.periodic else None
             boxes = None if boxes is None else np.ascontiguousarray(boxes, dtype=np.float64)
             yield total, rows, coords, boxes
-
-
-# ----------------------------------------------------------------------------------------
-# the JSON file
-
-
-def neighbor_stat_to_dict(
-    stat: NeighborStat, type_map: Sequence[str], sel_ratio: float = DEFAULT_SEL_RATIO
-) -> dict[str, Any]:
-    """The contents of ``neighbor_stat.json``."""
-    min_dist = stat.min_nbor_dist if math.isfinite(stat.min_nbor_dist) else None
-    return {
-        "rcut": stat.rcut,
-        "type_map": list(type_map),
-        "min_nbor_dist": min_dist,
-        "max_nbor_size": list(stat.max_nbor_size),
-        "sel": auto_sel(stat.max_nbor_size, sel_ratio),
-        "sel_ratio": sel_ratio,
-        "systems": [
-            {
-                "path": s.path,
-                "nframes": s.nframes,
-                "natoms": s.natoms,
-                "sha256": s.sha256,
-                "min_nbor_dist": s.min_nbor_dist if math.isfinite(s.min_nbor_dist) else None,
-                "max_nbor_size": s.max_nbor_size,
-            }
-            for s in stat.systems
-        ],
-        "fingerprint": stat.fingerprint,
-        "mdtrain_version": __version__,
-    }
-
-
-def write_neighbor_stat(
-    path: str,
-    stat: NeighborStat,
-    type_map: Sequence[str],
-    sel_ratio: float = DEFAULT_SEL_RATIO,
-) -> dict[str, Any]:
-    """Write the JSON file atomically (a temporary file renamed over ``path``); return it."""
-    content = neighbor_stat_to_dict(stat, type_map, sel_ratio)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".neighbor_stat.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(content, handle, indent=2)
-                handle.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    except OSError as exc:
-        raise MDTrainError(f"{path}: cannot write the neighbour statistics ({exc})") from None
-    return content
-
-
-_REQUIRED_KEYS = ("rcut", "type_map", "min_nbor_dist", "max_nbor_size", "sel", "fingerprint")
-
-
-def load_neighbor_stat(path: str) -> dict[str, Any]:
-    """Read a file written by ``mdtrain neighbor-stat``; errors name the file and the key."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except FileNotFoundError:
-        raise MDTrainError(f"{path}: neighbour-stat file not found") from None
-    except json.JSONDecodeError as exc:
-        raise MDTrainError(
-            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MDTrainError(f"{path}: cannot read ({exc})") from None
-    if not isinstance(content, dict):
-        raise MDTrainError(f"{path}: expected a JSON object written by mdtrain neighbor-stat")
-    for key in _REQUIRED_KEYS:
-        if key not in content:
-            raise MDTrainError(f"{path}: key '{key}' missing; rerun mdtrain neighbor-stat")
-    return content
-
-
-def check_neighbor_stat_matches(
-    stat: dict[str, Any],
-    rcut: float,
-    type_map: Sequence[str],
-    systems: Sequence,
-    *,
-    source: str = "neighbour-stat file",
-) -> None:
-    """Raise MDTrainError unless ``stat`` was computed with this rcut, type_map and data.
-
-    ``systems`` are ``mdtrain.data.System`` objects; data are compared by content hash, so
-    a data set that only moved still matches.
-    """
-    hint = "rerun mdtrain neighbor-stat"
-    if not math.isclose(float(stat["rcut"]), float(rcut), rel_tol=1e-12, abs_tol=1e-12):
-        raise MDTrainError(f"{source}: computed for rcut = {stat['rcut']}, not {rcut}; {hint}")
-    if list(stat["type_map"]) != list(type_map):
-        raise MDTrainError(
-            f"{source}: computed for type_map {list(stat['type_map'])}, not {list(type_map)}; "
-            f"{hint}"
-        )
-    current = [(content_hash(system.fingerprint()), system.path) for system in systems]
-    if data_fingerprint([sha for sha, _ in current]) == stat["fingerprint"]:
-        return
-    stored = [(entry.get("sha256"), entry.get("path")) for entry in stat.get("systems", [])]
-    # pair systems up: same data at the same path first, then same data anywhere (moved)
-    exact = Counter(stored) & Counter(current)
-    left_stored = list((Counter(stored) - exact).elements())
-    left_current = list((Counter(current) - exact).elements())
-    by_hash = Counter(sha for sha, _ in left_stored) & Counter(sha for sha, _ in left_current)
-    stored_paths = {path for _, path in stored}
-    unmatched = Counter(by_hash)
-    for sha, path in left_current:
-        if unmatched[sha] > 0:
-            unmatched[sha] -= 1
-            continue
-        was = " (its data changed)" if path in stored_paths else ""
-        raise MDTrainError(
-            f"{source}: system {path} is not among the data it was computed on{was}; {hint}"
-        )
-    unmatched = Counter(by_hash)
-    for sha, path in left_stored:
-        if unmatched[sha] > 0:
-            unmatched[sha] -= 1
-            continue
-        raise MDTrainError(
-            f"{source}: computed on system {path}, which is not in the data now; {hint}"
-        )
-    raise MDTrainError(f"{source}: data fingerprint differs; {hint}")

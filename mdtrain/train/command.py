@@ -19,7 +19,7 @@ from mdtrain.memory import keep_freed_memory
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint
 from mdtrain.model.stats import compute_or_load_stats, read_stat_file
-from mdtrain.neighbors.stat import parse_sel
+from mdtrain.neighbors.sel import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.loop import Trainer, seed_everything
 from mdtrain.train.precision import check_networks, mode_of

@@ -13,13 +13,9 @@ from mdtrain import distributed as dist_rt
 from mdtrain.config import resolve_path
 from mdtrain.data import System, expand_systems, open_system, validate_system
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.stat import (
-    check_neighbor_stat_matches,
-    compute_neighbor_stat,
-    load_neighbor_stat,
-    parse_sel,
-    resolve_sel,
-)
+from mdtrain.neighbors.sel import parse_sel, resolve_sel
+from mdtrain.neighbors.stat import compute_neighbor_stat
+from mdtrain.neighbors.stat_file import check_neighbor_stat_matches, load_neighbor_stat
 from mdtrain.train.loop import make_sampler
 
 log = logging.getLogger("mdtrain")

@@ -1,0 +1,151 @@
+"""The ``neighbor_stat.json`` file: write it atomically, read it back, and check that it was
+computed with this rcut, type_map and data.
+
+Apart from the computation (``stat``) because the train command only reads and checks a file
+that ``mdtrain neighbor-stat`` wrote earlier.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from mdtrain import __version__
+from mdtrain.errors import MDTrainError
+from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
+from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, auto_sel
+from mdtrain.neighbors.stat import NeighborStat
+
+
+def neighbor_stat_to_dict(
+    stat: NeighborStat, type_map: Sequence[str], sel_ratio: float = DEFAULT_SEL_RATIO
+) -> dict[str, Any]:
+    """The contents of ``neighbor_stat.json``."""
+    min_dist = stat.min_nbor_dist if math.isfinite(stat.min_nbor_dist) else None
+    return {
+        "rcut": stat.rcut,
+        "type_map": list(type_map),
+        "min_nbor_dist": min_dist,
+        "max_nbor_size": list(stat.max_nbor_size),
+        "sel": auto_sel(stat.max_nbor_size, sel_ratio),
+        "sel_ratio": sel_ratio,
+        "systems": [
+            {
+                "path": s.path,
+                "nframes": s.nframes,
+                "natoms": s.natoms,
+                "sha256": s.sha256,
+                "min_nbor_dist": s.min_nbor_dist if math.isfinite(s.min_nbor_dist) else None,
+                "max_nbor_size": s.max_nbor_size,
+            }
+            for s in stat.systems
+        ],
+        "fingerprint": stat.fingerprint,
+        "mdtrain_version": __version__,
+    }
+
+
+def write_neighbor_stat(
+    path: str,
+    stat: NeighborStat,
+    type_map: Sequence[str],
+    sel_ratio: float = DEFAULT_SEL_RATIO,
+) -> dict[str, Any]:
+    """Write the JSON file atomically (a temporary file renamed over ``path``); return it."""
+    content = neighbor_stat_to_dict(stat, type_map, sel_ratio)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".neighbor_stat.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(content, handle, indent=2)
+                handle.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise MDTrainError(f"{path}: cannot write the neighbour statistics ({exc})") from None
+    return content
+
+
+_REQUIRED_KEYS = ("rcut", "type_map", "min_nbor_dist", "max_nbor_size", "sel", "fingerprint")
+
+
+def load_neighbor_stat(path: str) -> dict[str, Any]:
+    """Read a file written by ``mdtrain neighbor-stat``; errors name the file and the key."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except FileNotFoundError:
+        raise MDTrainError(f"{path}: neighbour-stat file not found") from None
+    except json.JSONDecodeError as exc:
+        raise MDTrainError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MDTrainError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(content, dict):
+        raise MDTrainError(f"{path}: expected a JSON object written by mdtrain neighbor-stat")
+    for key in _REQUIRED_KEYS:
+        if key not in content:
+            raise MDTrainError(f"{path}: key '{key}' missing; rerun mdtrain neighbor-stat")
+    return content
+
+
+def check_neighbor_stat_matches(
+    stat: dict[str, Any],
+    rcut: float,
+    type_map: Sequence[str],
+    systems: Sequence,
+    *,
+    source: str = "neighbour-stat file",
+) -> None:
+    """Raise MDTrainError unless ``stat`` was computed with this rcut, type_map and data.
+
+    ``systems`` are ``mdtrain.data.System`` objects; data are compared by content hash, so
+    a data set that only moved still matches.
+    """
+    hint = "rerun mdtrain neighbor-stat"
+    if not math.isclose(float(stat["rcut"]), float(rcut), rel_tol=1e-12, abs_tol=1e-12):
+        raise MDTrainError(f"{source}: computed for rcut = {stat['rcut']}, not {rcut}; {hint}")
+    if list(stat["type_map"]) != list(type_map):
+        raise MDTrainError(
+            f"{source}: computed for type_map {list(stat['type_map'])}, not {list(type_map)}; "
+            f"{hint}"
+        )
+    current = [(content_hash(system.fingerprint()), system.path) for system in systems]
+    if data_fingerprint([sha for sha, _ in current]) == stat["fingerprint"]:
+        return
+    stored = [(entry.get("sha256"), entry.get("path")) for entry in stat.get("systems", [])]
+    # pair systems up: same data at the same path first, then same data anywhere (moved)
+    exact = Counter(stored) & Counter(current)
+    left_stored = list((Counter(stored) - exact).elements())
+    left_current = list((Counter(current) - exact).elements())
+    by_hash = Counter(sha for sha, _ in left_stored) & Counter(sha for sha, _ in left_current)
+    stored_paths = {path for _, path in stored}
+    unmatched = Counter(by_hash)
+    for sha, path in left_current:
+        if unmatched[sha] > 0:
+            unmatched[sha] -= 1
+            continue
+        was = " (its data changed)" if path in stored_paths else ""
+        raise MDTrainError(
+            f"{source}: system {path} is not among the data it was computed on{was}; {hint}"
+        )
+    unmatched = Counter(by_hash)
+    for sha, path in left_stored:
+        if unmatched[sha] > 0:
+            unmatched[sha] -= 1
+            continue
+        raise MDTrainError(
+            f"{source}: computed on system {path}, which is not in the data now; {hint}"
+        )
+    raise MDTrainError(f"{source}: data fingerprint differs; {hint}")
