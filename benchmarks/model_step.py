@@ -29,7 +29,7 @@ from mdtrain.memory import keep_freed_memory
 from mdtrain.model import EnergyModel
 from mdtrain.model.stats import compute_descriptor_stats
 from mdtrain.neighbors.nlist import build_nlist
-from mdtrain.train.loop import make_adam
+from mdtrain.train.optimizer import make_adam
 
 BOX = 12.44
 CONFIG = {

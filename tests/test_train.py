@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mdtrain.cli import main
-from mdtrain.train.loop import load_optimizer_state, make_adam
+from mdtrain.train.optimizer import load_optimizer_state, make_adam
 from tests.train_helpers import lcurve_rows, load_params, make_project, max_param_diff
 
 

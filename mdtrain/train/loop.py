@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -22,9 +21,11 @@ from mdtrain.errors import MDTrainError
 from mdtrain.memory import maybe_simulate_oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
+from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
 from mdtrain.train.lr import ExpDecayLR
+from mdtrain.train.optimizer import load_optimizer_state, make_adam
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.signals import PreemptionHandler
@@ -54,27 +55,6 @@ def make_sampler(
         f"training.{section}",
     )  # fmt: skip
     return TrainingSampler(nframes, sizes, probs, seed, rank, world)
-
-
-def make_adam(params: list[torch.Tensor], lr: float) -> torch.optim.Adam:
-    """Adam as one fused kernel over all parameters where this torch has it for their device
-    (CPU since torch 2.4): a third of the multi-tensor version's time, which passes over the
-    parameters and moments several times. The two differ in the last bits of a step, not more.
-    """
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, ValueError):
-        return torch.optim.Adam(params, lr=lr, foreach=True)
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Restore moments and hyperparameters, but keep this process's implementation (fused or
-    multi-tensor): the saved flags belong to the torch and device that wrote the checkpoint,
-    and a fused flag from a newer torch would fail on an older one."""
-    implementation = [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, (fused, foreach) in zip(optimizer.param_groups, implementation, strict=True):
-        group["fused"], group["foreach"] = fused, foreach
 
 
 class Trainer:
@@ -262,7 +242,7 @@ class Trainer:
                 self.lcurve_path, keys, self.valid_sampler is not None, append=append_lcurve,
                 resume_step=self.step if append_lcurve else None,
             )  # fmt: skip
-        window = _StepTimes()
+        display = Display(self.numb_steps, keys)
         last_saved, preempted = None, False
         self.model.train()
         guard = (
@@ -274,13 +254,13 @@ class Trainer:
                     lr = self.lr.value(self.step)
                     began = time.perf_counter()
                     metrics = self.train_step(lr)
-                    window.add(time.perf_counter() - began)
+                    display.add(time.perf_counter() - began)
                     self.step += 1
                     if self.step % self.disp_freq == 0 or self.step == 1:
                         valid = self.validate(lr)
                         if writer is not None:
                             writer.write(self.step, lr, metrics, valid)
-                        self._log_progress(lr, metrics, valid, window.take())
+                        log.info(display.line(self.step, lr, metrics, valid))
                     done = self.step == self.numb_steps
                     stop = dist_rt.any_rank(signals.requested)
                     if done or stop or self.step % self.save_freq == 0:
@@ -311,38 +291,6 @@ class Trainer:
     def _timeout_s(self) -> float:
         return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
 
-    def _log_progress(self, lr, metrics, valid, per_step: float) -> None:
-        """One progress line; ``per_step``: mean training-step time since the last line
-        (validation and checkpoints not included; the first line's includes the warm-up)."""
-        eta = per_step * (self.numb_steps - self.step)
-        parts = [f"step {self.step}/{self.numb_steps}"]
-        for key in self.loss.metric_keys():
-            if valid is not None:
-                parts.append(f"{key} {valid[key]:.3e} (trn {metrics[key]:.3e})")
-            else:
-                parts.append(f"{key} {metrics[key]:.3e}")
-        parts.append(f"lr {lr:.2e}")
-        parts.append(f"{per_step:.3f} s/step")
-        parts.append(f"ETA {_hms(eta)}")
-        log.info("  ".join(parts))
-
-
-class _StepTimes:
-    """Training-step times between two progress lines."""
-
-    def __init__(self) -> None:
-        self.total, self.count = 0.0, 0
-
-    def add(self, seconds: float) -> None:
-        self.total += seconds
-        self.count += 1
-
-    def take(self) -> float:
-        """The mean since the last call, and start a new window."""
-        mean = self.total / max(self.count, 1)
-        self.total, self.count = 0.0, 0
-        return mean
-
 
 def is_collective_failure(exc: BaseException) -> bool:
     """A collective that failed because a peer died or timed out (Gloo and NCCL raise plain
@@ -361,13 +309,6 @@ def _first_line(exc: BaseException) -> str:
         if line.strip():
             return line.strip()[:300]
     return type(exc).__name__
-
-
-def _hms(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,52 @@
+"""What a run shows every ``disp_freq`` steps: one progress line with the metrics, the
+learning rate, the mean training-step time since the previous line, and the ETA.
+
+Apart from the loop so that ``Trainer.run`` reads as the step itself; the step-time
+accounting and the wording of the line live here.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class Display:
+    """Training-step times between two progress lines, and the line itself."""
+
+    def __init__(self, numb_steps: int, keys: list[str]) -> None:
+        self.numb_steps, self.keys = numb_steps, keys
+        self.total, self.count = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+
+    def take(self) -> float:
+        """The mean since the last call, and start a new window."""
+        mean = self.total / max(self.count, 1)
+        self.total, self.count = 0.0, 0
+        return mean
+
+    def line(self, step: int, lr, metrics, valid) -> str:
+        """One progress line; its time per step is the mean training-step time since the
+        last line (validation and checkpoints not included; the first line's includes the
+        warm-up)."""
+        per_step = self.take()
+        eta = per_step * (self.numb_steps - step)
+        parts = [f"step {step}/{self.numb_steps}"]
+        for key in self.keys:
+            if valid is not None:
+                parts.append(f"{key} {valid[key]:.3e} (trn {metrics[key]:.3e})")
+            else:
+                parts.append(f"{key} {metrics[key]:.3e}")
+        parts.append(f"lr {lr:.2e}")
+        parts.append(f"{per_step:.3f} s/step")
+        parts.append(f"ETA {_hms(eta)}")
+        return "  ".join(parts)
+
+
+def _hms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
