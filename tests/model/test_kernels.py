@@ -1,8 +1,8 @@
-"""The compiled embedding kernels (``mdtrain.model.native``) against the PyTorch path of the same
-autograd nodes (``mdtrain.model.fused_embedding``), and the fallback when they cannot be built.
+"""The compiled embedding kernels (``mdtrain.model.accel.kernel_nodes``) against the PyTorch
+nodes of the same maths (``mdtrain.model.accel.embedding_nodes``), their build, and the
+selection's answer when they cannot be built.
 
-The model-level comparison with plain differentiable operations (and with autograd forces) is in
-``test_model_fastpaths.py``, which runs on the compiled kernels whenever they are available.
+The model-level comparison with the reference model is in ``test_backends.py``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,14 @@ import shutil
 import pytest
 import torch
 
-from mdtrain.model import native
-from mdtrain.model.fused_embedding import embed_contract, row_grad_fused
-from mdtrain.model.network import EmbeddingNet, fused_layout, fused_params
+from mdtrain.errors import MDTrainError
+from mdtrain.model.accel import build, kernel_nodes, kernels
+from mdtrain.model.accel.embedding_nodes import _EmbedContract, _RowGrad
+from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, _KernelRowGrad, plan_blocks
+from mdtrain.model.accel.layout import layer_layout, layer_params
+from mdtrain.model.backend import build_model
+from mdtrain.model.network import EmbeddingNet
+from tests.test_model_common import small_config
 
 HAVE_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
@@ -24,37 +29,39 @@ needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
 
 @needs_kernels
 def test_kernels_build_where_a_compiler_exists():
-    assert native.kernels() is not None
+    assert isinstance(kernels.load_kernels(), kernels.Kernels)
+    assert build_model(small_config()).backend == "kernels"
 
 
 @pytest.fixture(params=["torch", "openblas"])
 def blas(request):
     """The kernels' products on torch's BLAS, then on numpy's OpenBLAS (where usable)."""
-    kernels = native.kernels()
-    if request.param == "openblas" and native._numpy_openblas() is None:
+    loaded = kernels.load_kernels()
+    if request.param == "openblas" and kernels._numpy_openblas() is None:
         pytest.skip("numpy's OpenBLAS is not usable here")
-    before = kernels.blas
-    kernels.use_blas(request.param)
+    before = loaded.blas
+    loaded.use_blas(request.param)
     yield request.param
-    kernels.use_blas(before)
+    loaded.use_blas(before)
 
 
-def _node_outputs(net, rows, cot, use_native, monkeypatch, used=None):
+def _node_outputs(net, rows, cot, use_kernels, used=None):
     """T, G, dG/ds (as (B, n, M)), the row gradients, and the parameter gradients of a loss on
-    T and on the row gradients, through the two autograd nodes."""
-    with monkeypatch.context() as m:
-        if not use_native:
-            m.setattr(native, "kernels", lambda: None)
-        params = fused_params(net.layers)
-        tmat, value, slope, plan = embed_contract(rows, fused_layout(net.layers), params, used)
-        assert bool(plan) == use_native
+    T and on the row gradients, through the two autograd nodes of the kernels or of PyTorch."""
+    layout, params = layer_layout(net.layers), layer_params(net.layers)
+    if use_kernels:
+        lib, plan = kernels.load_kernels(), plan_blocks(used, rows.shape[0], rows.shape[2])
+        tmat, value, slope = _KernelEmbedContract.apply(rows, lib, plan, layout, *params)
         tbar = torch.tanh(tmat)  # a T̄ that depends on the parameters, as in the model
-        rbar = row_grad_fused(tbar, value, slope, rows, plan)
-        loss = (cot[0] * tmat).sum() + (cot[1] * rbar).sum()
-        grads = torch.autograd.grad(loss, params)
-    if plan and used is None:  # the plan keeps the centres in order: (tape rows, M) is (B, n, M)
+        rbar = _KernelRowGrad.apply(tbar, value, slope, rows, lib, plan)
+    else:
+        tmat, value, slope = _EmbedContract.apply(rows, layout, *params)
+        rbar = _RowGrad.apply(torch.tanh(tmat), value, slope, rows)
+    loss = (cot[0] * tmat).sum() + (cot[1] * rbar).sum()
+    grads = torch.autograd.grad(loss, params)
+    if use_kernels and used is None:  # centres kept in order: (tape rows, M) is (B, n, M)
         value, slope = (t.view(rows.shape[0], rows.shape[2], -1) for t in (value, slope))
-    if plan and used is not None:
+    if use_kernels and used is not None:
         return [tmat.detach(), rbar.detach(), *grads]
     return [tmat.detach(), value.detach(), slope.detach(), rbar.detach(), *grads]
 
@@ -82,14 +89,14 @@ def test_kernels_match_pytorch_path_float64(
     neuron, resnet_dt, nc, n, block_rows, blas, monkeypatch
 ):
     """Every skip kind, with and without idt; one block, many blocks, blocks of one centre."""
-    monkeypatch.setattr(native, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(kernel_nodes, "BLOCK_ROWS", block_rows)
     net = EmbeddingNet(neuron, "tanh", resnet_dt, torch.float64, seed=7)
     rows = _rows(nc, n, torch.float64, strided=True)
     gen = torch.Generator().manual_seed(2)
     cot = [torch.randn(nc, 4, neuron[-1], generator=gen, dtype=torch.float64), None]
     cot[1] = torch.randn(nc, n, 4, generator=gen, dtype=torch.float64)
-    compiled = _node_outputs(net, rows, cot, True, monkeypatch)
-    reference = _node_outputs(net, rows, cot, False, monkeypatch)
+    compiled = _node_outputs(net, rows, cot, True)
+    reference = _node_outputs(net, rows, cot, False)
     for a, b in zip(compiled, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -100,7 +107,7 @@ def test_sorted_blocks_skip_padded_slots(block_rows, blas, monkeypatch):
     """With ``used``, centres are sorted into blocks that evaluate only their own leading slots:
     T and the parameter gradients equal the PyTorch path's on rows whose other slots are zero
     (no share of T), and the row gradients of those slots are 0."""
-    monkeypatch.setattr(native, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(kernel_nodes, "BLOCK_ROWS", block_rows)
     net = EmbeddingNet([4, 8, 16], "tanh", True, torch.float64, seed=5)
     nc, n = 17, 9
     rows = _rows(nc, n, torch.float64, strided=True)
@@ -108,15 +115,15 @@ def test_sorted_blocks_skip_padded_slots(block_rows, blas, monkeypatch):
     gen = torch.Generator().manual_seed(7)
     cot = [torch.randn(nc, 4, 16, generator=gen, dtype=torch.float64)]
     cot.append(torch.randn(nc, n, 4, generator=gen, dtype=torch.float64))
-    compiled = _node_outputs(net, rows, cot, True, monkeypatch, used=used)
-    widths = native.plan_blocks(used, nc, n).widths
+    compiled = _node_outputs(net, rows, cot, True, used=used)
+    widths = plan_blocks(used, nc, n).widths
     assert (widths >= used).all()
     if block_rows == 12:  # blocks of one or two centres: some narrower than n
         assert (widths < n).any()
     outside = torch.arange(n).view(1, n) >= widths.view(nc, 1)  # (B, n) slots not evaluated
     cleared = rows.masked_fill(outside.unsqueeze(1), 0.0)
     cot[1] = cot[1].masked_fill(outside.unsqueeze(-1), 0.0)
-    reference = _node_outputs(net, cleared, cot, False, monkeypatch)
+    reference = _node_outputs(net, cleared, cot, False)
     tmat, rbar, *grads = compiled
     torch.testing.assert_close(tmat, reference[0], rtol=1e-12, atol=1e-12)
     assert (rbar[outside] == 0).all()
@@ -131,8 +138,8 @@ def test_kernels_match_pytorch_path_float32(blas, monkeypatch):
     rows = _rows(19, 30, torch.float32, strided=False)
     gen = torch.Generator().manual_seed(3)
     cot = [torch.randn(19, 4, 100, generator=gen), torch.randn(19, 30, 4, generator=gen)]
-    compiled = _node_outputs(net, rows, cot, True, monkeypatch)
-    reference = _node_outputs(net, rows, cot, False, monkeypatch)
+    compiled = _node_outputs(net, rows, cot, True)
+    reference = _node_outputs(net, rows, cot, False)
     for a, b in zip(compiled, reference, strict=True):
         scale = b.abs().max().item()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * scale)
@@ -150,77 +157,72 @@ def test_kernels_same_result_on_one_and_two_threads(blas, monkeypatch):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _node_outputs(net, rows, cot, True, monkeypatch)
+        one = _node_outputs(net, rows, cot, True)
         torch.set_num_threads(2)
-        two = _node_outputs(net, rows, cot, True, monkeypatch)
+        two = _node_outputs(net, rows, cot, True)
     finally:
         torch.set_num_threads(before)
     for a, b in zip(one, two, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
 
 
-def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def fresh_kernels(monkeypatch):
+    """Forget the loaded kernels (and which warnings were given) for the test's duration."""
+    from mdtrain.model import backend
+
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.setattr(backend, "_announced", set())
+
+
+def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, caplog, fresh_kernels):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    native.kernels.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="mdtrain.model.native"):
-            assert native.kernels() is None
-            assert native.kernels() is None
-        warnings = [r for r in caplog.records if "kernels unavailable" in r.getMessage()]
-        assert len(warnings) == 1 and "no-such-compiler" in warnings[0].getMessage()
-        # the model still trains, on the PyTorch path
-        net = EmbeddingNet([4, 8], "tanh", False, torch.float64, seed=0)
-        tmat, _, _, _ = net.embed_contract(_rows(3, 5, torch.float64, strided=False))
-        tmat.sum().backward()
-        assert net.layers[0].weight.grad is not None
-    finally:
-        native.kernels.cache_clear()
+    monkeypatch.delenv("MDTRAIN_BACKEND", raising=False)
+    with caplog.at_level(logging.WARNING, logger="mdtrain.model"):
+        models = [build_model(small_config()) for _ in range(2)]
+    warnings = [r for r in caplog.records if "kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "no-such-compiler" in warnings[0].getMessage()
+    assert [m.backend for m in models] == ["fused", "fused"]  # the next choice, still fast
+    with pytest.raises(MDTrainError, match="backend 'kernels' cannot run here.*no-such-compiler"):
+        build_model(small_config(), backend="kernels")  # forced: an error, never a fallback
 
 
 @needs_kernels
 def test_openblas_thread_setting_is_restored():
     """numpy's OpenBLAS has only a process-wide thread count, which the kernels set to 1 while
     their own threads call it: numpy gets its setting back afterwards."""
-    entry = native._numpy_openblas()
+    entry = kernels._numpy_openblas()
     if entry is None:
         pytest.skip("numpy's OpenBLAS is not usable here")
     set_threads, get_threads = entry[4], entry[5]
-    kernels = native.kernels()
-    before_blas, before_threads = kernels.blas, get_threads()
+    loaded = kernels.load_kernels()
+    before_blas, before_threads = loaded.blas, get_threads()
     try:
-        kernels.use_blas("openblas")
+        loaded.use_blas("openblas")
         set_threads(2)
         net = EmbeddingNet([4, 8, 16], "tanh", False, torch.float64, seed=0)
-        tmat, _, _, _ = net.embed_contract(_rows(40, 30, torch.float64, strided=False))
-        tmat.sum().backward()
+        rows = _rows(40, 30, torch.float64, strided=False)
+        cot = [torch.ones(40, 4, 16, dtype=torch.float64), torch.ones(40, 30, 4)]
+        _node_outputs(net, rows, cot, True)
         assert get_threads() == 2
     finally:
         set_threads(before_threads)
-        kernels.use_blas(before_blas)
+        loaded.use_blas(before_blas)
 
 
 @needs_kernels
 def test_unknown_blas_is_refused():
     with pytest.raises(RuntimeError, match="MDTRAIN_BLAS='mkl'"):
-        native.kernels().use_blas("mkl")
-
-
-def test_disabled_by_environment(monkeypatch):
-    monkeypatch.setenv("MDTRAIN_NATIVE", "0")
-    native.kernels.cache_clear()
-    try:
-        assert native.kernels() is None
-    finally:
-        native.kernels.cache_clear()
+        kernels.load_kernels().use_blas("mkl")
 
 
 @needs_kernels
 def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
     """A second build finds the first; nothing but the library is left in the cache."""
     monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))
-    first = native._build(os.environ.get("CXX", "c++"))
+    first = build.build(os.environ.get("CXX", "c++"))
     mtime = first.stat().st_mtime_ns
-    second = native._build(os.environ.get("CXX", "c++"))
+    second = build.build(os.environ.get("CXX", "c++"))
     assert first == second and second.stat().st_mtime_ns == mtime
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]

@@ -1,0 +1,304 @@
+"""Every backend of the model against the reference (``mdtrain.model.backend``): energies,
+forces, virials and the parameter gradients of a loss on all of them, with the backend that
+actually ran asserted from the autograd graph, not only from its name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model import EnergyModel
+from mdtrain.model.accel.embedding_nodes import _EmbedContract, _Tape
+from mdtrain.model.accel.fitting_node import _ValueAndInputGrad
+from mdtrain.model.accel.kernels import load_kernels
+from mdtrain.model.accel.layout import add_cross_product, layer_layout, layer_params
+from mdtrain.model.backend import as_reference, build_model, choose_backend
+from mdtrain.model.config import normalize_model_config
+from mdtrain.model.network import EmbeddingNet, FittingNet
+from mdtrain.neighbors.nlist import build_nlist
+from tests.test_model_common import set_random_stats, small_config, triclinic, water_like
+
+
+def _kernels_available() -> bool:
+    try:
+        load_kernels()
+    except RuntimeError:
+        return False
+    return True
+
+
+ACCELERATED = ["fused", pytest.param("kernels", marks=pytest.mark.skipif(
+    not _kernels_available(), reason="no C++ compiler for the kernels"))]  # fmt: skip
+# autograd node that only the named backend puts in the graph
+SIGNATURE = {"fused": "_EmbedContractBackward", "kernels": "_KernelEmbedContractBackward"}
+
+
+def model_for(backend: str, descriptor: dict | None = None, fitting: dict | None = None, **kw):
+    model = build_model(small_config(descriptor, fitting, **kw), backend=backend)
+    assert model.backend == backend
+    return set_random_stats(model).train()
+
+
+def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: bool = False):
+    """Two frames of one system as model inputs; optionally an atom far from all others."""
+    box = triclinic(5.0, seed=9) if periodic else None
+    frames, atype = [], None
+    for seed in (9, 10):
+        coord, atype = water_like(nmol, box, seed=seed)
+        if lone_atom:  # no neighbour within rcut (non-periodic frames only)
+            coord = np.concatenate([coord[:1] + 50.0, coord[1:]])
+        frames.append(coord)
+    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
+    return (
+        torch.tensor(np.stack(frames)),
+        torch.tensor(atype),
+        None if box is None else torch.tensor(np.stack([box, box])),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
+
+
+def graph_nodes(tensor: torch.Tensor) -> set[str]:
+    """Class names of every autograd node ``tensor`` depends on."""
+    seen, todo, names = set(), [tensor.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo += [nxt for nxt, _ in node.next_functions]
+    return names
+
+
+def outputs_and_grads(model: EnergyModel, args) -> tuple[dict, list]:
+    model.zero_grad()
+    out = model(*args)
+    loss = (
+        out["energy"].sum()
+        + (out["force"] ** 2).sum()
+        + (out["virial"] ** 2).sum()
+        + (out["atom_energy"] ** 2).sum()
+    )
+    nodes = graph_nodes(loss)
+    for name, signature in SIGNATURE.items():
+        assert (signature in nodes) == (model.backend == name), (model.backend, name)
+    loss.backward()
+    grads = [
+        p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()
+    ]
+    return {k: v.detach() for k, v in out.items()}, grads
+
+
+def assert_same(a, b, rtol: float, atol: float) -> None:
+    (out_a, grads_a), (out_b, grads_b) = a, b
+    for key in out_a:
+        torch.testing.assert_close(out_a[key], out_b[key], rtol=rtol, atol=atol)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        assert y.abs().max() > 0 or x.abs().max() == 0
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol * max(1.0, float(y.abs().max())))
+
+
+CASES = {
+    "one_side": ({}, {}),
+    "pairwise": ({"type_one_side": False}, {}),
+    "exclude": ({"type_one_side": False, "exclude_types": [[0, 1]]}, {}),
+    "exclude_one_side": ({"exclude_types": [[1, 1]]}, {}),
+    "atom_exclude": ({}, {"atom_exclude_types": [1]}),
+    "env_protection": ({"env_protection": 0.3}, {}),
+    "truncated_sel": ({"sel": [3, 5]}, {}),
+    "no_resnet_dt": ({"resnet_dt": False}, {}),
+}
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("periodic", [True, False])
+def test_accelerated_backends_equal_the_reference(backend, case, periodic):
+    descriptor, extra = CASES[case]
+    descriptor = {"sel": [20, 40], **descriptor}
+    fast = model_for(backend, descriptor, **extra)
+    args = batch(fast, periodic)
+    reference = model_for("reference", descriptor, **extra)
+    assert_same(outputs_and_grads(fast, args), outputs_and_grads(reference, args), 1e-11, 1e-12)
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+def test_isolated_atom(backend):
+    fast = model_for(backend, {"sel": [20, 40]})
+    args = batch(fast, periodic=False, lone_atom=True)
+    result = outputs_and_grads(fast, args)
+    assert result[0]["force"][:, 0].abs().max() == 0
+    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40]}), args)
+    assert_same(result, reference, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+def test_float32(backend):
+    desc, fit = {"sel": [20, 40], "precision": "float32"}, {"precision": "float32"}
+    fast = model_for(backend, desc, fit)
+    args = batch(fast)
+    reference = outputs_and_grads(model_for("reference", desc, fit), args)
+    assert_same(outputs_and_grads(fast, args), reference, rtol=2e-4, atol=1e-5)
+
+
+@pytest.fixture(params=["one_block", "blocks_of_3"])
+def row_blocks(request, monkeypatch):
+    """The fused node's forward and backward run over blocks of rows: one, or several."""
+    if request.param == "blocks_of_3":
+        monkeypatch.setattr(_Tape, "min_block_rows", 1)
+        monkeypatch.setattr(_Tape, "block_bytes", 3 * 16 * 8)
+    return request.param
+
+
+@pytest.mark.parametrize("descriptor", [{}, {"type_one_side": False}], ids=["one_side", "pairwise"])
+def test_fused_nodes_over_blocks_of_rows(descriptor, row_blocks):
+    fast = model_for("fused", {"sel": [20, 40], **descriptor})
+    args = batch(fast)
+    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40], **descriptor}), args)
+    assert_same(outputs_and_grads(fast, args), reference, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+@pytest.mark.parametrize("target", ["energy", "force"])
+def test_loss_on_energy_or_forces_only(backend, target):
+    """The row-gradient node may be absent from the backward (energy only) or be the only
+    path into the embedding (forces only)."""
+    grads = []
+    for name in (backend, "reference"):
+        model = model_for(name, {"sel": [20, 40]})
+        out = model(*batch(model))
+        loss = out["energy"].sum() if target == "energy" else (out["force"] ** 2).sum()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "neuron, resnet_dt",
+    [([4, 8, 16], False), ([4, 8, 16], True), ([2, 4, 4, 8], True), ([1, 1, 3], True)],
+)
+def test_fused_embedding_node_equals_forward_mode_autograd(neuron, resnet_dt, row_blocks):
+    """T, G, dG/ds and the parameter gradients of a loss on all three, against the reference
+    net differentiated by torch.func.jvp; every skip kind, with and without idt."""
+    net = EmbeddingNet(neuron, "tanh", resnet_dt, torch.float64, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(5, 4, 7, generator=gen, dtype=torch.float64)
+    cot = [torch.randn(5, 4, neuron[-1], generator=gen, dtype=torch.float64)]
+    cot += [torch.randn(5, 7, neuron[-1], generator=gen, dtype=torch.float64) for _ in range(2)]
+    params = layer_params(net.layers)
+    fused = _EmbedContract.apply(rows, layer_layout(net.layers), *params)
+    s = rows[:, 0].reshape(-1, 1)
+    value, slope = torch.func.jvp(net, (s,), (torch.ones_like(s),))
+    value, slope = value.view(5, 7, -1), slope.view(5, 7, -1)
+    plain = (torch.bmm(rows, value), value, slope)
+    results = []
+    for outputs in (fused, plain):
+        loss = sum((c * o).sum() for c, o in zip(cot, outputs, strict=True))
+        results.append([*(o.detach() for o in outputs), *torch.autograd.grad(loss, params)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("neuron", "resnet_dt", "n_in"),
+    [([24, 24, 24], True, 12), ([6, 12, 12], False, 6), ([5], True, 7), ([], False, 4)],
+)
+@pytest.mark.parametrize("cotangents", ["both", "energy", "gradient"])
+def test_fused_fitting_node_equals_double_backward(neuron, resnet_dt, n_in, cotangents):
+    """Output and input gradient of a fitting net, and the parameter gradients of a loss on
+    either or both, against autograd's double backward through the reference net."""
+    net = FittingNet(n_in, neuron, "tanh", resnet_dt, torch.float64, seed=4)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, n_in, generator=gen, dtype=torch.float64).requires_grad_(True)
+    cot_e = torch.randn(9, 1, generator=gen, dtype=torch.float64)
+    cot_g = torch.randn(9, n_in, generator=gen, dtype=torch.float64)
+    params = list(net.parameters())
+    fused = _ValueAndInputGrad.apply(x, layer_layout(net.layers[:-1]), *params)
+    e = net(x)
+    plain = (e, torch.autograd.grad(e.sum(), x, create_graph=True)[0])
+    terms = {"both": [(cot_e, 0), (cot_g, 1)], "energy": [(cot_e, 0)], "gradient": [(cot_g, 1)]}
+    results = []
+    for outputs in (fused, plain):
+        loss = sum((c * outputs[i]).sum() for c, i in terms[cotangents])
+        grads = torch.autograd.grad(loss, [x, *params], allow_unused=True)
+        results.append((outputs[0].detach(), outputs[1].detach(), grads))
+    (e1, g1, gr1), (e2, g2, gr2) = results
+    torch.testing.assert_close(e1, e2, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g1, g2, rtol=1e-13, atol=1e-14)
+    for a, b in zip(gr1, gr2, strict=True):
+        if a is None or b is None:  # the output bias does not reach the input gradient
+            assert cotangents == "gradient" and (a is None or not a.any())
+            assert b is None or not b.any()
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_choice_order_and_forcing(monkeypatch):
+    monkeypatch.delenv("MDTRAIN_BACKEND", raising=False)
+    tanh = normalize_model_config(small_config())
+    first = "kernels" if _kernels_available() else "fused"
+    assert choose_backend(tanh, torch.device("cpu"))[0] == first
+    assert choose_backend(tanh, torch.device("meta"))[0] == "fused"  # kernels: CPU tensors only
+    assert choose_backend(tanh, torch.device("cpu"), "bf16")[0] == "reference"
+    relu = normalize_model_config(small_config(None, {"activation_function": "relu"}))
+    assert choose_backend(relu, torch.device("cpu")) == (
+        "reference",
+        "kernels: model.fitting_net.activation_function is 'relu' (needs tanh); "
+        "fused: model.fitting_net.activation_function is 'relu' (needs tanh)",
+    )
+    monkeypatch.setenv("MDTRAIN_BACKEND", "fused")
+    assert build_model(small_config()).backend == "fused"
+    with pytest.raises(MDTrainError, match="backend 'fused' cannot run here.*relu"):
+        build_model(small_config(None, {"activation_function": "relu"}))
+    monkeypatch.setenv("MDTRAIN_BACKEND", "fast")
+    with pytest.raises(MDTrainError, match="MDTRAIN_BACKEND='fast' is not one of"):
+        build_model(small_config())
+
+
+def test_eval_mode_builds_no_graph_and_other_activations_use_autograd():
+    model = model_for("fused", {"sel": [20, 40]}).eval()
+    out = model(*batch(model))
+    assert all(not v.requires_grad for v in out.values())
+    relu = build_model(small_config({"sel": [20, 40]}, {"activation_function": "relu"}))
+    assert relu.backend == "reference" and type(relu) is EnergyModel
+    out = relu.train()(*batch(relu))
+    assert out["force"].requires_grad
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+def test_checkpoints_do_not_depend_on_the_backend(backend):
+    fast = model_for(backend)
+    reference = EnergyModel(small_config())
+    state = fast.state_dict()
+    assert list(state) == list(reference.state_dict())
+    reference.load_state_dict(state)
+    scripted = as_reference(fast)
+    assert type(scripted) is EnergyModel and scripted.backend == "reference"
+    args = batch(fast)
+    torch.testing.assert_close(scripted(*args)["force"], fast(*args)["force"])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_models_of_two_shapes_script_in_one_process():
+    first = torch.jit.script(as_reference(model_for("reference", {"sel": [20, 40]})).eval())
+    other = model_for("reference", {"sel": [8, 16], "neuron": [2, 4, 8]}, {"neuron": [8, 8]})
+    second = torch.jit.script(other.eval())
+    args = batch(other)
+    torch.testing.assert_close(second(*args)["force"], other(*args)["force"])
+    assert first(*batch(model_for("reference", {"sel": [20, 40]})))["energy"].shape == (2,)
+
+
+@pytest.mark.parametrize("rows", [1024, 1023, 8])
+def test_cross_product_split_in_halves_equals_one_product(rows):
+    gen = torch.Generator().manual_seed(rows)
+    left = torch.randn(rows, 25, generator=gen, dtype=torch.float64)
+    right = torch.randn(rows, 50, generator=gen, dtype=torch.float64)
+    start = torch.randn(25, 50, generator=gen, dtype=torch.float64)
+    total = start.clone()
+    add_cross_product(total, left, right)
+    torch.testing.assert_close(total, start + left.t() @ right, rtol=1e-13, atol=1e-12)
