@@ -1,4 +1,4 @@
-"""``mdtrain check input.json``: validate the input and every system it names, in one pass.
+"""Validation of an input and every system it names, in one pass (for ``mdtrain check``).
 
 Unlike ``mdtrain train``, which stops at the first problem, this lists them all (config keys,
 missing or malformed systems, elements outside type_map, NaN/inf values with their frames),
@@ -7,8 +7,8 @@ so a dataset can be fixed in one round before a long job is queued.
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 from mdtrain.config import complete_config, parse_json, resolve_path
@@ -20,22 +20,40 @@ from mdtrain.train.precision import mode_of, network_problem
 _SECTIONS = ("training_data", "validation_data")
 
 
-def run_check(args: argparse.Namespace) -> int:
-    """Print every problem (one per line) or an OK summary; exit status 1 on any problem."""
-    source = args.input
+@dataclass
+class CheckReport:
+    """What `check_config` found: the problems, and the systems and frames it could read."""
+
+    problems: list[str] = field(default_factory=list)
+    nsystems: int = 0
+    nframes: int = 0
+    sections: list[str] = field(default_factory=list)  # "training: 2 systems, 80 frames"
+
+    def summary(self) -> str:
+        """The closing line: ``FAILED: n problems`` or ``OK: ...`` with the counts."""
+        if self.problems:
+            return f"FAILED: {_plural(len(self.problems), 'problem')}"
+        return (
+            f"OK: {_plural(self.nsystems, 'system')}, {_plural(self.nframes, 'frame')} "
+            f"({'; '.join(self.sections)})"
+        )
+
+
+def read_input(source: str) -> Any:
+    """The parsed JSON of the input file ``source``; a file that cannot be read or parsed
+    raises `MDTrainError` with the line to print."""
     try:
         with open(source, encoding="utf-8") as handle:
-            data = parse_json(handle.read(), source)
+            return parse_json(handle.read(), source)
     except FileNotFoundError:
-        print(f"{source}: no such file")
-        return 1
-    except MDTrainError as exc:
-        print(exc)
-        return 1
+        raise MDTrainError(f"{source}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"{source}: cannot read: {exc}")
-        return 1
+        raise MDTrainError(f"{source}: cannot read: {exc}") from None
 
+
+def check_config(data: Any, source: str) -> CheckReport:
+    """Every problem of the parsed input ``data`` (read from ``source``) and of the systems it
+    names, one line each."""
     config, config_problems = complete_config(data)
     problems = [f"{source}: {p}" for p in config_problems]
     problems += _check_paths(config, source)
@@ -61,17 +79,7 @@ def run_check(args: argparse.Namespace) -> int:
         nframes_total += nframes
         label = section.removesuffix("_data")
         summary.append(f"{label}: {_plural(len(paths), 'system')}, {_plural(nframes, 'frame')}")
-
-    for problem in problems:
-        print(problem)
-    if problems:
-        print(f"FAILED: {_plural(len(problems), 'problem')}")
-        return 1
-    print(
-        f"OK: {_plural(nsys_total, 'system')}, {_plural(nframes_total, 'frame')} "
-        f"({'; '.join(summary)})"
-    )
-    return 0
+    return CheckReport(problems, nsys_total, nframes_total, summary)
 
 
 def check_systems(paths: list[str], type_map: list[str] | None) -> list[str]:

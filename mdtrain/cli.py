@@ -11,15 +11,16 @@ from mdtrain import __version__
 from mdtrain.errors import MDTrainError
 from mdtrain.log import setup_logging
 
-# command name -> "module:function"; the function takes the parsed arguments, returns an exit code
+# command name -> "module:function" in mdtrain.commands; the function takes the parsed
+# arguments, returns an exit code. Imported on dispatch, so a command loads only what it needs.
 _HANDLERS = {
-    "check": "mdtrain.check:run_check",
-    "neighbor-stat": "mdtrain.neighbors.command:run_neighbor_stat",
-    "train": "mdtrain.train.command:run_train",
-    "test": "mdtrain.infer.test:run_test",
-    "freeze": "mdtrain.infer.freeze:run_freeze",
-    "plot": "mdtrain.plot:run_plot",
-    "convert": "mdtrain.data.convert:run_convert",
+    "check": "mdtrain.commands.check:run_check",
+    "neighbor-stat": "mdtrain.commands.neighbor_stat:run_neighbor_stat",
+    "train": "mdtrain.commands.train:run_train",
+    "test": "mdtrain.commands.test:run_test",
+    "freeze": "mdtrain.commands.freeze:run_freeze",
+    "plot": "mdtrain.commands.plot:run_plot",
+    "convert": "mdtrain.commands.convert:run_convert",
 }
 
 

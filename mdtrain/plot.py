@@ -1,4 +1,4 @@
-"""`mdtrain plot`: learning curves from a DeePMD-compatible ``lcurve.out``.
+"""Learning curves from a DeePMD-compatible ``lcurve.out``: read and draw (for `mdtrain plot`).
 
 The file is a header comment naming the columns (``step``, ``rmse_val``, ``rmse_trn``, ...,
 ``lr``; the training-only form has no ``_val`` columns), further comment lines, and one row of
@@ -177,14 +177,3 @@ def _log_axis(ax) -> None:
 def _positive(values: np.ndarray) -> np.ndarray:
     """The values with zeros and negatives masked as nan, which a log axis cannot show."""
     return np.where(values > 0, values, np.nan)
-
-
-def run_plot(args) -> int:
-    """CLI handler: ``mdtrain plot [lcurve.out] -o lcurve.png``."""
-    columns = parse_lcurve(args.lcurve)
-    if len(columns["step"]) == 0:
-        raise MDTrainError(f"{args.lcurve}: no data rows yet; nothing to plot")
-    output = plot_lcurve(columns, args.output, title=str(args.lcurve))
-    step = columns["step"]
-    log.info("wrote %s (%d rows, steps %d to %d)", output, len(step), step[0], step[-1])
-    return 0

@@ -1,4 +1,5 @@
-"""``mdtrain convert``: DFT/MD outputs → deepmd/npy directories or a deepmd/hdf5 file.
+"""Conversion of DFT/MD outputs → deepmd/npy directories or a deepmd/hdf5 file (for
+``mdtrain convert``).
 
 Frames are grouped into one system per composition (and periodicity), atoms sorted by the
 type order (``-t``, else order of first appearance), optionally split into train/ and valid/
@@ -22,29 +23,29 @@ log = logging.getLogger("mdtrain.convert")
 _LABELS = ("energy", "force", "virial")
 
 
-def run_convert(args) -> int:
-    """Entry point of ``mdtrain convert`` (arguments defined in mdtrain/cli.py)."""
-    output = args.output
-    to = args.to or ("deepmd/hdf5" if output.endswith((".h5", ".hdf5")) else "deepmd/npy")
-    if not 0.0 <= args.valid_fraction < 1.0:
-        raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
-    if args.set_size < 1:
-        raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
+def convert(
+    inputs: list[str],
+    output: str,
+    to: str,
+    fmt: str = "auto",
+    type_map: list[str] | None = None,
+    valid_fraction: float = 0.0,
+    seed: int = 0,
+    set_size: int = 5000,
+) -> dict[str, dict[str, SystemData]]:
+    """Read ``inputs`` (format ``fmt``, dpdata or ASE names), group and split the frames, write
+    them to ``output`` as ``to`` (``deepmd/npy`` or ``deepmd/hdf5``); returns the systems
+    written per part (``""``, or ``"train"`` and ``"valid"``)."""
     _check_output_free(output, to)
     blocks: list[Block] = []
-    for path in progress(args.inputs, len(args.inputs), "reading"):
-        blocks.extend(read_blocks(path, args.format, args.type_map))
+    for path in progress(inputs, len(inputs), "reading"):
+        blocks.extend(read_blocks(path, fmt, type_map))
     if not blocks:
-        raise MDTrainError(f"no frames found in {' '.join(args.inputs)}")
-    type_map = _type_map(blocks, args.type_map)
-    systems = group_frames(blocks, type_map)
-    splits = split_frames(systems, args.valid_fraction, args.seed)
-    _write(output, to, splits, args.set_size)
-    for part, group in splits.items():
-        total = sum(data.nframes for data in group.values())
-        where = f"{output}/{part}" if part else output
-        log.info("%s: %d systems, %d frames (%s)", where, len(group), total, to)
-    return 0
+        raise MDTrainError(f"no frames found in {' '.join(inputs)}")
+    systems = group_frames(blocks, _type_map(blocks, type_map))
+    splits = split_frames(systems, valid_fraction, seed)
+    _write(output, to, splits, set_size)
+    return splits
 
 
 def _check_output_free(output: str, to: str) -> None:

@@ -1,4 +1,4 @@
-"""``mdtrain freeze``: a checkpoint → a TorchScript file usable without mdtrain.
+"""Freezing: a model → a TorchScript file usable without mdtrain (for ``mdtrain freeze``).
 
 The frozen file holds the scripted EnergyModel (same forward, attributes ``type_map``,
 ``rcut``, ``sel``) and, in its ``_extra_files``, ``mdtrain.json`` with the model_config, the
@@ -9,29 +9,27 @@ virials are derivatives), e.g. under ``torch.enable_grad()``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import os
 
 import torch
 
 from mdtrain import __version__
 from mdtrain.errors import MDTrainError
-from mdtrain.infer.load import FROZEN_METADATA, is_torchscript, model_from_checkpoint, quiet_jit
-
-log = logging.getLogger("mdtrain.freeze")
+from mdtrain.infer.load import FROZEN_METADATA, quiet_jit
+from mdtrain.model.backend import as_reference
 
 
 def freeze_model(
     model: torch.nn.Module, output: str | os.PathLike, extra: dict | None = None
 ) -> None:
-    """Script ``model`` (an EnergyModel) in eval mode and save it with its metadata."""
+    """Script ``model`` (an EnergyModel, as its reference implementation: the accelerated
+    backends are eager-only) in eval mode and save it with its metadata."""
     output = os.fspath(output)
     directory = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(directory):
         raise MDTrainError(f"freeze: output directory {directory} does not exist")
-    model = model.eval()
+    model = as_reference(model).eval()
     try:
         with quiet_jit():
             scripted = torch.jit.script(model)
@@ -59,29 +57,3 @@ def freeze_model(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise MDTrainError(f"freeze: cannot write {output} ({exc})") from None
-
-
-def run_freeze(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``."""
-    from mdtrain.model.files import load_checkpoint
-
-    if args.checkpoint and args.checkpoint_option:
-        raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")
-    args.checkpoint = args.checkpoint or args.checkpoint_option or "."
-    if os.path.isdir(args.checkpoint):  # a training output directory, as DeePMD-kit's -c
-        args.checkpoint = os.path.join(args.checkpoint, "model.ckpt.pt")
-    if is_torchscript(args.checkpoint):
-        raise MDTrainError(f"checkpoint {args.checkpoint}: already a frozen (TorchScript) model")
-    state = load_checkpoint(args.checkpoint, map_location="cpu")
-    model = model_from_checkpoint(state, f"checkpoint {args.checkpoint}")
-    freeze_model(model, args.output, {"step": int(state.get("step", 0))})
-    log.info(
-        "froze %s (step %s, type_map %s, rcut %g, sel %s) to %s",
-        args.checkpoint,
-        state.get("step", "?"),
-        model.type_map,
-        model.rcut,
-        model.sel,
-        args.output,
-    )
-    return 0

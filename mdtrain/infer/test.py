@@ -1,4 +1,5 @@
-"""``mdtrain test``: RMSE and MAE of a model's energies, forces and virials on systems.
+"""Testing a model: RMSE and MAE of its energies, forces and virials on systems (for
+``mdtrain test``).
 
 Per system the first N frames are evaluated in memory-adaptive chunks. The total over all
 systems pools the squared and absolute errors (weighted by frames for energies and virials,
@@ -8,8 +9,6 @@ figure of one system holding all the frames.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,10 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mdtrain.data import System, expand_systems, open_system
+from mdtrain.data import System
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker
-from mdtrain.progress import progress
 
 log = logging.getLogger("mdtrain.test")
 
@@ -104,10 +102,6 @@ class SystemResult:
         return sums
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def evaluate_system(
     model: torch.nn.Module,
     system: System,
@@ -162,83 +156,6 @@ def format_table(title: str, summary: dict) -> str:
     if len(lines) == 2:
         lines.append("  (no energy, force or virial labels)")
     return "\n".join(lines)
-
-
-def _frames_to_test(system: System, numb_test: int) -> int:
-    if numb_test < 0:
-        raise MDTrainError(f"-n/--numb-test must be >= 0, got {numb_test}")
-    if numb_test == 0 or numb_test >= system.nframes:
-        return system.nframes
-    return numb_test
-
-
-def run_test(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
-    [--torchscript]``."""
-    from mdtrain.infer.load import load_model
-    from mdtrain.memory import keep_freed_memory
-
-    device = _device()
-    keep_freed_memory()
-    model = load_model(args.model, device, scripted=args.torchscript)
-    type_map = list(model.type_map)
-    paths = expand_systems(args.system, os.getcwd())
-    systems = [open_system(p, type_map) for p in paths]
-    counts = [_frames_to_test(s, args.numb_test) for s in systems]
-    total_frames = sum(counts)
-    log.info("testing %s on %d system(s), %d frame(s)", args.model, len(systems), total_frames)
-
-    chunker = InferenceChunker(device=device)
-    bar = progress(iter(range(total_frames)), total_frames, "test")
-
-    def advance(n: int) -> None:
-        for _ in range(n):
-            next(bar, None)
-
-    results: list[SystemResult] = []
-    per_system: dict[str, dict] = {}
-    total = ErrorSums()
-    for system, n in zip(systems, counts):
-        result = evaluate_system(model, system, n, device, chunker, advance)
-        errors = result.errors()
-        total.merge(errors)
-        per_system[system.path] = {"natoms": system.natoms, **errors.summary()}
-        results.append(result)
-    for _ in bar:  # let the progress reporter finish
-        pass
-
-    for path, summary in per_system.items():
-        print(
-            format_table(
-                f"System {path}: {summary['nframes']} frames, {summary['natoms']} atoms", summary
-            )
-        )
-        print()
-    totals = {"nsystems": len(systems), **total.summary()}
-    print(
-        format_table(
-            f"Total over {len(systems)} system(s), {total.nframes} frames (pooled errors)", totals
-        )
-    )
-
-    if args.json:
-        _write_json(
-            args.json,
-            {"model": os.path.abspath(args.model), "systems": per_system, "total": totals},
-        )
-    if args.parity:
-        draw_parity(results, args.parity)
-    return 0
-
-
-def _write_json(path: str, data: dict) -> None:
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-    except OSError as exc:
-        raise MDTrainError(f"--json {path}: cannot write ({exc.strerror or exc})") from None
-    log.info("wrote %s", path)
 
 
 def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:

@@ -1,13 +1,17 @@
-"""``mdtrain train``: set up the run (launcher, device, data, statistics, model), then train."""
+"""A training run: set up the run (launcher, device, data, statistics, model), then train.
+
+``mdtrain train`` (`mdtrain.commands.train`) turns its arguments into a `TrainRequest` and
+calls `run_training`; everything from there on is here, free of command-line parsing.
+"""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import logging
 import os
 import secrets
+from dataclasses import dataclass
 
 import torch
 
@@ -38,14 +42,28 @@ log = logging.getLogger("mdtrain")
 FINISHED_MARKER = "finished"
 
 
-def _restart_request(args: argparse.Namespace, training: dict) -> tuple[str | None, bool]:
+@dataclass
+class TrainRequest:
+    """What a run was asked for: the input file and the options of ``mdtrain train``."""
+
+    input_path: str  # input.json
+    output_dir: str = "."  # where checkpoints and logs go
+    restart: str | None = None  # checkpoint to continue from, or "auto"
+    init_model: str | None = None  # checkpoint whose weights the run starts from
+    backend: str | None = None  # process-group backend ("auto", "nccl", "gloo", "mpi")
+    mixed_precision: str | None = None  # overrides training.mixed_precision ("off", ...)
+    neighbor_stat_file: str | None = None  # a file written by `mdtrain neighbor-stat`
+    skip_neighbor_stat: bool = False  # trust the list sel given
+
+
+def _restart_request(request: TrainRequest, training: dict) -> tuple[str | None, bool]:
     """What to continue from, and whether it comes from a torchrun relaunch.
 
     ``--restart`` wins over ``training.restart``. When torchrun relaunches the group after a
     failure (``TORCHELASTIC_RESTART_COUNT`` > 0) the run continues from its own newest
     checkpoint: "auto", falling back to what was asked for when there is none yet.
     """
-    asked = args.restart or training.get("restart")
+    asked = request.restart or training.get("restart")
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
     if count.isdigit() and int(count) > 0:
         log.info("relaunched by torchrun (restart %s): continuing with --restart auto", count)
@@ -54,15 +72,15 @@ def _restart_request(args: argparse.Namespace, training: dict) -> tuple[str | No
 
 
 def _resolve_restart(
-    args: argparse.Namespace, training: dict, out_dir: str
+    request: TrainRequest, training: dict, out_dir: str
 ) -> tuple[str | None, str | None]:
     """``(restart, init_model)`` paths after "auto" (the newest valid checkpoint, if any).
 
     "auto" and ``--init-model`` combine: resume when the output directory has a checkpoint,
     else start from the given weights; a job script can pass both on every submission.
     """
-    restart, relaunched = _restart_request(args, training)
-    init_model = args.init_model
+    restart, relaunched = _restart_request(request, training)
+    init_model = request.init_model
     if restart == "auto":
         manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
         found = dist_rt.run_on_main(manager.latest)
@@ -71,8 +89,8 @@ def _resolve_restart(
             if init_model:
                 log.info("restart auto: --init-model %s is not used", init_model)
             return found, None
-        if relaunched and (args.restart or training.get("restart")) not in (None, "auto"):
-            restart = args.restart or training.get("restart")
+        if relaunched and (request.restart or training.get("restart")) not in (None, "auto"):
+            restart = request.restart or training.get("restart")
             log.info("restart auto: no checkpoint yet, using %s", restart)
             return restart, None
         log.info("restart auto: no checkpoint found, starting %s",
@@ -116,12 +134,12 @@ def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
         ) from None
 
 
-def _apply_precision_override(args: argparse.Namespace, config: dict) -> str:
+def _apply_precision_override(request: TrainRequest, config: dict) -> str:
     """``--mixed-precision`` replaces ``training.mixed_precision`` (so that out.json and the
     checkpoints record what ran); returns how to name the setting in messages."""
-    override = args.mixed_precision
+    override = request.mixed_precision
     if override is None:
-        return f"{args.input}: training.mixed_precision"
+        return f"{request.input_path}: training.mixed_precision"
     config["training"]["mixed_precision"] = None if override == "off" else override
     return "--mixed-precision"
 
@@ -135,22 +153,23 @@ def _finished_marker(out_dir: str) -> str:
     return os.path.join(out_dir, FINISHED_MARKER)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run_training(request: TrainRequest) -> None:
+    """Train as ``request`` asks; problems raise `MDTrainError`."""
     # SIGTERM/SIGUSR1 keep their default action (end the process, nothing to save) until the
     # training loop starts; from there until the very end they only set a flag
     preemption = PreemptionHandler()
     try:
-        return _train(args, preemption)
+        _train(request, preemption)
     finally:
         preemption.restore()
 
 
-def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
-    config = load_config(args.input)
-    precision_source = _apply_precision_override(args, config)
+def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
+    config = load_config(request.input_path)
+    precision_source = _apply_precision_override(request, config)
     training = config["training"]
     dist_cfg = training.get("distributed", {})
-    backend = dist_rt.resolve_backend_request(args.backend, dist_cfg.get("backend"))
+    backend = dist_rt.resolve_backend_request(request.backend, dist_cfg.get("backend"))
     with dist_rt.init_distributed(
         backend, bool(dist_cfg.get("fallback", True)), float(dist_cfg.get("timeout", 1800))
     ) as runtime:
@@ -159,11 +178,11 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
             __version__, torch.__version__, runtime.world_size, runtime.backend, runtime.device,
             torch.get_num_threads(),
         )  # fmt: skip
-        out_dir = args.output_dir
+        out_dir = request.output_dir
         if runtime.is_main:
             os.makedirs(out_dir, exist_ok=True)
         # everything up to the statistics checks the input; nothing in out_dir changes before
-        restart, init_model = _resolve_restart(args, training, out_dir)
+        restart, init_model = _resolve_restart(request, training, out_dir)
         state = load_checkpoint(restart or init_model) if (restart or init_model) else None
         if restart:
             _check_compatible(state, config["model"], restart)
@@ -171,16 +190,20 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
         elif init_model:
             config = _init_model_config(config, state, init_model)
         check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
-        data = open_datasets(config, args.input)
-        check_samplers(config, args.input, data, runtime.world_size)
+        data = open_datasets(config, request.input_path)
+        check_samplers(config, request.input_path, data, runtime.world_size)
         dist_rt.run_on_main(validate_datasets, data)
         stat_file = training.get("stat_file")
-        stat_file = resolve_path(args.input, stat_file) if stat_file else None
+        stat_file = resolve_path(request.input_path, stat_file) if stat_file else None
         if stat_file and not (restart or init_model):
             dist_rt.run_on_main(_check_stat_file, stat_file)
         if not restart:
             config = resolve_model_sel(
-                config, args.input, data, args.neighbor_stat_file, args.skip_neighbor_stat
+                config,
+                request.input_path,
+                data,
+                request.neighbor_stat_file,
+                request.skip_neighbor_stat,
             )
         training = config["training"]  # resolve_model_sel returns a new config
         if training.get("seed") is None:
@@ -219,7 +242,6 @@ def _train(args: argparse.Namespace, preemption: PreemptionHandler) -> int:
             if runtime.is_main:
                 _write_marker(_finished_marker(out_dir), result.step)
             log.info("finished at step %d", result.step)
-    return 0
 
 
 def _random_seed() -> int:

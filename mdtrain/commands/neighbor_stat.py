@@ -1,4 +1,5 @@
-"""``mdtrain neighbor-stat``: neighbour statistics as a stage of its own.
+"""``mdtrain neighbor-stat``: neighbour statistics as a stage of its own (computed and written
+by `mdtrain.neighbors`).
 
 Two forms:
 

@@ -1,0 +1,101 @@
+"""``mdtrain test``: RMSE and MAE tables of a model on systems, computed by `mdtrain.infer.test`.
+
+Figures are printed per system and pooled over all systems; ``--json`` writes them to a file
+and ``--parity`` draws predicted-vs-reference plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import torch
+
+from mdtrain.data import System, expand_systems, open_system
+from mdtrain.errors import MDTrainError
+from mdtrain.infer.load import load_model
+from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
+from mdtrain.memory import InferenceChunker, keep_freed_memory
+from mdtrain.progress import progress
+
+log = logging.getLogger("mdtrain.test")
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _frames_to_test(system: System, numb_test: int) -> int:
+    if numb_test < 0:
+        raise MDTrainError(f"-n/--numb-test must be >= 0, got {numb_test}")
+    if numb_test == 0 or numb_test >= system.nframes:
+        return system.nframes
+    return numb_test
+
+
+def run_test(args: argparse.Namespace) -> int:
+    """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
+    [--torchscript]``."""
+    device = _device()
+    keep_freed_memory()
+    model = load_model(args.model, device, scripted=args.torchscript)
+    type_map = list(model.type_map)
+    paths = expand_systems(args.system, os.getcwd())
+    systems = [open_system(p, type_map) for p in paths]
+    counts = [_frames_to_test(s, args.numb_test) for s in systems]
+    total_frames = sum(counts)
+    log.info("testing %s on %d system(s), %d frame(s)", args.model, len(systems), total_frames)
+
+    chunker = InferenceChunker(device=device)
+    bar = progress(iter(range(total_frames)), total_frames, "test")
+
+    def advance(n: int) -> None:
+        for _ in range(n):
+            next(bar, None)
+
+    results: list[SystemResult] = []
+    per_system: dict[str, dict] = {}
+    total = ErrorSums()
+    for system, n in zip(systems, counts):
+        result = evaluate_system(model, system, n, device, chunker, advance)
+        errors = result.errors()
+        total.merge(errors)
+        per_system[system.path] = {"natoms": system.natoms, **errors.summary()}
+        results.append(result)
+    for _ in bar:  # let the progress reporter finish
+        pass
+
+    for path, summary in per_system.items():
+        print(
+            format_table(
+                f"System {path}: {summary['nframes']} frames, {summary['natoms']} atoms", summary
+            )
+        )
+        print()
+    totals = {"nsystems": len(systems), **total.summary()}
+    print(
+        format_table(
+            f"Total over {len(systems)} system(s), {total.nframes} frames (pooled errors)", totals
+        )
+    )
+
+    if args.json:
+        _write_json(
+            args.json,
+            {"model": os.path.abspath(args.model), "systems": per_system, "total": totals},
+        )
+    if args.parity:
+        draw_parity(results, args.parity)
+    return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as exc:
+        raise MDTrainError(f"--json {path}: cannot write ({exc.strerror or exc})") from None
+    log.info("wrote %s", path)
