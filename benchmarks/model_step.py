@@ -7,13 +7,12 @@ Settings follow the DeePMD water example: sel [46, 92], rcut 6, neuron [25, 50, 
 axis_neuron 16, fitting [240, 240, 240]. The neighbour list is built once, outside the timing.
 
     python benchmarks/model_step.py [--precision float64|float32] [--steps N] [--threads T]
-        [--autograd-forces] [--plain-ops] [--no-skip-padded] [--profile]
+        [--backend auto|kernels|fused|reference] [--profile]
 
-The switches select the slower reference paths, to measure what each optimisation brings:
-``--autograd-forces`` (forces by autograd.grad with create_graph and a double backward in
-training, instead of explicit first-order derivatives), ``--plain-ops`` (the embedding net
-and contraction as plain differentiable operations instead of the fused autograd nodes),
-``--no-skip-padded`` (the embedding net also on slot columns that are padding everywhere).
+``--backend`` measures what each backend brings (``mdtrain.model.backend``): ``reference`` is
+the plain model (forces by autograd.grad with create_graph and a double backward in
+training, the embedding net on every slot), ``fused`` the explicit first-order derivatives
+on fused PyTorch nodes, ``kernels`` the same on the compiled kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from mdtrain.memory import keep_freed_memory
-from mdtrain.model import EnergyModel
+from mdtrain.model.backend import BACKENDS, build_model
 from mdtrain.model.stats import compute_descriptor_stats
 from mdtrain.neighbors.nlist import build_nlist
 from mdtrain.train.optimizer import make_adam
@@ -96,13 +95,10 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument(
-        "--no-skip-padded", action="store_true", help="run the embedding net on padded slots too"
-    )
-    parser.add_argument(
-        "--autograd-forces", action="store_true", help="forces by autograd (double backward)"
-    )
-    parser.add_argument(
-        "--plain-ops", action="store_true", help="no fused autograd nodes in the descriptor"
+        "--backend",
+        choices=["auto", *BACKENDS],
+        default="auto",
+        help="model backend (auto: the first that runs, as mdtrain train does)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="print a profiler table of a train step"
@@ -115,14 +111,8 @@ def main() -> None:
     config["descriptor"] = {**CONFIG["descriptor"], "precision": args.precision}
     config["fitting_net"] = {**CONFIG["fitting_net"], "precision": args.precision}
     keep_freed_memory()  # as mdtrain train does
-    model = EnergyModel(config)
-    model.descriptor.skip_padded = not args.no_skip_padded
-    if args.autograd_forces:
-        model.explicit_forces = False
-    if args.plain_ops:
-        model.descriptor.fused_nodes = False
-        for net in model.descriptor.networks:
-            net.fused_backward = False
+    model = build_model(config, backend=args.backend)
+    print(f"backend: {model.backend}")
     coord, atype = water_box()
     box = np.eye(3) * BOX
     nlist, shift, counts = build_nlist(coord, box, atype, model.rcut, model.sel)

@@ -47,7 +47,7 @@ def measure(
     from mdtrain import distributed as dist_rt
     from mdtrain.config import load_config
     from mdtrain.memory import keep_freed_memory
-    from mdtrain.model.energy import EnergyModel
+    from mdtrain.model.backend import build_model
     from mdtrain.model.stats import compute_or_load_stats
     from mdtrain.train.loop import Trainer, seed_everything
     from mdtrain.train.prepare import open_datasets, resolve_model_sel
@@ -66,7 +66,7 @@ def measure(
     seed_everything(int(training.get("seed") or 0))
     torch.set_num_threads(threads)
     keep_freed_memory()  # as mdtrain train does
-    model = EnergyModel(config["model"])
+    model = build_model(config["model"])
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
     compute_or_load_stats(model, data.train, None, nbatch)
     runtime = dist_rt.init_distributed("gloo", True, 60.0)

@@ -18,16 +18,18 @@ from mdtrain.config import complete_config
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
-from tests.test_model_common import make_model
-from tests.test_model_fastpaths import batch
+from mdtrain.model.autocast import uses_bf16
+from mdtrain.model.backend import build_model
+from tests.model.test_backends import batch
+from tests.test_model_common import set_random_stats, small_config
 from tests.train_helpers import lcurve_rows, make_project, tiny_config
 
 CPU = torch.device("cpu")
 F32 = {"precision": "float32"}
 
 
-def float32_model():
-    model = make_model(F32, F32)
+def float32_model(mode: str | None = None):
+    model = set_random_stats(build_model(small_config(F32, F32), mixed_precision=mode))
     model.train()
     return model
 
@@ -65,8 +67,10 @@ def test_bf16_agrees_with_float32_at_the_bf16_level():
     model = float32_model()
     args = batch(model, nmol=4)
     ref, ref_grads = outputs_and_grads(model, args)
-    with mixed_precision("bf16", model, CPU):
-        out, grads = outputs_and_grads(model, args)
+    bf16 = float32_model("bf16")
+    assert bf16.backend == "reference" and uses_bf16(bf16)
+    with mixed_precision("bf16", bf16, CPU):
+        out, grads = outputs_and_grads(bf16, args)
     for key in ("energy", "atom_energy", "force", "virial"):
         assert out[key].dtype == torch.float64
         err = rel_err(out[key], ref[key])
@@ -82,34 +86,25 @@ def test_bf16_agrees_with_float32_at_the_bf16_level():
 def test_bf16_rounds_only_the_network_products():
     """Embedding and fitting products in bfloat16; the descriptor contraction (bmm) and the
     pair geometry stay float32/float64, and every net hands back float32."""
-    model = float32_model()
+    model = float32_model("bf16")
     args = batch(model)
     with mixed_precision("bf16", model, CPU), MatmulDtypes() as seen:
-        value, slope = model.descriptor.networks[0].value_and_derivative(
-            torch.rand(5, 1, dtype=torch.float32)
-        )
+        value = model.descriptor.networks[0](torch.rand(5, 1, dtype=torch.float32))
         model(*args)
-    assert value.dtype == slope.dtype == torch.float32
+    assert value.dtype == torch.float32
     kinds = seen.seen
     assert kinds[("addmm", "torch.bfloat16")] > 0 and kinds[("mm", "torch.bfloat16")] > 0
     contractions = {k: n for k, n in kinds.items() if k[0] in ("bmm", "baddbmm")}
     assert contractions and all(k[1] in ("torch.float32", "torch.float64") for k in contractions)
 
 
-def test_bf16_is_undone_after_the_block():
-    model = float32_model()
-    args = batch(model)
-    before, _ = outputs_and_grads(model, args)
-    with pytest.raises(RuntimeError, match="inside"), mixed_precision("bf16", model, CPU):
-        assert not model.descriptor.fused_nodes
-        raise RuntimeError("inside")
-    assert model.descriptor.fused_nodes
-    nets = [*model.descriptor.networks, *model.fitting.networks]
-    assert all(n.fused_backward for n in nets if hasattr(n, "fused_backward"))
-    assert not any(name in vars(n) for n in nets for name in ("forward", "value_and_derivative"))
-    after, _ = outputs_and_grads(model, args)
-    for key in before:
-        torch.testing.assert_close(after[key], before[key], rtol=0, atol=0)
+def test_bf16_model_keeps_the_state_dict_and_needs_building_for_it():
+    model = float32_model("bf16")
+    plain = float32_model()
+    assert list(model.state_dict()) == list(plain.state_dict())
+    plain.load_state_dict(model.state_dict())
+    with pytest.raises(MDTrainError, match="not built for it"), mixed_precision("bf16", plain, CPU):
+        pass
 
 
 def test_tf32_is_set_for_the_block_on_cuda_and_warns_on_cpu(caplog):
@@ -212,7 +207,6 @@ def test_bf16_training_tracks_float32_and_saves_a_float32_model(tmp_path):
     f32_state = torch.load(tmp_path / "f32" / "model.ckpt.pt", weights_only=True)
     assert f32_state["mixed_precision"] is None
 
-    model = load_model(ckpt)  # inference: float32 parameters, fused nodes, no autocast
-    assert model.descriptor.fused_nodes
+    model = load_model(ckpt)  # inference: float32 parameters, accelerated, no autocast
+    assert model.backend in ("kernels", "fused") and not uses_bf16(model)
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert not any("forward" in vars(m) for m in model.modules())

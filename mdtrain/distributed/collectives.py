@@ -22,18 +22,19 @@ log = logging.getLogger("mdtrain.distributed")
 T = TypeVar("T")
 
 
-def _active() -> bool:
+def group_active() -> bool:
+    """Whether a process group of more than one process is running."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def get_rank() -> int:
     """This process's rank (0 outside a process group)."""
-    return dist.get_rank() if _active() else 0
+    return dist.get_rank() if group_active() else 0
 
 
 def get_world_size() -> int:
     """The number of processes (1 outside a process group)."""
-    return dist.get_world_size() if _active() else 1
+    return dist.get_world_size() if group_active() else 1
 
 
 def is_main_process() -> bool:
@@ -46,26 +47,27 @@ def _cpu_collectives() -> bool:
     return "gloo" in backend or "mpi" in backend
 
 
-def _tensor_device() -> torch.device:
+def collective_device() -> torch.device:
     """Where small flag tensors go: the CPU unless the group can only move CUDA tensors."""
     if _cpu_collectives():
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _needs_move(tensor: torch.Tensor) -> bool:
+def needs_move(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` must go to ``collective_device()`` before a collective."""
     return tensor.device.type == "cpu" and not _cpu_collectives()
 
 
 def barrier() -> None:
     """Wait for every rank (no-op in a world of 1)."""
-    if _active():
+    if group_active():
         dist.barrier()
 
 
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank (pickled; keep it modest in size)."""
-    if not _active():
+    if not group_active():
         return obj
     box = [obj if get_rank() == src else None]
     dist.broadcast_object_list(box, src=src)
@@ -75,12 +77,12 @@ def broadcast_object(obj: T, src: int = 0) -> T:
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over ranks in place and return it (copies through the group's device if
     the tensor lives elsewhere, e.g. a CPU tensor under pure NCCL)."""
-    if not _active():
+    if not group_active():
         return tensor
-    if not _needs_move(tensor):
+    if not needs_move(tensor):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
-    moved = tensor.to(_tensor_device())
+    moved = tensor.to(collective_device())
     dist.all_reduce(moved, op=dist.ReduceOp.SUM)
     tensor.copy_(moved)
     return tensor
@@ -88,9 +90,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on at least one: collective stop/skip/retry."""
-    if not _active():
+    if not group_active():
         return bool(flag)
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_tensor_device())
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 
@@ -124,7 +126,7 @@ def run_on_main(fn: Callable[..., T], *args: Any, wait_s: float | None = None) -
     limit), and only then enter the broadcast. If rank 0 dies, the store or the broadcast
     fails and they raise too.
     """
-    if not _active():
+    if not group_active():
         return fn(*args)
     _main_calls[0] += 1
     key = f"mdtrain/run_on_main/{_main_calls[0]}"

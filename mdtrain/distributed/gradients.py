@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 from mdtrain.distributed.collectives import (
-    _active,
-    _needs_move,
-    _tensor_device,
+    group_active,
+    needs_move,
+    collective_device,
     all_reduce_sum,
     get_world_size,
 )
@@ -23,7 +23,7 @@ from mdtrain.distributed.runtime import Runtime
 def wrap_ddp(model: torch.nn.Module, runtime: Runtime, **ddp_kwargs: Any) -> torch.nn.Module:
     """DistributedDataParallel for N > 1 (``device_ids`` only for a CUDA module), the model
     itself for a world of 1. The constructor broadcasts rank 0's parameters and buffers."""
-    if runtime.world_size == 1 or not _active():
+    if runtime.world_size == 1 or not group_active():
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -40,14 +40,14 @@ def wrap_ddp(model: torch.nn.Module, runtime: Runtime, **ddp_kwargs: Any) -> tor
 def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s parameters and buffers to every rank (for manual gradient averaging,
     where no DDP constructor does it)."""
-    if not _active():
+    if not group_active():
         return
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
-            if not _needs_move(tensor):
+            if not needs_move(tensor):
                 dist.broadcast(tensor.data, src=src)
             else:
-                moved = tensor.data.to(_tensor_device())
+                moved = tensor.data.to(collective_device())
                 dist.broadcast(moved, src=src)
                 tensor.data.copy_(moved)
 
@@ -62,7 +62,7 @@ def all_reduce_gradients(
     accumulation call it once, after the last backward.
     """
     world = get_world_size() if world_size is None else world_size
-    if world == 1 or not _active():
+    if world == 1 or not group_active():
         return
     grads: list[torch.Tensor] = []
     for p in params:

@@ -10,7 +10,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model import EnergyModel
-from mdtrain.model.accel.embedding_nodes import _EmbedContract, _Tape
+from mdtrain.model.accel.embedding_nodes import _EmbedContract, Tape
 from mdtrain.model.accel.fitting_node import _ValueAndInputGrad
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.accel.layout import add_cross_product, layer_layout, layer_params
@@ -148,8 +148,8 @@ def test_float32(backend):
 def row_blocks(request, monkeypatch):
     """The fused node's forward and backward run over blocks of rows: one, or several."""
     if request.param == "blocks_of_3":
-        monkeypatch.setattr(_Tape, "min_block_rows", 1)
-        monkeypatch.setattr(_Tape, "block_bytes", 3 * 16 * 8)
+        monkeypatch.setattr(Tape, "min_block_rows", 1)
+        monkeypatch.setattr(Tape, "block_bytes", 3 * 16 * 8)
     return request.param
 
 

@@ -85,7 +85,7 @@ class TorchEmbedding:
         return self
 
 
-class _Tape:
+class Tape:
     """Buffers of one fused evaluation of a tanh embedding net on ``rows`` inputs ``s``.
 
     Per layer ``a = xW + b, t = tanh(a), y = t·idt + skip(x)`` and the tangent ``da = dx W,
@@ -226,7 +226,7 @@ class _EmbedContract(torch.autograd.Function):
     def forward(ctx, rows: Tensor, layout: tuple, *params: Tensor):
         nc, n = rows.shape[0], rows.shape[2]
         s = rows[:, 0, :].reshape(-1, 1)
-        tape = _Tape(s, layout, params)
+        tape = Tape(s, layout, params)
         m = tape.value.shape[1]
         tmat = rows.new_empty(nc, 4, m)
         ctx.centres = max(1, tape.block // n)
@@ -246,7 +246,7 @@ class _EmbedContract(torch.autograd.Function):
     def backward(ctx, tbar_t: Tensor | None, gv: Tensor | None, gs: Tensor | None):
         rows, s, *rest = ctx.saved_tensors
         nparams = sum(3 if has_idt else 2 for _, _, has_idt in ctx.layout)
-        tape = _Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
+        tape = Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
         grads = tape.new_grads()
         row_grad, ctx.row_grad = ctx.row_grad, None
         nc, n = rows.shape[0], rows.shape[2]

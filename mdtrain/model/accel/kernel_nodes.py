@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.embedding_nodes import EmbeddedBlock, _Tape, padded_tail
+from mdtrain.model.accel.embedding_nodes import EmbeddedBlock, Tape, padded_tail
 from mdtrain.model.accel.kernels import Kernels
 from mdtrain.model.accel.layout import dense, layer_layout, layer_params
 from mdtrain.model.network import EmbeddingNet
@@ -105,7 +105,9 @@ class KernelEmbedding:
         row evaluates only up to its own last one and its padded columns are added from
         ``pad`` per centre type."""
         if rows.device.type != "cpu":
-            raise RuntimeError("the compiled kernels take CPU tensors: build the model for its device")
+            raise RuntimeError(
+                "the compiled kernels take CPU tensors: build the model for its device"
+            )
         if n == 0:
             if rows.shape[2] > 0:
                 tmat = tmat + padded_tail(pad, net(pad[:, :, 0].reshape(-1, 1)), types)
@@ -141,7 +143,7 @@ class _KernelEmbedContract(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows: Tensor, kernels: Kernels, plan: BlockPlan, layout: tuple, *params):
         s = rows.new_empty(plan.rows, 1)
-        tape = _Tape(s, layout, params)
+        tape = Tape(s, layout, params)
         tmat = rows.new_empty(rows.shape[0], 4, tape.value.shape[1])
         kernels.embed_forward(rows, layout, params, tape, plan, tmat)
         ctx.kernels, ctx.plan, ctx.layout = kernels, plan, layout
@@ -155,7 +157,7 @@ class _KernelEmbedContract(torch.autograd.Function):
     def backward(ctx, tbar_t: Tensor | None, gv: Tensor | None, gs: Tensor | None):
         rows, s, *rest = ctx.saved_tensors
         nparams = sum(3 if has_idt else 2 for _, _, has_idt in ctx.layout)
-        tape = _Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
+        tape = Tape(s, ctx.layout, tuple(rest[:nparams]), tuple(rest[nparams:]))
         grads = tape.new_grads()
         row_grad, ctx.row_grad = ctx.row_grad, None
         z, tbar = (None, None) if row_grad is None else row_grad

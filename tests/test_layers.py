@@ -1,0 +1,114 @@
+"""Imports flow one way: every import in ``mdtrain/`` (those inside functions included) goes to
+the same package or to a lower layer, in the order stated in ``docs/developer.md``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "mdtrain"
+
+# Lowest first. A module belongs to the longest prefix listed; it may import its own unit
+# (the prefix it belongs to) and any unit of a lower layer, never one of the same layer.
+LAYERS: list[list[str]] = [
+    ["mdtrain.errors"],
+    ["mdtrain.log"],
+    ["mdtrain.progress"],
+    ["mdtrain.schema"],
+    ["mdtrain.config", "mdtrain.schema_doc"],
+    ["mdtrain.memory"],
+    ["mdtrain.data"],
+    ["mdtrain.neighbors"],
+    ["mdtrain.batching"],
+    ["mdtrain.model"],  # the reference model, its statistics and model files
+    ["mdtrain.model.accel"],  # fast paths: fused nodes, compiled kernels
+    ["mdtrain.model.backend"],  # the one choice between them
+    ["mdtrain.distributed"],
+    ["mdtrain.train", "mdtrain.infer", "mdtrain.plot"],
+    ["mdtrain.check"],
+    ["mdtrain.commands"],
+    ["mdtrain.cli"],
+    ["mdtrain.__main__"],
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+TOP = "mdtrain"  # the package itself (its __init__ holds the version only)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str) -> str | None:
+    """The longest listed prefix of ``module`` (None: not placed in any layer)."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in RANK:
+            return prefix
+    return None
+
+
+def imports_of(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import in the file."""
+    found = []
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+FILES = sorted(ROOT.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_imports_go_to_the_same_unit_or_a_lower_layer(path):
+    source = module_name(path)
+    if source == TOP:
+        return
+    unit = unit_of(source)
+    assert unit is not None, f"{source} is in no layer: add it to LAYERS and docs/developer.md"
+    problems = []
+    for target, names, line in imports_of(path):
+        if target == TOP:  # `from mdtrain import __version__` or a subpackage by name
+            target = f"{TOP}.{names[0]}" if names and names[0] != "__version__" else TOP
+        if not target.startswith(f"{TOP}.") or target == TOP:
+            continue
+        candidates = [target] + [f"{target}.{n}" for n in names]
+        to = next((u for u in map(unit_of, reversed(candidates)) if u is not None), None)
+        if to is None:
+            problems.append(f"line {line}: {target} is in no layer")
+        elif to != unit and RANK[to] >= RANK[unit]:
+            problems.append(f"line {line}: imports {target} ({to}, not below {unit})")
+    assert not problems, f"{source}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_no_private_names_from_other_modules(path):
+    """A module's underscore names are its own: another module that needs one gets a public
+    name instead (relative imports inside one module's own tests aside)."""
+    private = [
+        f"line {line}: {name} from {target}"
+        for target, names, line in imports_of(path)
+        if target.startswith(f"{TOP}.")
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not private, f"{module_name(path)}: " + "; ".join(private)
+
+
+def test_every_layer_unit_exists():
+    modules = {module_name(p) for p in FILES}
+    missing = [u for u in RANK if not any(m == u or m.startswith(u + ".") for m in modules)]
+    assert not missing, f"listed but absent: {missing}"
