@@ -17,9 +17,9 @@ from mdtrain.cli import main
 from mdtrain.config import complete_config
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
-from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.model.autocast import uses_bf16
 from mdtrain.model.backend import build_model
+from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from tests.model.test_backends import batch
 from tests.test_model_common import set_random_stats, small_config
 from tests.train_helpers import lcurve_rows, make_project, tiny_config

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 
 from mdtrain.distributed.collectives import (
+    all_reduce_sum,
+    collective_device,
+    get_world_size,
     group_active,
     needs_move,
-    collective_device,
-    all_reduce_sum,
-    get_world_size,
 )
 from mdtrain.distributed.runtime import Runtime
 

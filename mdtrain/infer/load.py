@@ -7,8 +7,9 @@ the EnergyModel forward and the attributes ``type_map``, ``rcut`` and ``sel``.
 
 A frozen file is loaded by default as an eager EnergyModel built from the ``model_config``
 that ``mdtrain freeze`` stores beside the TorchScript module, with the module's weights:
-TorchScript runs only the plain operations, the eager model its fused nodes and compiled
-kernels (on the water model on a CPU, 2× the frames/s), with the same results to rounding.
+TorchScript runs the reference model, the eager model the fastest backend for the device
+(``mdtrain.model.backend``; on the water model on a CPU, 2× the frames/s), with the same
+results to rounding.
 ``scripted=True`` returns the TorchScript module itself.
 """
 
@@ -48,14 +49,17 @@ def is_torchscript(path: str | os.PathLike) -> bool:
     return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
 
 
-def model_from_checkpoint(state: dict, source: str = "checkpoint") -> torch.nn.Module:
-    """Build an EnergyModel from a checkpoint dict (``model_config`` + ``model_state``)."""
-    from mdtrain.model import EnergyModel
+def model_from_checkpoint(
+    state: dict, source: str = "checkpoint", device: str | torch.device = "cpu"
+) -> torch.nn.Module:
+    """Build the model of a checkpoint dict (``model_config`` + ``model_state``) on ``device``,
+    with the fastest backend there (``mdtrain.model.backend``)."""
+    from mdtrain.model.backend import build_model
 
     if "model_config" not in state or "model_state" not in state:
         raise MDTrainError(f"{source}: no model_config/model_state in the checkpoint")
     try:
-        model = EnergyModel(state["model_config"])
+        model = build_model(state["model_config"], device)
     except MDTrainError as exc:
         raise MDTrainError(f"{source}: incompatible model_config: {exc}") from None
     weights = state["model_state"]
@@ -82,10 +86,10 @@ def load_model(
     if is_torchscript(path):
         model, metadata = _load_frozen(path, device)
         if not scripted and "model_config" in metadata:
-            model = _eager_from_frozen(path, model, metadata["model_config"]).to(device)
+            model = _eager_from_frozen(path, model, metadata["model_config"], device)
     else:
-        model = model_from_checkpoint(load_checkpoint(path, map_location="cpu"), f"model {path}")
-        model.to(device)
+        state = load_checkpoint(path, map_location="cpu")
+        model = model_from_checkpoint(state, f"model {path}", device)
     return model.eval()
 
 
@@ -118,12 +122,15 @@ def _load_frozen(path: str, device: str | torch.device) -> tuple[torch.nn.Module
     return model, metadata
 
 
-def _eager_from_frozen(path: str, module: torch.nn.Module, config: dict) -> torch.nn.Module:
-    """An EnergyModel with the TorchScript module's weights (see the module docstring)."""
-    from mdtrain.model import EnergyModel
+def _eager_from_frozen(
+    path: str, module: torch.nn.Module, config: dict, device: str | torch.device
+) -> torch.nn.Module:
+    """The model of ``config`` on ``device`` with the TorchScript module's weights (see the
+    module docstring)."""
+    from mdtrain.model.backend import build_model
 
     try:
-        model = EnergyModel(config)
+        model = build_model(config, device)
     except MDTrainError as exc:
         raise MDTrainError(f"model {path}: incompatible model_config: {exc}") from None
     # TorchScript also keeps the non-persistent buffers (type-pair masks): not needed here

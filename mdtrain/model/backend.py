@@ -44,7 +44,9 @@ def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
     desc, fit = config["descriptor"], config["fitting_net"]
     for where, part in (("descriptor", desc), ("fitting_net", fit)):
         if part["activation_function"] != "tanh":
-            return f"model.{where}.activation_function is {part['activation_function']!r} (needs tanh)"
+            return (
+                f"model.{where}.activation_function is {part['activation_function']!r} (needs tanh)"
+            )
     if mixed_precision == "bf16":
         return "bf16 mixed precision runs the reference model"
     return None

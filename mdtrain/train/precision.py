@@ -35,6 +35,7 @@ log = logging.getLogger("mdtrain")
 
 MODES = ("tf32", "bf16")
 
+
 def mode_of(value: Any) -> str | None:
     """``"tf32"``, ``"bf16"`` or None (off) for a ``training.mixed_precision`` value: a mode
     name, or DeePMD's ``{"output_prec": "float32", "compute_prec": "bfloat16"}``."""

@@ -20,6 +20,7 @@ from mdtrain import distributed as dist_rt
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
+from mdtrain.model.backend import build_model
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint
 from mdtrain.model.stats import compute_or_load_stats, read_stat_file
@@ -214,7 +215,8 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             )  # fmt: skip
         seed_everything(int(training["seed"]))
         keep_freed_memory()
-        model = EnergyModel(config["model"]).to(runtime.device)
+        precision = mode_of(training.get("mixed_precision"))
+        model = build_model(config["model"], runtime.device, precision)
         if init_model:
             _load_weights(model, state, init_model)
         elif not restart:

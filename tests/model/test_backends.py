@@ -10,7 +10,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model import EnergyModel
-from mdtrain.model.accel.embedding_nodes import _EmbedContract, Tape
+from mdtrain.model.accel.embedding_nodes import Tape, _EmbedContract
 from mdtrain.model.accel.fitting_node import _ValueAndInputGrad
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.accel.layout import add_cross_product, layer_layout, layer_params
