@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mdtrain.model import EnergyModel
+from mdtrain.model.stat_file import descriptor_stat_hash
 from mdtrain.model.stats import (
     collect_stat_batches,
     compute_descriptor_stats,
     compute_energy_bias,
     compute_or_load_stats,
-    descriptor_stat_hash,
 )
 from tests.test_model_common import small_config, triclinic, water_like
 from tests.test_model_descriptor import ref_neighbours, ref_switch

@@ -9,30 +9,29 @@ population std (angular std centred on the pooled mean), floored at 1e-2, 0.1 wh
 The energy bias is the least-squares solution of ``N_types · bias = E`` over the sampled
 frames; its residual std is stored for every type.
 
-Stat file layout (HDF5): ``/<type_map joined by spaces>/<sha1 of the descriptor settings>/
-{r_0, a_0, r_1, ...}`` and ``/<type_map>/bias_atom_energy``, ``std_atom_energy`` (ntypes, 1).
-The hash covers every setting that changes the numbers (rcut, rcut_smth, sel, exclusions,
-env_protection), at full precision, so a changed setting never reuses stale entries. The
-data themselves are not hashed (as in DeePMD): delete the file after changing the systems.
+The numbers are cached in ``training.stat_file`` (layout in ``stat_file.py``). The data
+themselves are not hashed (as in DeePMD): delete the file after changing the systems.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import h5py
 import numpy as np
 import torch
 
-from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.stat_file import (
+    DATA_ATTR,
+    data_summary,
+    descriptor_stat_hash,
+    read_stat_file_and_attrs,
+    write_stat_file,
+)
 from mdtrain.neighbors.nlist import build_nlist
 
 log = logging.getLogger("mdtrain.model.stats")
@@ -238,88 +237,6 @@ def _bias_inputs(batches: Iterable[dict[str, Any]], ntypes: int) -> tuple[np.nda
     return np.concatenate(rows).astype(np.float64), np.concatenate(energies)
 
 
-# --------------------------------------------------------------------------------------------
-# Stat file
-
-
-def descriptor_stat_hash(model) -> str:
-    """sha1 of every descriptor setting the env-matrix sums depend on."""
-    desc = model.descriptor
-    settings = {
-        "type": "se_e2_a",
-        "ntypes": desc.ntypes,
-        "rcut": repr(float(desc.rcut)),
-        "rcut_smth": repr(float(desc.rcut_smth)),
-        "sel": list(desc.sel),
-        "exclude_types": sorted(list(p) for p in desc.exclude_types),
-        "env_protection": repr(float(desc.env_protection)),
-    }
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
-DATA_ATTR = "mdtrain_training_data"
-
-
-def data_summary(systems: Sequence[Any]) -> str:
-    """A cheap identity of a training set: its systems' sizes (frames, atoms), in any order
-    and wherever they lie. Stored in the stat file to warn when it is reused for other data."""
-    sizes = sorted((int(s.nframes), int(s.natoms)) for s in systems)
-    return hashlib.sha1(json.dumps(sizes).encode()).hexdigest()
-
-
-def read_stat_file(path: str) -> dict[str, np.ndarray]:
-    """All datasets of an HDF5 stat file, keyed by their path (no leading slash)."""
-    return _read_stat_file(path)[0]
-
-
-def _read_stat_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The datasets and the string attributes of the root, in one opening of the file."""
-    if not os.path.exists(path):
-        return {}, {}
-    out: dict[str, np.ndarray] = {}
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(
-                lambda name, obj: (
-                    out.__setitem__(name, np.asarray(obj[()]))
-                    if isinstance(obj, h5py.Dataset)
-                    else None
-                )
-            )
-            attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
-    except OSError as err:
-        raise MDTrainError(
-            f"training/stat_file: {path} is not a readable HDF5 file ({err})"
-        ) from err
-    return out, attrs
-
-
-def write_stat_file(
-    path: str, entries: dict[str, np.ndarray], attrs: dict[str, str] | None = None
-) -> None:
-    """Add or replace datasets (and root attributes), keeping all others; written to a temp
-    file then renamed."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as dst:
-            if os.path.exists(path):
-                with h5py.File(path, "r") as src:
-                    for name in src:
-                        src.copy(src[name], dst, name=name)
-                    dst.attrs.update(src.attrs)
-            dst.attrs.update(attrs or {})
-            for name, value in entries.items():
-                if name in dst:
-                    del dst[name]
-                dst.create_dataset(name, data=np.asarray(value, dtype=np.float64))
-        os.replace(tmp, path)
-    except OSError as err:
-        raise MDTrainError(f"training/stat_file: cannot write {path} ({err})") from err
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def compute_or_load_stats(
     model,
     systems: Sequence[Any],
@@ -336,7 +253,7 @@ def compute_or_load_stats(
     ntypes = desc.ntypes
     root = " ".join(model.type_map)
     dkey = f"{root}/{descriptor_stat_hash(model)}"
-    stored, attrs = _read_stat_file(stat_file) if stat_file else ({}, {})
+    stored, attrs = read_stat_file_and_attrs(stat_file) if stat_file else ({}, {})
     summary = data_summary(systems)
     if stored and attrs.get(DATA_ATTR) not in (None, summary):
         log.warning(

@@ -23,7 +23,8 @@ from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_model
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint
-from mdtrain.model.stats import compute_or_load_stats, read_stat_file
+from mdtrain.model.stat_file import read_stat_file
+from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.loop import Trainer, seed_everything
