@@ -27,10 +27,24 @@ class EmbeddingOps(Protocol):
 
     name: str
 
-    def contract(self, net: EmbeddingNet, rows: Tensor, n: int, pad: Tensor, types, tmat, group,
-                 lo, mask) -> tuple[Tensor, EmbeddedBlock | None]: ...  # fmt: skip
+    def contract(
+        self,
+        net: EmbeddingNet,
+        rows: Tensor,
+        n: int,
+        pad: Tensor,
+        types: Tensor | None,
+        tmat: Tensor,
+        group: int,
+        lo: int,
+        mask: Tensor,
+    ) -> tuple[Tensor, EmbeddedBlock | None]:
+        """``tmat`` plus Σ R̃ᵀG over one block of slot columns (see ``TorchEmbedding``)."""
+        ...
 
-    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor: ...
+    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
+        """dE/dR̃ (B, n, 4) of the block's columns, rows (B, 4, n)."""
+        ...
 
 
 class ExplicitCache(NamedTuple):

@@ -198,7 +198,7 @@ def _rows_args(rows: Tensor) -> list:
 
 
 def net_args(layout: tuple, params, tape) -> list:
-    """The net's layout, parameters and tape buffers (``fused_embedding._Tape``) as C arrays."""
+    """The net's layout, parameters and tape buffers (``embedding_nodes.Tape``) as C arrays."""
     weights, biases, idts = [], [], []
     k = 0
     for _, _, has_idt in layout:
