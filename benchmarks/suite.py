@@ -51,20 +51,10 @@ import tempfile
 from neighbor_stat import ChildFailed
 from suite_parts import Suite
 from suite_report import markdown
-from suite_runs import (
-    DP_STEP,
-    MDTRAIN_ONLY,
-    MDTRAIN_STEP,
-    log,
-    machine_info,
-    step_times,
-    timing_input,
-)
+from suite_runs import log, machine_info
 from train_step import find_input
 
 PARTS = ("neighbor-stat", "train", "test", "ranks")
-# what tests use of the suite, whichever of its modules defines it
-__all__ = ["DP_STEP", "MDTRAIN_ONLY", "MDTRAIN_STEP", "PARTS", "main", "step_times", "timing_input"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

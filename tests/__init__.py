@@ -1,1 +1,2 @@
-"""Tests; a package so that tests can share helpers: ``from tests.datagen import ...``."""
+"""Tests, a package: its folders mirror mdtrain's packages; shared helpers are in
+``tests.helpers`` (``from tests.helpers.datagen import ...``), never in a test module."""

@@ -1,4 +1,5 @@
-"""Shared fixtures: small labelled water-like systems in deepmd/npy and deepmd/hdf5."""
+"""Shared fixtures: small labelled water-like systems in deepmd/npy and deepmd/hdf5, and the
+background training runs of the preemption and rank-failure tests; the session's settings."""
 
 from __future__ import annotations
 
@@ -7,14 +8,23 @@ from functools import cache
 
 import numpy as np
 import pytest
+import torch
 
-from tests.datagen import (
+from tests.helpers.datagen import (
     lj_labels,
     random_water_like,
     water_labeled,
     write_hdf5_system,
     write_npy_system,
 )
+from tests.helpers.runs import Cleanup, ReferenceRuns
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread for the whole session: the small models of the tests run faster so on
+    a shared machine, and thread-count-dependent rounding cannot differ between runs. Processes
+    the tests start choose their own (``clean_env`` sets OMP_NUM_THREADS)."""
+    torch.set_num_threads(1)
 
 
 @cache
@@ -77,3 +87,20 @@ def _reset_mdtrain_logger():
         logger.removeHandler(handler)
     logger.propagate = True
     logger.setLevel(logging.NOTSET)
+
+
+@pytest.fixture
+def cleanup():
+    """``cleanup(launched)`` registers a background run; its session is killed after the test."""
+    keeper = Cleanup()
+    yield keeper
+    keeper.close()
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """``reference_run(nproc) -> (launched, out_dir)``: the uninterrupted run on ``nproc`` ranks,
+    started in the background on first use and shared by every test (``finish()`` it)."""
+    runs = ReferenceRuns(tmp_path_factory)
+    yield runs
+    runs.close()

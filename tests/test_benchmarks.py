@@ -1,22 +1,37 @@
-"""benchmarks/suite.py: the inputs it writes, its step-time parsing, and quick mdtrain-only runs
-on generated data (figures are checked for shape and sign only, never for speed)."""
+"""benchmarks/suite.py: the inputs it writes and its step-time parsing (in suite_runs.py), and
+quick mdtrain-only runs on generated data (figures are checked for shape and sign only, never
+for speed)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from tests.train_helpers import make_project, tiny_config
+from tests.helpers.training import make_project, tiny_config
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-import suite  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
-from neighbor_stat import ChildFailed, ChildRun  # noqa: E402
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """``benchmarks/<name>.py``. benchmarks/ is a folder of scripts that import each other by
+    bare name, not a package: it is on ``sys.path`` for the import only."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+suite = benchmark_module("suite")  # the command line: PARTS
+runs = benchmark_module("suite_runs")  # inputs and step times: timing_input, step_times, ...
+children = benchmark_module("neighbor_stat")  # ChildRun, ChildFailed
 
 
 def test_timing_input_for_deepmd(tmp_path):
@@ -27,7 +42,7 @@ def test_timing_input_for_deepmd(tmp_path):
         strict_sel=True,
     )
     original = json.dumps(config)
-    out = suite.timing_input(config, str(tmp_path), 12, "float32", deepmd=True)
+    out = runs.timing_input(config, str(tmp_path), 12, "float32", deepmd=True)
     assert json.dumps(config) == original  # the input itself is untouched
     training = out["training"]
     assert training["training_data"]["systems"] == [
@@ -36,11 +51,11 @@ def test_timing_input_for_deepmd(tmp_path):
     ]
     assert training["training_data"]["batch_size"] == 1
     assert (training["numb_steps"], training["disp_freq"]) == (12, 1)
-    for key in ("validation_data", "stat_file", *suite.MDTRAIN_ONLY):
+    for key in ("validation_data", "stat_file", *runs.MDTRAIN_ONLY):
         assert key not in training
     assert out["model"]["descriptor"]["precision"] == "float32"
     assert out["model"]["fitting_net"]["precision"] == "float32"
-    kept = suite.timing_input(config, str(tmp_path), 12, "float64", deepmd=False)["training"]
+    kept = runs.timing_input(config, str(tmp_path), 12, "float64", deepmd=False)["training"]
     assert kept["distributed"] == {"backend": "gloo"} and kept["strict_sel"] is True
 
 
@@ -49,16 +64,16 @@ def test_step_times_from_arrival_of_log_lines():
              (1.5, "INFO step 2/5  rmse 1"), (2.5, "INFO step 3/5  rmse 1"),
              (2.6, "WARNING something"), (3.0, "INFO step 4/5  rmse 1"),
              (4.0, "INFO step 5/5  rmse 1")]  # fmt: skip
-    run = ChildRun(["mdtrain"], 0, 4.0, 4.0, 100.0, lines)
-    assert suite.step_times(run, suite.MDTRAIN_STEP, 2, 3) == [1.0, 0.5, 1.0]
+    run = children.ChildRun(["mdtrain"], 0, 4.0, 4.0, 100.0, lines)
+    assert runs.step_times(run, runs.MDTRAIN_STEP, 2, 3) == [1.0, 0.5, 1.0]
     dp_lines = [(float(k), f"[t] DEEPMD INFO    Batch {k:7d}: total wall time = 0.01 s")
                 for k in (1, 2, 3, 5)]  # fmt: skip
-    dp_run = ChildRun(["dp"], 0, 5.0, 5.0, 100.0, dp_lines)
-    assert suite.step_times(dp_run, suite.DP_STEP, 1, 2) == [1.0, 1.0]
-    with pytest.raises(ChildFailed, match=r"steps \[4\] not found in the log of dp"):
-        suite.step_times(dp_run, suite.DP_STEP, 1, 4)
-    with pytest.raises(ChildFailed, match=r"steps \[6\]"):
-        suite.step_times(run, suite.MDTRAIN_STEP, 2, 4)
+    dp_run = children.ChildRun(["dp"], 0, 5.0, 5.0, 100.0, dp_lines)
+    assert runs.step_times(dp_run, runs.DP_STEP, 1, 2) == [1.0, 1.0]
+    with pytest.raises(children.ChildFailed, match=r"steps \[4\] not found in the log of dp"):
+        runs.step_times(dp_run, runs.DP_STEP, 1, 4)
+    with pytest.raises(children.ChildFailed, match=r"steps \[6\]"):
+        runs.step_times(run, runs.MDTRAIN_STEP, 2, 4)
 
 
 def run_suite(tmp_path: Path, *args: str) -> tuple[dict, str]:

@@ -10,7 +10,7 @@ from ase.calculators.calculator import PropertyNotImplementedError
 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.calculator import MDTrainCalculator
-from tests.test_model_common import evaluate, make_model, triclinic, water_like
+from tests.helpers.models import evaluate, make_model, triclinic, water_like
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

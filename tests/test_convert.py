@@ -14,7 +14,7 @@ from ase.stress import voigt_6_to_full_3x3_stress
 from mdtrain.cli import main
 from mdtrain.data import expand_systems, open_system
 from mdtrain.data.readers import resolve_format
-from tests.datagen import random_water_like
+from tests.helpers.datagen import random_water_like
 
 
 def _images(nframes: int, nmol: int, seed: int, with_stress: bool = True) -> list[Atoms]:

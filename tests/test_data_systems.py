@@ -14,7 +14,7 @@ import pytest
 from mdtrain.data import expand_systems, open_system, validate_system
 from mdtrain.data.hdf5 import close_h5
 from mdtrain.errors import MDTrainError
-from tests.datagen import random_water_like, write_hdf5_system, write_npy_system
+from tests.helpers.datagen import random_water_like, write_hdf5_system, write_npy_system
 
 
 def _same_frames(a: dict, b: dict) -> None:

@@ -8,7 +8,7 @@ from ase import Atoms
 from ase.calculators.morse import MorsePotential
 from ase.stress import voigt_6_to_full_3x3_stress
 
-from tests.datagen import default_pair_params, lj_labels, random_water_like
+from tests.helpers.datagen import default_pair_params, lj_labels, random_water_like
 
 
 def _energy(coord, types, box, rcut):

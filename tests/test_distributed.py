@@ -15,7 +15,7 @@ import torch
 
 import mdtrain.distributed as D
 from mdtrain.errors import MDTrainError
-from tests.mp_helpers import (
+from tests.helpers.processes import (
     clean_env,
     free_port,
     run_processes,

@@ -19,10 +19,9 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import is_torchscript, load_model, read_frozen_metadata
 from mdtrain.model import EnergyModel
 from mdtrain.neighbors.nlist import build_nlist
-from tests.datagen import random_water_like, water_labeled, write_npy_system
-from tests.test_infer_test import save_tiny_checkpoint, tiny_model
+from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
+from tests.helpers.models import save_tiny_checkpoint, tiny_model
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
 
 

@@ -1,5 +1,5 @@
 """``mdtrain test`` and model loading: figures equal a direct numpy computation, JSON keys,
-parity plot, error paths. Also the shared helper that writes a tiny untrained checkpoint."""
+parity plot, error paths."""
 
 from __future__ import annotations
 
@@ -12,55 +12,9 @@ import torch
 from mdtrain.cli import main
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import is_torchscript, load_model
-from mdtrain.model import EnergyModel
 from mdtrain.neighbors.nlist import build_nlist
-from tests.datagen import lj_labels, random_water_like, water_labeled, write_npy_system
-
-torch.set_num_threads(1)
-
-TINY_CONFIG = {
-    "type_map": ["O", "H"],
-    "descriptor": {
-        "type": "se_e2_a",
-        "sel": [16, 32],
-        "rcut": 4.0,
-        "rcut_smth": 0.5,
-        "neuron": [4, 8, 16],
-        "axis_neuron": 4,
-        "seed": 1,
-    },
-    "fitting_net": {"neuron": [16, 16], "seed": 2},
-}
-
-
-def tiny_model(seed: int = 0, config: dict | None = None) -> EnergyModel:
-    """An untrained float64 model with non-trivial statistics (so outputs are not flat)."""
-    model = EnergyModel(config or TINY_CONFIG)
-    rng = np.random.default_rng(seed)
-    desc = model.descriptor
-    davg = np.zeros((desc.ntypes, desc.nnei, 4))
-    dstd = np.ones((desc.ntypes, desc.nnei, 4))
-    for t in range(desc.ntypes):
-        davg[t, :, 0] = rng.uniform(0.05, 0.3)
-        dstd[t, :, 0] = rng.uniform(0.1, 0.4)
-        dstd[t, :, 1:] = rng.uniform(0.05, 0.2)
-    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    model.set_out_bias(rng.uniform(-3, -1, size=desc.ntypes))
-    return model.eval()
-
-
-def save_tiny_checkpoint(path, model: EnergyModel | None = None) -> str:
-    """A checkpoint in the documented format holding ``model`` (default `tiny_model()`)."""
-    model = model or tiny_model()
-    state = {
-        "format": "mdtrain-checkpoint",
-        "version": 1,
-        "step": 0,
-        "model_config": model.get_model_config(),
-        "model_state": model.state_dict(),
-    }
-    torch.save(state, str(path))
-    return str(path)
+from tests.helpers.datagen import lj_labels, random_water_like, water_labeled, write_npy_system
+from tests.helpers.models import save_tiny_checkpoint, tiny_model
 
 
 def predict_frame(model, coord, atype, box, rcut=4.0, sel=(16, 32)) -> dict[str, np.ndarray]:

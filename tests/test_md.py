@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from ase import Atoms, units
 from ase.calculators.lj import LennardJones
 from ase.calculators.mixing import SumCalculator
 from ase.md.verlet import VelocityVerlet
 
 from mdtrain.infer.calculator import MDTrainCalculator
-from tests.datagen import random_water_like
-from tests.test_infer_test import tiny_model
-
-torch.set_num_threads(1)
+from tests.helpers.datagen import random_water_like
+from tests.helpers.models import tiny_model
 
 TOLERANCE_OF_KE_RANGE = 0.01
 

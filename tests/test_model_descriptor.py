@@ -3,48 +3,17 @@ precision, initialisation and padded-slot behaviour."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.network import ResidualLayer
-from tests.test_model_common import evaluate, make_model, small_config, triclinic, water_like
+from tests.helpers.models import evaluate, make_model, small_config, triclinic, water_like
+from tests.helpers.reference import ref_neighbours, ref_switch
 
 # --------------------------------------------------------------------------------------------
 # numpy reference
-
-
-def ref_neighbours(coord, box, atype, rcut, sel):
-    """Per atom and neighbour type: diff vectors sorted by distance, cut to sel (brute force)."""
-    ntypes = len(sel)
-    if box is None:
-        images = [np.zeros(3)]
-    else:
-        inv = np.linalg.inv(box)
-        reps = [int(np.ceil(rcut * np.linalg.norm(inv[:, k]))) for k in range(3)]
-        images = [
-            np.array(s, dtype=float) @ box
-            for s in itertools.product(*[range(-n, n + 1) for n in reps])
-        ]
-    out = []
-    for i in range(len(coord)):
-        blocks = [[] for _ in range(ntypes)]
-        for j in range(len(coord)):
-            for img in images:
-                d = coord[j] + img - coord[i]
-                r = np.linalg.norm(d)
-                if 1e-12 < r < rcut:
-                    blocks[atype[j]].append((r, d, atype[j]))
-        out.append([sorted(b, key=lambda x: x[0])[: sel[t]] for t, b in enumerate(blocks)])
-    return out
-
-
-def ref_switch(r, rs, rc):
-    u = (min(max(r, rs), rc) - rs) / (rc - rs)
-    return u**3 * (-6 * u**2 + 15 * u - 10) + 1
 
 
 def ref_net(layers, x):

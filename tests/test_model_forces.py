@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_model_common import (
+from tests.helpers.models import (
     energy_of,
     evaluate,
     make_model,

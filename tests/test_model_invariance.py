@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_model_common import evaluate, make_model, triclinic, water_like
+from tests.helpers.models import evaluate, make_model, triclinic, water_like
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mdtrain.neighbors.nlist import build_nlist
-from tests.test_model_common import make_model, triclinic, water_like
+from tests.helpers.models import make_model, triclinic, water_like
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

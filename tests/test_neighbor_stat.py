@@ -1,7 +1,7 @@
 """Neighbour statistics, the neighbor_stat.json file and the ``mdtrain neighbor-stat`` command.
 
 References are independent of the code under test: a brute-force loop over periodic images
-(``tests.test_nlist.brute_force_pairs``) and ASE's ``primitive_neighbor_list``.
+(``tests.helpers.reference.brute_force_pairs``) and ASE's ``primitive_neighbor_list``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from mdtrain.neighbors.stat_file import (
     load_neighbor_stat,
     write_neighbor_stat,
 )
-from tests.test_nlist import brute_force_pairs, random_cell
+from tests.helpers.reference import brute_force_pairs, random_cell
 
 TYPE_MAP = ["O", "H", "C"]
 

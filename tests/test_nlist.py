@@ -3,7 +3,6 @@ a brute-force loop over periodic images (numpy) and ASE's ``neighbor_list``."""
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 
@@ -13,38 +12,7 @@ from ase.neighborlist import primitive_neighbor_list
 
 from mdtrain.neighbors import nlist as nlist_module
 from mdtrain.neighbors.nlist import NeighborSearch, build_nlist, neighbor_pairs
-
-
-def brute_force_pairs(coord, box, rcut):
-    """Every (i, j, shift, dist) with 0 < |r_j + shift @ box - r_i| < rcut, by enumeration."""
-    n = len(coord)
-    if box is None:
-        shifts = np.zeros((1, 3), dtype=np.int64)
-    else:
-        # images needed per direction: rcut over the spacing of lattice planes, plus the
-        # spread of the (possibly unwrapped) fractional coordinates
-        volume = abs(np.linalg.det(box))
-        frac = coord @ np.linalg.inv(box)
-        reach = []
-        for k in range(3):
-            a, b = box[(k + 1) % 3], box[(k + 2) % 3]
-            spacing = volume / np.linalg.norm(np.cross(a, b))
-            spread = frac[:, k].max() - frac[:, k].min()
-            reach.append(int(np.ceil(rcut / spacing + spread)) + 1)
-        shifts = np.array(
-            list(itertools.product(*(range(-m, m + 1) for m in reach))), dtype=np.int64
-        )
-    rows = []
-    for s in shifts:
-        offset = s @ box if box is not None else np.zeros(3)
-        diff = coord[None, :, :] + offset - coord[:, None, :]  # (i, j, 3)
-        dist = np.linalg.norm(diff, axis=-1)
-        ok = dist < rcut
-        if not s.any():
-            ok &= ~np.eye(n, dtype=bool)
-        for i, j in zip(*np.nonzero(ok), strict=True):
-            rows.append((int(i), int(j), *map(int, s), float(dist[i, j])))
-    return rows
+from tests.helpers.reference import brute_force_pairs, random_cell
 
 
 def as_rows(pairs):
@@ -58,15 +26,6 @@ def assert_same_pairs(got, want):
     got, want = sorted(got), sorted(want)
     assert [g[:5] for g in got] == [w[:5] for w in want]
     np.testing.assert_allclose([g[5] for g in got], [w[5] for w in want], rtol=1e-12)
-
-
-def random_cell(rng, lengths, tilt=0.3):
-    """A triclinic cell (rows = cell vectors) with the given rough lengths."""
-    cell = np.diag(lengths).astype(float)
-    cell[1, 0] = rng.uniform(-tilt, tilt) * lengths[0]
-    cell[2, 0] = rng.uniform(-tilt, tilt) * lengths[0]
-    cell[2, 1] = rng.uniform(-tilt, tilt) * lengths[1]
-    return cell
 
 
 CELL_CASES = {

@@ -20,9 +20,8 @@ from mdtrain.infer.load import load_model
 from mdtrain.model.autocast import uses_bf16
 from mdtrain.model.backend import build_model
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
-from tests.model.test_backends import batch
-from tests.test_model_common import set_random_stats, small_config
-from tests.train_helpers import lcurve_rows, make_project, tiny_config
+from tests.helpers.models import batch, set_random_stats, small_config
+from tests.helpers.training import lcurve_rows, make_project, tiny_config
 
 CPU = torch.device("cpu")
 F32 = {"precision": "float32"}

@@ -15,22 +15,20 @@ import pytest
 import mdtrain
 from mdtrain import distributed as dist_rt
 from mdtrain.cli import main
-from tests.mp_helpers import clean_env, free_port, spawn_workers, torchrun_vars
-from tests.test_preemption import (
+from tests.helpers.processes import clean_env, free_port, spawn_workers, torchrun_vars
+from tests.helpers.runs import (
     SAVE_FREQ,
     assert_same_run,
     checkpoint_index,
-    cleanup,  # noqa: F401 (fixture)
     finished_reference,
     has_row_after,
     launch,
     long_project,
-    reference_run,  # noqa: F401 (fixture)
     train_command,
     wait_until,
     worker_of_rank,
 )
-from tests.train_helpers import make_project
+from tests.helpers.training import make_project
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,9 +40,9 @@ def error_lines(log: str) -> list[str]:
 
 
 def test_killed_rank_is_relaunched_and_resumes_from_the_newest_checkpoint(
-    reference_run,  # noqa: F811
+    reference_run,
     tmp_path,
-    cleanup,  # noqa: F811
+    cleanup,
 ):
     reference = reference_run(2)
     inp = long_project(tmp_path)
@@ -61,7 +59,7 @@ def test_killed_rank_is_relaunched_and_resumes_from_the_newest_checkpoint(
     assert_same_run(out, finished_reference(reference))
 
 
-def test_without_restarts_the_survivor_stops_with_one_error_line(tmp_path, cleanup):  # noqa: F811
+def test_without_restarts_the_survivor_stops_with_one_error_line(tmp_path, cleanup):
     inp = long_project(tmp_path)
     out = inp.parent / "out"
     run = cleanup(launch(train_command(inp, nproc=2, launcher=["--max-restarts=0"]), inp.parent))
@@ -75,7 +73,7 @@ def test_without_restarts_the_survivor_stops_with_one_error_line(tmp_path, clean
     assert not (out / "finished").exists()
 
 
-def test_stalled_rank_makes_the_survivor_give_up_after_the_timeout(tmp_path, cleanup):  # noqa: F811
+def test_stalled_rank_makes_the_survivor_give_up_after_the_timeout(tmp_path, cleanup):
     """Two `mdtrain train` processes launched like srun would (no agent to tear them down):
     rank 1 is stopped (SIGSTOP) mid-training; rank 0 must end by itself, with exit code 1."""
     inp = long_project(tmp_path)

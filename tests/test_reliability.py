@@ -27,9 +27,9 @@ import mdtrain.train.checkpoint as ckpt_module
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.neighbors.stat import compute_neighbor_stat
-from tests.datagen import water_labeled
-from tests.mp_helpers import clean_env, run_process
-from tests.train_helpers import lcurve_rows, make_project, mdtrain_command
+from tests.helpers.datagen import water_labeled
+from tests.helpers.processes import clean_env, run_process
+from tests.helpers.training import lcurve_rows, make_project, mdtrain_command
 
 STEPS = 2
 

@@ -17,8 +17,8 @@ from mdtrain.model.stats import (
     compute_energy_bias,
     compute_or_load_stats,
 )
-from tests.test_model_common import small_config, triclinic, water_like
-from tests.test_model_descriptor import ref_neighbours, ref_switch
+from tests.helpers.models import small_config, triclinic, water_like
+from tests.helpers.reference import ref_neighbours, ref_switch
 
 
 class FakeSystem:

@@ -11,7 +11,7 @@ import torch
 
 from mdtrain.cli import main
 from mdtrain.train.optimizer import load_optimizer_state, make_adam
-from tests.train_helpers import lcurve_rows, load_params, make_project, max_param_diff
+from tests.helpers.training import lcurve_rows, load_params, make_project, max_param_diff
 
 
 def train(input_path, *extra: str) -> int:

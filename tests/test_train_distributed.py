@@ -9,8 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from tests.mp_helpers import clean_env, free_port, run_process, run_processes, torchrun_command
-from tests.train_helpers import (
+from tests.helpers.processes import (
+    clean_env,
+    free_port,
+    run_process,
+    run_processes,
+    torchrun_command,
+)
+from tests.helpers.training import (
     lcurve_rows,
     load_params,
     make_project,

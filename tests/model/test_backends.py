@@ -4,7 +4,6 @@ actually ran asserted from the autograd graph, not only from its name."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,8 +16,7 @@ from mdtrain.model.accel.layout import add_cross_product, layer_layout, layer_pa
 from mdtrain.model.backend import as_reference, build_model, choose_backend
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.network import EmbeddingNet, FittingNet
-from mdtrain.neighbors.nlist import build_nlist
-from tests.test_model_common import set_random_stats, small_config, triclinic, water_like
+from tests.helpers.models import batch, set_random_stats, small_config
 
 
 def _kernels_available() -> bool:
@@ -39,25 +37,6 @@ def model_for(backend: str, descriptor: dict | None = None, fitting: dict | None
     model = build_model(small_config(descriptor, fitting, **kw), backend=backend)
     assert model.backend == backend
     return set_random_stats(model).train()
-
-
-def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: bool = False):
-    """Two frames of one system as model inputs; optionally an atom far from all others."""
-    box = triclinic(5.0, seed=9) if periodic else None
-    frames, atype = [], None
-    for seed in (9, 10):
-        coord, atype = water_like(nmol, box, seed=seed)
-        if lone_atom:  # no neighbour within rcut (non-periodic frames only)
-            coord = np.concatenate([coord[:1] + 50.0, coord[1:]])
-        frames.append(coord)
-    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
-    return (
-        torch.tensor(np.stack(frames)),
-        torch.tensor(atype),
-        None if box is None else torch.tensor(np.stack([box, box])),
-        torch.tensor(np.stack([nl for nl, _, _ in lists])),
-        torch.tensor(np.stack([sh for _, sh, _ in lists])),
-    )
 
 
 def graph_nodes(tensor: torch.Tensor) -> set[str]:

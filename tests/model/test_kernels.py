@@ -21,7 +21,7 @@ from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, _KernelRowGra
 from mdtrain.model.accel.layout import layer_layout, layer_params
 from mdtrain.model.backend import build_model
 from mdtrain.model.network import EmbeddingNet
-from tests.test_model_common import small_config
+from tests.helpers.models import small_config
 
 HAVE_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")

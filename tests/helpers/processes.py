@@ -9,8 +9,8 @@ collective shows up as a test failure, never as a hung test run.
     outcomes = spawn_workers(my_fn, 2)                   # + stderr, exceptions, exit codes
     proc = run_torchrun(script, nproc_per_node=2)        # CompletedRun with stdout/stderr
 
-Workers are plain ``python tests/mp_helpers.py <payload>`` subprocesses: ``fn`` must be a
-module-level function importable from the parent's ``sys.path`` (a test module is fine).
+Workers are plain ``python tests/helpers/processes.py <payload>`` subprocesses: ``fn`` must
+be a module-level function importable from the parent's ``sys.path`` (a test module is fine).
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
-"""Shared helpers for the model tests (small models, random frames), plus config checks."""
+"""Small models and random frames for the tests: configurations, models with non-trivial
+statistics, water-like frames, one-frame evaluation, batches of model inputs, and a tiny
+checkpoint."""
 
 from __future__ import annotations
 
 import copy
 
 import numpy as np
-import pytest
 import torch
 
-from mdtrain.errors import MDTrainError
 from mdtrain.model import EnergyModel
 from mdtrain.neighbors.nlist import build_nlist
-
-torch.set_num_threads(1)
 
 BASE = {
     "type_map": ["O", "H"],
@@ -122,48 +120,65 @@ def strained(coord, box, eps):
     return coord @ m, None if box is None else box @ m
 
 
-# --------------------------------------------------------------------------------------------
+def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: bool = False):
+    """Two frames of one system as model inputs; optionally an atom far from all others."""
+    box = triclinic(5.0, seed=9) if periodic else None
+    frames, atype = [], None
+    for seed in (9, 10):
+        coord, atype = water_like(nmol, box, seed=seed)
+        if lone_atom:  # no neighbour within rcut (non-periodic frames only)
+            coord = np.concatenate([coord[:1] + 50.0, coord[1:]])
+        frames.append(coord)
+    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
+    return (
+        torch.tensor(np.stack(frames)),
+        torch.tensor(atype),
+        None if box is None else torch.tensor(np.stack([box, box])),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
 
 
-def test_missing_defaults_are_filled():
-    model = EnergyModel({"type_map": ["A"], "descriptor": {"sel": [5]}, "fitting_net": {}})
-    cfg = model.get_model_config()
-    assert cfg["descriptor"]["neuron"] == [10, 20, 40]
-    assert cfg["descriptor"]["axis_neuron"] == 4
-    assert cfg["descriptor"]["type_one_side"] is False
-    assert cfg["fitting_net"]["neuron"] == [120, 120, 120]
-    assert cfg["fitting_net"]["resnet_dt"] is True
-    assert model.rcut == 6.0 and model.sel == [5] and model.type_map == ["A"]
-    rebuilt = EnergyModel(cfg)
-    assert rebuilt.get_model_config() == cfg
+TINY_CONFIG = {
+    "type_map": ["O", "H"],
+    "descriptor": {
+        "type": "se_e2_a",
+        "sel": [16, 32],
+        "rcut": 4.0,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8, 16],
+        "axis_neuron": 4,
+        "seed": 1,
+    },
+    "fitting_net": {"neuron": [16, 16], "seed": 2},
+}
 
 
-@pytest.mark.parametrize(
-    "change, match",
-    [
-        ({"descriptor": {"sel": "auto"}}, "sel"),
-        ({"descriptor": {"sel": [3]}}, "sel"),
-        ({"descriptor": {"rcut_smth": 4.0}}, "rcut_smth"),
-        ({"descriptor": {"precision": "float16"}}, "precision"),
-        ({"descriptor": {"activation_function": "swish"}}, "activation_function"),
-        ({"fitting_net": {"numb_fparam": 2}}, "numb_fparam"),
-        ({"descriptor": {"exclude_types": [[0, 5]]}}, "exclude_types"),
-    ],
-)
-def test_bad_config_names_the_key(change, match):
-    cfg = small_config(change.get("descriptor"), change.get("fitting_net"))
-    with pytest.raises(MDTrainError, match=match):
-        EnergyModel(cfg)
+def tiny_model(seed: int = 0, config: dict | None = None) -> EnergyModel:
+    """An untrained float64 model with non-trivial statistics (so outputs are not flat)."""
+    model = EnergyModel(config or TINY_CONFIG)
+    rng = np.random.default_rng(seed)
+    desc = model.descriptor
+    davg = np.zeros((desc.ntypes, desc.nnei, 4))
+    dstd = np.ones((desc.ntypes, desc.nnei, 4))
+    for t in range(desc.ntypes):
+        davg[t, :, 0] = rng.uniform(0.05, 0.3)
+        dstd[t, :, 0] = rng.uniform(0.1, 0.4)
+        dstd[t, :, 1:] = rng.uniform(0.05, 0.2)
+    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    model.set_out_bias(rng.uniform(-3, -1, size=desc.ntypes))
+    return model.eval()
 
 
-def test_aliases_and_seeded_init_reproducible():
-    cfg = small_config()
-    cfg["descriptor"]["n_axis_neuron"] = cfg["descriptor"].pop("axis_neuron")
-    a, b = EnergyModel(cfg), EnergyModel(cfg)
-    assert a.descriptor.axis_neuron == 4
-    for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
-        assert na == nb and torch.equal(pa, pb)
-    other = EnergyModel(small_config({"seed": 7}))
-    w_a = a.descriptor.networks[0].layers[0].weight
-    w_o = other.descriptor.networks[0].layers[0].weight
-    assert not torch.equal(w_a, w_o)
+def save_tiny_checkpoint(path, model: EnergyModel | None = None) -> str:
+    """A checkpoint in the documented format holding ``model`` (default `tiny_model()`)."""
+    model = model or tiny_model()
+    state = {
+        "format": "mdtrain-checkpoint",
+        "version": 1,
+        "step": 0,
+        "model_config": model.get_model_config(),
+        "model_state": model.state_dict(),
+    }
+    torch.save(state, str(path))
+    return str(path)

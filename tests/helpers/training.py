@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.datagen import water_labeled, write_npy_system
+from tests.helpers.datagen import water_labeled, write_npy_system
 
 
 def tiny_config(**training: object) -> dict:
