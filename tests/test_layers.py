@@ -1,9 +1,12 @@
 """Imports flow one way: every import in ``mdtrain/`` (those inside functions included) goes to
-the same package or to a lower layer, in the order stated in ``docs/developer.md``."""
+the same package or to a lower layer, in the order stated in ``docs/developer.md``. And the
+tests keep to their own rule: a module under ``tests/`` imports from ``tests.helpers`` (and
+uses conftest fixtures), never from a test module, and changes no global state when imported."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,53 @@ def test_every_layer_unit_exists():
     modules = {module_name(p) for p in FILES}
     missing = [u for u in RANK if not any(m == u or m.startswith(u + ".") for m in modules)]
     assert not missing, f"listed but absent: {missing}"
+
+
+# ------------------------------------------------------------------------------------ tests/
+
+TESTS = ROOT.parent / "tests"
+TEST_TREE_FILES = sorted(TESTS.rglob("*.py"))
+# calls that change the process for every test after them when made at import time
+GLOBAL_SETTINGS = {"set_num_threads", "set_num_interop_threads"}
+
+
+def is_test_module(module: str) -> bool:
+    return module.split(".")[0] == "tests" and module.rpartition(".")[2].startswith("test_")
+
+
+def import_time_calls(tree: ast.Module) -> Iterator[ast.Call]:
+    """Every call that runs when the module is imported: function bodies aside (their
+    decorators and default values do run), class bodies and module-level blocks included."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            todo += [*node.decorator_list, *node.args.defaults]
+            todo += [d for d in node.args.kw_defaults if d is not None]
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Call):
+            yield node
+        todo += list(ast.iter_child_nodes(node))
+
+
+def test_tests_import_only_helpers_and_set_nothing_at_import():
+    """No module under tests/ imports a test module (``tests.…test_*``): shared code lives in
+    ``tests/helpers/``. None calls ``torch.set_num_threads`` at import time: such settings
+    belong to ``tests/conftest.py`` (``pytest_configure`` or a fixture)."""
+    assert TEST_TREE_FILES and any(p.parent == TESTS / "helpers" for p in TEST_TREE_FILES)
+    problems = []
+    for path in TEST_TREE_FILES:
+        where = path.relative_to(ROOT.parent)
+        for target, names, line in imports_of(path):
+            for module in [target] + [f"{target}.{n}" for n in names]:
+                if is_test_module(module):
+                    problems.append(f"{where}:{line}: imports the test module {module}")
+        calls = import_time_calls(ast.parse(path.read_text(), str(path)))
+        for call in sorted(calls, key=lambda c: c.lineno):
+            func = call.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in GLOBAL_SETTINGS:
+                problems.append(f"{where}:{call.lineno}: {name} at import time")
+    assert not problems, "\n".join(problems)

@@ -165,27 +165,26 @@ def test_broken_str_does_not_hide_anything():
     assert not is_oom_error(Weird())
 
 
-# TorchScript wraps errors raised inside a scripted function in its own layout.
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=DeprecationWarning)
+# TorchScript wraps errors raised inside a scripted function in its own layout. Scripting warns
+# that torch.jit.script is deprecated: silenced here only, the filters come back afterwards.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=DeprecationWarning)
 
+    @torch.jit.script
+    def _scripted_oom(x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() > 0):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return x
 
-@torch.jit.script
-def _scripted_oom(x: torch.Tensor) -> torch.Tensor:
-    if bool(x.sum() > 0):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    return x
+    @torch.jit.script
+    def _scripted_value_error(x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() > 0):
+            raise ValueError("memory format is wrong")
+        return x
 
-
-@torch.jit.script
-def _scripted_value_error(x: torch.Tensor) -> torch.Tensor:
-    if bool(x.sum() > 0):
-        raise ValueError("memory format is wrong")
-    return x
-
-
-@torch.jit.script
-def _scripted_alloc(n: int) -> torch.Tensor:
-    return torch.empty(n, n, dtype=torch.float64)
+    @torch.jit.script
+    def _scripted_alloc(n: int) -> torch.Tensor:
+        return torch.empty(n, n, dtype=torch.float64)
 
 
 def test_torchscript_wrapped_oom_is_recognised():
