@@ -9,7 +9,7 @@ from pathlib import Path
 from mdtrain.schema import load_schema, resolve
 from mdtrain.schema_doc import render_reference
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "input-reference.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "input-reference.md"
 
 
 def _keys(node, root, path=""):
