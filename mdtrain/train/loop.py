@@ -14,18 +14,18 @@ import numpy as np
 import torch
 
 from mdtrain import distributed as dist_rt
-from mdtrain.batching import NeighborListCache, make_batch
+from mdtrain.batching import Batch, NeighborListCache, make_batch
 from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
-from mdtrain.memory import maybe_simulate_oom
+from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
 from mdtrain.train.lr import ExpDecayLR
-from mdtrain.train.optimizer import load_optimizer_state, make_adam
+from mdtrain.train.optimizer import load_optimizer_state, make_adam, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.signals import PreemptionHandler
@@ -95,6 +95,7 @@ class Trainer:
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
+        reserve_state(self.optimizer)  # no allocation inside a step's parameter update
         ctrl = training.get("batch_controller", {})
         spec = training["training_data"]["batch_size"]
         grow = bool(ctrl.get("grow", False)) and isinstance(spec, str) and spec.startswith("auto")
@@ -154,23 +155,24 @@ class Trainer:
         return mixed_precision(self.precision, self.model, self.rt.device, self.rt.is_main)
 
     # ----------------------------------------------------------------- one step
-    def _batch(self, systems: list[System], sampler: TrainingSampler, scale: int = 1):
-        system, frames = sampler.next_batch(scale)
+    def _batch(self, system: System, frames: np.ndarray) -> Batch:
         d = self.descriptor
-        return make_batch(
-            systems[system], frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache
-        )
+        return make_batch(system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache)
 
     def train_step(self, lr: float) -> dict[str, float]:
-        """One optimisation step on this rank's share of the global batch; returns its metrics."""
-        batch = self._batch(self.train_systems, self.sampler, self.controller.suggest_growth())
+        """One optimisation step on this rank's share of the global batch; returns its metrics.
+
+        Each micro-batch is read and assembled inside the attempt, so that an allocation
+        failure there, like one in the model, is retried with smaller micro-batches."""
+        index, frames = self.sampler.next_batch(self.controller.suggest_growth())
+        system = self.train_systems[index]
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
         def attempt(slices: list[slice]) -> dict[str, float]:
             parts = []
-            for part, weight in zip(slices, frame_weights(slices, batch.nframes)):
-                micro = batch.select(part)
+            for part, weight in zip(slices, frame_weights(slices, len(frames))):
+                micro = self._batch(system, frames[part])
                 maybe_simulate_oom(micro.nframes * micro.natoms, self.rt.rank)
                 pred = self.model(*micro.inputs())
                 loss, metrics = self.loss(pred, micro.labels, micro.natoms, lr, weight=weight)
@@ -180,7 +182,7 @@ class Trainer:
             return merge_metrics(parts)
 
         metrics = self.controller.run_step(
-            attempt, batch.nframes, batch.natoms, batch.system, dist_rt.any_rank,
+            attempt, len(frames), system.natoms, system.path, dist_rt.any_rank,
             zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
         )  # fmt: skip
         dist_rt.all_reduce_gradients(self.params, self.rt.world_size)
@@ -190,23 +192,38 @@ class Trainer:
         return metrics
 
     def validate(self, lr: float) -> dict[str, float] | None:
-        """Errors on ``numb_btch`` validation batches, pooled as sums over every rank."""
+        """Errors on ``numb_btch`` validation batches, pooled as sums over every rank. A batch
+        that runs out of memory is evaluated in chunks of frames (the same sums)."""
         if self.valid_sampler is None:
             return None
         acc = ErrorAccumulator()
         self.model.eval()
         try:
             for _ in range(self.numb_valid):
-                batch = self._batch(self.valid_systems, self.valid_sampler)
-                pred = self.model(*batch.inputs())
-                loss, _ = self.loss(
-                    {k: v.detach() for k, v in pred.items()}, batch.labels, batch.natoms, lr
-                )
-                acc.add(pred, batch.labels, batch.natoms, loss=loss)
+                index, frames = self.valid_sampler.next_batch()
+                system = self.valid_systems[index]
+                whole = len(frames) * system.natoms
+                chunker = InferenceChunker(whole, whole, self.rt.device)
+                for part in chunker.run_all(
+                    lambda start, stop, s=system, f=frames: self._errors(s, f[start:stop], lr),
+                    len(frames), system.natoms, system.path,
+                ):  # fmt: skip
+                    acc.merge(part)
         finally:
             self.model.train()
         total = ErrorAccumulator.from_tensor(dist_rt.all_reduce_sum(acc.to_tensor()))
         return total.rmse()
+
+    def _errors(self, system: System, frames: np.ndarray, lr: float) -> ErrorAccumulator:
+        """The validation errors of some frames of one system."""
+        batch = self._batch(system, frames)
+        pred = self.model(*batch.inputs())
+        loss, _ = self.loss(
+            {k: v.detach() for k, v in pred.items()}, batch.labels, batch.natoms, lr
+        )
+        acc = ErrorAccumulator()
+        acc.add(pred, batch.labels, batch.natoms, loss=loss)
+        return acc
 
     # ----------------------------------------------------------------- the loop
     def save(self) -> str | None:

@@ -28,3 +28,29 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, (fused, foreach) in zip(optimizer.param_groups, implementation, strict=True):
         group["fused"], group["foreach"] = fused, foreach
+
+
+def reserve_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate the optimiser's moments now, while memory is free, instead of inside the first
+    step: a step that ran out of memory half-way through creating them would leave some
+    parameters updated and others not. One step with zero gradients at learning rate 0 creates
+    them (zeros, parameters unchanged); the step counts then go back to 0, so the state is
+    exactly what the first real step would have created."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    saved_lr = [g["lr"] for g in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, saved_lr, strict=True):
+        g["lr"] = lr
+    for p in params:
+        p.grad = None
+        step = optimizer.state[p].get("step")
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            optimizer.state[p]["step"] = 0
