@@ -30,7 +30,7 @@ LAYERS: list[list[str]] = [
     ["mdtrain.model.backend"],  # the one choice between them
     ["mdtrain.distributed"],
     ["mdtrain.train", "mdtrain.infer", "mdtrain.plot"],
-    ["mdtrain.check"],
+    ["mdtrain.check", "mdtrain.calculator"],  # calculator: the short import of infer's
     ["mdtrain.commands"],
     ["mdtrain.cli"],
     ["mdtrain.__main__"],

@@ -123,3 +123,11 @@ def test_user_errors(model, tmp_path):
         atoms.get_potential_energy()
     with pytest.raises(MDTrainError, match="not found"):
         MDTrainCalculator(tmp_path / "missing.pt")
+
+
+def test_short_import_is_the_same_class():
+    """``mdtrain.calculator`` is the documented import path; it re-exports the one class."""
+    import mdtrain.calculator as short
+
+    assert short.MDTrainCalculator is MDTrainCalculator
+    assert short.__all__ == ["MDTrainCalculator"]
