@@ -42,7 +42,13 @@ OOM_TEXTS: tuple[str, ...] = (
     "HIP out of memory.",
     "MPS backend out of memory",
     "XPU out of memory.",
+    "std::bad_alloc",  # a C++ allocation failure re-raised as text (extensions, TorchScript)
+    "CUDNN_STATUS_ALLOC_FAILED",
 )
+
+#: cuBLAS reports a failed handle creation (it allocates the handle's workspace) as "not
+#: initialized": an allocation failure when it comes from ``cublasCreate``, not otherwise.
+CUBLAS_CREATE_TEXTS: tuple[str, ...] = ("CUBLAS_STATUS_NOT_INITIALIZED", "cublasCreate")
 
 #: AOTInductor re-wraps the failure of a compiled model: both texts appear in its message.
 AOTI_WRAPPER_TEXTS: tuple[str, ...] = ("run_func_(", "model_container_runner")
@@ -71,7 +77,7 @@ def _is_oom_alone(exc: BaseException) -> bool:
     text = _message(exc)
     if any(t in text for t in OOM_TEXTS):
         return True
-    return all(t in text for t in AOTI_WRAPPER_TEXTS)
+    return all(t in text for t in CUBLAS_CREATE_TEXTS) or all(t in text for t in AOTI_WRAPPER_TEXTS)
 
 
 def is_oom_error(exc: BaseException) -> bool:

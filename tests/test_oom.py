@@ -25,6 +25,9 @@ OOM_MESSAGES = [
     "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)",
     "run_func_( container_handle_, input_handles.data(), input_handles.size(), ...) API call "
     "failed at /pytorch/torch/csrc/inductor/aoti_runner/model_container_runner.cpp, line 107",
+    "The following operation failed in the TorchScript interpreter.\nstd::bad_alloc",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
 ]
 
 NOT_OOM_MESSAGES = [
@@ -34,6 +37,8 @@ NOT_OOM_MESSAGES = [
     "CUDA error: an illegal memory access was encountered",
     "cuda out of memory",  # not how PyTorch prints it
     "run_func_( failed",  # only half of the AOTInductor wrapper
+    # not initialised for another reason than a failed handle allocation
+    "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasSgemm( handle, ...)`",
 ]
 
 

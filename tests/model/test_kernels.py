@@ -226,3 +226,52 @@ def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
     second = build.build(os.environ.get("CXX", "c++"))
     assert first == second and second.stat().st_mtime_ns == mtime
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+
+
+_BAD_ALLOC_SCRIPT = """
+import json, resource, torch
+torch.set_num_threads(2)
+from mdtrain.memory import is_oom_error
+from mdtrain.model.accel import kernel_nodes, kernels
+from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, plan_blocks
+from mdtrain.model.accel.layout import layer_layout, layer_params
+from mdtrain.model.network import EmbeddingNet
+
+lib = kernels.load_kernels()
+net = EmbeddingNet([25, 50, 100], "tanh", False, torch.float64, seed=0)
+params, layout = layer_params(net.layers), layer_layout(net.layers)
+rows = torch.randn(4000, 4, 30, dtype=torch.float64)
+tmat, _, _ = _KernelEmbedContract.apply(rows, lib, plan_blocks(None, 4000, 30), layout, *params)
+cot = torch.randn_like(tmat)
+torch.autograd.grad(tmat, params, cot)  # warm: lazy imports and buffers
+kernel_nodes.BLOCK_ROWS = 10**6  # one block per thread: the backward's scratch is ~300 MB
+tmat, _, _ = _KernelEmbedContract.apply(rows, lib, plan_blocks(None, 4000, 30), layout, *params)
+size = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:"))
+limit = size * 1024 + (1 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    torch.autograd.grad(tmat, params, cot)
+    print(json.dumps({"raised": None}))
+except Exception as exc:
+    print(json.dumps({"raised": type(exc).__name__, "text": str(exc), "oom": is_oom_error(exc)}))
+"""
+
+
+@needs_kernels
+@pytest.mark.multiprocess
+def test_allocation_failure_inside_the_kernels_is_a_recoverable_oom():
+    """A real std::bad_alloc in an OpenMP region (address-space limit in a child process)
+    comes back as a MemoryError, not a terminated process."""
+    import json
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs /proc/self/status")
+    proc = subprocess.run(
+        [sys.executable, "-c", _BAD_ALLOC_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["raised"] == "MemoryError" and report["oom"], report
+    assert "std::bad_alloc" in report["text"] and "embedding backward" in report["text"]

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from mdtrain.model.accel.build import build, torch_lib_dir
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -37,8 +37,10 @@ class Kernels:
         if lib.mdt_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{path} is from another version of mdtrain")
         lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P, _P, _P]
+        lib.mdt_reserve_blas.argtypes = [_INT]
         self.lib = lib
         self.blas = ""  # the BLAS the products run on: "openblas" or "torch"
+        self.reserved = 0  # threads whose BLAS buffers exist (see ``_threads``)
         self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
         net = [_INT, *[_P] * 10]  # layers, n_in, n_out, skip, W, b, idt, ts, outs, douts, das
         rows = [_P, _I64, _I64, _I64]
@@ -67,7 +69,19 @@ class Kernels:
         dgemm, sgemm, ilp64, *threads = entry
         self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, *map(_address, threads))
         self.blas = chosen
+        self.reserved = 0
+        self._threads()
         return chosen
+
+    def _threads(self) -> int:
+        """torch's thread count, the kernels' team size; the first time a team this large
+        runs, its threads take their BLAS buffers together, before any real work (an
+        OpenBLAS that fails to allocate one later would end the process)."""
+        threads = torch.get_num_threads()
+        if threads > self.reserved:
+            _check(self.lib.mdt_reserve_blas(threads), "reserving BLAS buffers")
+            self.reserved = threads
+        return threads
 
     def _fn(self, name: str, dtype: torch.dtype):
         return getattr(self.lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
@@ -76,14 +90,14 @@ class Kernels:
         """Fill the tape (G, dG/ds and what the backward needs) and T (B, 4, M) over the
         slots the plan evaluates."""
         fn = self._fn("mdt_embed_forward", rows.dtype)
-        threads = torch.get_num_threads()
-        fn(
+        status = fn(
             *_rows_args(rows),
             *net_args(layout, params, tape),
             *_plan_args(plan),
             _pointer(tmat),
-            threads,
+            self._threads(),
         )
+        _check(status, "embedding forward")
 
     def embed_backward(self, rows: Tensor, layout, params, tape, plan, cotangents, grads) -> None:
         """Accumulate the parameter gradients into ``grads`` (zeros, parameter order) from the
@@ -94,15 +108,16 @@ class Kernels:
         for _, _, has_idt in layout:
             by_layer += [grads[k], grads[k + 1], grads[k + 2] if has_idt else None]
             k += 3 if has_idt else 2
-        fn(
+        status = fn(
             *_rows_args(rows),
             *net_args(layout, params, tape),
             *_plan_args(plan),
             rows.shape[2],
             *(_pointer(c) for c in cotangents),
             _pointers(by_layer),
-            torch.get_num_threads(),
+            self._threads(),
         )
+        _check(status, "embedding backward")
 
     def row_grad(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
         """dE/dR̃ (B, n, 4) of one block of slot columns, rows (B, 4, n); 0 on the slots the
@@ -110,15 +125,16 @@ class Kernels:
         nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
         out = value.new_empty(nc, n, 4)
         fn = self._fn("mdt_row_grad", value.dtype)
-        fn(
+        status = fn(
             *_rows_args(rows),
             *_plan_args(plan),
             n,
             m,
             *map(_pointer, (tbar, value, slope)),
             _pointer(out),
-            torch.get_num_threads(),
+            self._threads(),
         )
+        _check(status, "row gradients")
         return out
 
     def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
@@ -126,16 +142,29 @@ class Kernels:
         nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
         out = value.new_empty(nc, 4, m)
         fn = self._fn("mdt_row_grad_tbar", value.dtype)
-        fn(
+        status = fn(
             *_rows_args(rows),
             *_plan_args(plan),
             n,
             m,
             *map(_pointer, (z, value, slope)),
             _pointer(out),
-            torch.get_num_threads(),
+            self._threads(),
         )
+        _check(status, "row-gradient backward")
         return out
+
+
+OUT_OF_MEMORY = 1  # the kernels' status for std::bad_alloc (kOutOfMemory in the C++ source)
+
+
+def _check(status: int, what: str) -> None:
+    """Raise the kernels' status as an exception: ``MemoryError`` (an out-of-memory error the
+    batch controller and the inference chunker recover from) for an allocation failure."""
+    if status == OUT_OF_MEMORY:
+        raise MemoryError(f"compiled embedding kernels, {what}: std::bad_alloc (out of memory)")
+    if status != 0:
+        raise RuntimeError(f"compiled embedding kernels, {what}: status {status}")
 
 
 def _plan_args(plan) -> list:

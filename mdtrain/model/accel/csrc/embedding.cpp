@@ -20,14 +20,32 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <utility>
 #include <vector>
 
 namespace {
 
 using i64 = std::int64_t;
+
+// What the entry points return. An allocation failure (std::bad_alloc) must not terminate the
+// process: inside a parallel region each thread catches it and raises a flag, since an
+// exception cannot leave the region; the entry point then returns kOutOfMemory, which the
+// Python side raises as a recoverable out-of-memory error.
+constexpr int kOk = 0;
+constexpr int kOutOfMemory = 1;
+
+template <typename F>
+int guarded(F f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return kOutOfMemory;
+  }
+}
 
 typedef void (*dgemm_fn)(const char*, const char*, const int*, const int*, const int*,
                          const double*, const double*, const int*, const double*, const int*,
@@ -457,14 +475,19 @@ template <typename T>
 int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int threads) {
   const SerialBlas serial;
   const std::vector<T> ones(widest(net.n_out, net.layers), T(1));
+  std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
     ThreadsScope scope;
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
-    for (i64 b = 0; b < P.blocks; ++b)
-      if (P.mine(b, me, team)) forward_block(net, R, P, b, static_cast<T*>(tmat), ones);
+    try {
+      for (i64 b = 0; b < P.blocks && !failed; ++b)
+        if (P.mine(b, me, team)) forward_block(net, R, P, b, static_cast<T*>(tmat), ones);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
   }
-  return 0;
+  return failed ? kOutOfMemory : kOk;
 }
 
 template <typename T>
@@ -485,19 +508,25 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
   }
   std::vector<Scratch<T>> scratch(threads);
   for (auto& sc : scratch) sc.grads.assign(offsets[net.layers], T(0));
+  std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
     ThreadsScope scope;
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     Scratch<T>& sc = scratch[me];
-    for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
-      v->resize(size_t(rows_max) * width);
-    for (i64 b = 0; b < P.blocks; ++b) {
-      if (!P.mine(b, me, team) || P.width[b] == 0) continue;
-      entry_cotangents(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
-      backward_block(net, R, P, b, offsets.data(), sc, ones);
+    try {
+      for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
+        v->resize(size_t(rows_max) * width);
+      for (i64 b = 0; b < P.blocks && !failed; ++b) {
+        if (!P.mine(b, me, team) || P.width[b] == 0) continue;
+        entry_cotangents(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
+        backward_block(net, R, P, b, offsets.data(), sc, ones);
+      }
+    } catch (const std::bad_alloc&) {
+      failed = true;
     }
   }
+  if (failed) return kOutOfMemory;  // the gradients are left untouched
   // Partials summed in thread order: the same result for the same thread count.
   for (int l = 0; l < net.layers; ++l) {
     const int sizes[3] = {net.n_in[l] * net.n_out[l], net.n_out[l], net.idt[l] ? net.n_out[l] : 0};
@@ -511,7 +540,7 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
       at += sizes[p];
     }
   }
-  return 0;
+  return kOk;
 }
 
 // Calls f(centre, its first tape row, its width) for every centre of the plan, each block on
@@ -556,7 +585,7 @@ int row_grad(const Rows<T>& R, const Plan& P, i64 n, int m, const T* tbar, const
       o[0] += sbar;
     }
   });
-  return 0;
+  return kOk;
 }
 
 // T̄ (nc, 4, M) of row_grad's backward for the cotangent Z (nc, n, 4):
@@ -579,14 +608,14 @@ int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, con
       }
     }
   });
-  return 0;
+  return kOk;
 }
 
 }  // namespace
 
 extern "C" {
 
-int mdt_abi_version() { return 4; }
+int mdt_abi_version() { return 5; }
 
 // dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
 // set_local_threads: the library's per-thread thread count (returns the previous one), or null;
@@ -602,6 +631,30 @@ void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads,
   g_set_local_threads = reinterpret_cast<set_local_threads_fn>(set_local_threads);
 }
 
+// Let every thread of the kernels' team take its BLAS working buffer now, all at once, while
+// memory is free: an OpenBLAS that cannot allocate one later calls exit() (no error code),
+// and it keeps the buffers it made for reuse. The products are large enough to need a buffer
+// and start together after a barrier, so each thread holds one at the same time.
+int mdt_reserve_blas(int threads) {
+  return guarded([&] {
+    const SerialBlas serial;
+    const int n = 256;
+    std::vector<double> a(size_t(threads) * 3 * n * n, 1e-3);
+    std::vector<float> f(size_t(threads) * 3 * n * n, 1e-3f);
+#pragma omp parallel num_threads(threads)
+    {
+      ThreadsScope scope;
+      const size_t me = size_t(omp_get_thread_num()) * 3 * n * n;
+#pragma omp barrier
+      for (int round = 0; round < 2; ++round) {
+        gemm(false, false, n, n, n, 1.0, &a[me], n, &a[me + n * n], n, 0.0, &a[me + 2 * n * n], n);
+        gemm(false, false, n, n, n, 1.0f, &f[me], n, &f[me + n * n], n, 0.0f, &f[me + 2 * n * n], n);
+      }
+    }
+    return kOk;
+  });
+}
+
 #define MDT_ROWS_ARGS const void *rows, i64 rc, i64 ra, i64 rj
 #define MDT_ROWS(T) Rows<T>{static_cast<const T*>(rows), rc, ra, rj}
 #define MDT_PLAN_ARGS const i64 *order, const i64 *start, const i64 *width, const i64 *row0, i64 blocks
@@ -615,7 +668,7 @@ void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads,
 #define MDT_EXPORT(T, suffix)                                                                 \
   int mdt_embed_forward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, void* tmat,      \
                                  int threads) {                                               \
-    return forward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, tmat, threads);                      \
+    return guarded([&] { return forward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, tmat, threads); }); \
   }                                                                                           \
   int mdt_embed_backward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, i64 n,          \
                                   const void* tbar_t, const void* gv, const void* gs,         \
@@ -624,7 +677,7 @@ void mdt_set_blas(void* dgemm, void* sgemm, int ilp64, void* set_local_threads,
     const Cotangents<T> in{static_cast<const T*>(tbar_t), static_cast<const T*>(gv),          \
                            static_cast<const T*>(gs),     static_cast<const T*>(z),           \
                            static_cast<const T*>(tbar),   n};                                 \
-    return backward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads);                \
+    return guarded([&] { return backward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads); }); \
   }                                                                                           \
   int mdt_row_grad_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* tbar,     \
                             const void* value, const void* slope, void* out, int threads) {   \
