@@ -140,7 +140,11 @@ def test_water_style_input_is_accepted_and_completed():
         "fallback": True,
         "timeout": 1800,
     }
-    assert config["training"]["batch_controller"] == {"grow": False, "retry_interval": 200}
+    assert config["training"]["batch_controller"] == {
+        "grow": False,
+        "retry_interval": 200,
+        "micro_batches": None,
+    }
     assert config["training"]["strict_sel"] is False
     assert config["training"]["restart"] is None
     # numbers are given the schema's type
