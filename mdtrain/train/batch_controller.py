@@ -1,33 +1,47 @@
 """Out-of-memory recovery during training, without changing what is optimised.
 
-The configured batch is the optimisation batch. When a step runs out of memory it is retried,
-on every rank together, as ``nsplit`` contiguous micro-batches whose gradients are accumulated
-(each micro-batch loss weighted by its share of frames), which gives the full-batch gradient.
+The configured batch is the optimisation batch. When a step runs out of memory it is retried
+as ``n`` contiguous micro-batches whose gradients are accumulated (each micro-batch loss
+weighted by its share of frames), which gives the full-batch gradient.
 
-Policy (deterministic, identical on every rank because it only depends on agreed events):
+The split is remembered **per size**: the memory of a step grows with the atoms it holds
+(frames × atoms per frame; every atom has the same padded neighbour list), so a size that ran
+out of memory says nothing about smaller ones. Each size has its own state (``SizeState``):
 
-- ``nsplit`` starts at 1 and doubles on every OOM (1, 2, 4, 8, ...); a batch of ``nframes``
-  uses ``min(nsplit, nframes)`` balanced contiguous slices. An OOM when every micro-batch
-  already holds one frame is fatal (MDTrainError naming the system and atom count).
-- After ``retry_interval`` successful steps ``nsplit`` is halved again (memory use can drop,
-  e.g. after a large system was seen or the allocator cache settled). If the halved split runs
-  out of memory before ``retry_interval`` successes, the wait before the next try doubles, so a
-  split that really is needed costs a logarithmic number of wasted attempts.
-- ``grow=True`` (for ``batch_size: "auto"``): with ``nsplit == 1``, after ``retry_interval``
-  successes ``batch_scale`` doubles up to ``max_scale``; the caller multiplies its automatic
-  batch sizes by ``batch_scale``. An OOM at a grown size reverts to the last working scale
-  (which is never grown past again) and retries the drawn batch in two halves instead of
-  splitting later steps.
+- a size starts whole (or at ``micro_batches``, the user's fixed split, a floor), or, when a
+  smaller size already needs more than the floor, with micro-batches no larger than that
+  size's: ``ceil(k * size / K)`` from size ``K`` split ``k`` (the largest such count wins);
+- ``n`` doubles on every OOM of the size; a batch of ``nframes`` uses ``min(n, nframes)``
+  balanced contiguous slices. An OOM with one frame per micro-batch is fatal (MDTrainError
+  naming the system and atom count);
+- after ``retry_interval`` successes *of that size* ``n`` is halved (never below the floor);
+  if the halved split runs out of memory before ``retry_interval`` successes, that size's
+  wait doubles, so a rarely drawn size pays one or two OOMs a run, a frequent one a
+  logarithmic number.
+
+Several ranks: ``run_step`` makes the same collective calls on every rank (one per attempt, one
+or two more after an agreed OOM), so all ranks retry together and fail together, each with
+its own split for its own size. A rank whose attempt succeeded keeps its gradients and only
+takes part in the votes while the others retry.
+
+``grow=True`` (for ``batch_size: "auto"``) is agreed by every rank: after ``retry_interval``
+steps without an OOM on any rank ``batch_scale`` doubles up to ``max_scale`` (the caller
+multiplies its automatic batch sizes by it). An OOM at a grown scale on any rank, other than
+a size's own trial of fewer micro-batches, halves the scale and caps it there for the run.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import is_oom_error, release_memory
+
+STATE_VERSION = 2
 
 
 def _local_only(flag: bool) -> bool:
@@ -56,74 +70,114 @@ def frame_weights(slices: list[slice], nframes: int) -> list[float]:
     return [(s.stop - s.start) / nframes for s in slices]
 
 
+@dataclass
+class SizeState:
+    """What the controller learned about one size (frames × atoms of a batch)."""
+
+    nsplit: int  # micro-batches for the next batch of this size
+    wait: int  # successes required before trying fewer micro-batches
+    successes: int = 0  # successful steps of this size since its split last changed
+    trial: bool = False  # nsplit is an unproven halving
+    ooms: int = 0  # out-of-memory errors of this size in this run (and the ones restarted)
+
+
 class MicroBatchController:
-    """Decides how a training batch is split into micro-batches after out-of-memory errors."""
+    """Decides how each training batch is split into micro-batches, per size, after OOMs."""
 
     def __init__(
         self,
         retry_interval: int = 200,
         grow: bool = False,
         max_scale: int = 1,
+        micro_batches: int | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         if retry_interval <= 0:
             raise ValueError("retry_interval must be positive")
+        if micro_batches is not None and micro_batches < 1:
+            raise ValueError("micro_batches must be at least 1")
         self.retry_interval = retry_interval
         self.grow = grow
         self.max_scale = max(1, max_scale)
+        self.floor = micro_batches or 1  # the user's fixed split: never fewer micro-batches
         self.log = log or logging.getLogger("mdtrain.train.batch")
-        self.nsplit = 1
-        self.best_nsplit: int | None = None  # smallest nsplit that completed a step
+        self.sizes: dict[int, SizeState] = {}
+        self.default: SizeState | None = None  # an old checkpoint's global split, for new sizes
         self.batch_scale = 1
         self.scale_cap = self.max_scale  # lowered when a grown size ran out of memory
-        self.successes = 0  # successful steps since the last change
-        self.wait = retry_interval  # successes required before trying a smaller nsplit
-        self._trial = False  # the current nsplit is an unproven halving
-        self.oom_count = 0
+        self.clean = 0  # steps without an OOM on any rank since the last OOM or growth
+        self.oom_count = 0  # agreed OOM events (identical on every rank)
 
     # ------------------------------------------------------------------ queries
-    def split(self, nframes: int, nsplit: int | None = None) -> list[slice]:
-        """The micro-batches of a batch of ``nframes`` frames (default: current ``nsplit``)."""
-        return split_frames(nframes, self.nsplit if nsplit is None else nsplit)
+    def micro_batches(self, nframes: int, natoms: int) -> int:
+        """Micro-batches for the next batch of ``nframes`` frames of ``natoms`` atoms."""
+        size = nframes * natoms
+        known = self.sizes.get(size)
+        return max(self.floor, known.nsplit) if known else self._inherited(size)[0]
+
+    def split(self, nframes: int, natoms: int) -> list[slice]:
+        """The micro-batches of the next batch of this size."""
+        return split_frames(nframes, self.micro_batches(nframes, natoms))
 
     def suggest_growth(self) -> int:
         """Factor by which the caller multiplies its automatic batch sizes (1 unless ``grow``)."""
         return self.batch_scale
 
-    # ------------------------------------------------------------------ events
-    def on_success(self, nsplit: int | None = None) -> None:
-        """Count a step completed with ``nsplit`` micro-batches (default: current); after enough
-        of them, try a smaller split or a larger batch."""
-        self.successes += 1
-        ran = self.nsplit if nsplit is None else nsplit
-        if self.best_nsplit is None or ran < self.best_nsplit:
-            self.best_nsplit = ran
-        if self._trial and self.successes >= self.retry_interval:
-            self._trial = False
-            self.wait = self.retry_interval  # the halving held: back to the normal pace
-        if self.nsplit > 1:
-            if self.successes >= self.wait:
-                self._set_nsplit(self.nsplit // 2, trial=True)
-                self.log.info(
-                    "batch controller: %d successful steps, trying %d micro-batch(es) per batch",
-                    self.wait,
-                    self.nsplit,
-                )
-        elif self.grow and self.successes >= self.retry_interval:
-            bigger = min(2 * self.batch_scale, self.scale_cap)
-            if bigger > self.batch_scale:
-                self.batch_scale = bigger
-                self.successes = 0
-                self.log.info("batch controller: batch sizes grown by a factor %d", bigger)
+    # ------------------------------------------------------------------ events of this rank
+    def on_success(self, nframes: int, natoms: int, nsplit: int) -> None:
+        """Count a batch of this size completed with ``nsplit`` micro-batches; after enough of
+        them, try fewer."""
+        state = self.sizes.get(nframes * natoms)
+        if state is None or nsplit != state.nsplit:
+            return  # whole at the floor (nothing to learn), or a retry count of this step
+        state.successes += 1
+        if state.trial and state.successes >= self.retry_interval:
+            state.trial, state.wait = False, self.retry_interval  # the halving held
+        fewer = max(self.floor, (state.nsplit + 1) // 2)
+        if fewer < state.nsplit and state.successes >= state.wait:
+            self.log.info(
+                "batch controller: %d successful steps of %d frames of %d atoms, trying %d "
+                "micro-batch(es)", state.wait, nframes, natoms, fewer,
+            )  # fmt: skip
+            state.nsplit, state.successes, state.trial = fewer, 0, True
 
-    def on_oom(self, nframes: int, natoms: int, system_name: str, nsplit: int | None = None) -> int:
-        """Record an OOM on a batch of ``nframes`` frames of ``natoms`` atoms tried as ``nsplit``
-        micro-batches (default: current) and return the number of micro-batches for retrying the
-        same batch. Raises MDTrainError when a micro-batch already holds a single frame."""
-        tried = self.nsplit if nsplit is None else nsplit
-        if min(tried, nframes) >= nframes:
+    def on_oom(self, nframes: int, natoms: int, system_name: str, nsplit: int) -> int:
+        """Record an OOM of a batch of this size tried as ``nsplit`` micro-batches; return the
+        count for retrying it. Raises MDTrainError when a micro-batch held a single frame."""
+        if min(nsplit, nframes) >= nframes:
             raise MDTrainError(self._too_large(system_name, natoms))
-        return self._after_oom(tried, nframes, natoms, system_name)
+        state = self._state(nframes * natoms)
+        if state.trial and nsplit == state.nsplit:
+            state.wait *= 2  # the halving did not hold: wait longer before trying again
+        state.nsplit, state.successes, state.trial = 2 * nsplit, 0, False
+        state.ooms += 1
+        self.log.info(
+            "batch controller: out of memory (system %s, %d frames of %d atoms); batches of "
+            "this size now run as up to %d micro-batches",
+            system_name, nframes, natoms, state.nsplit,
+        )  # fmt: skip
+        return state.nsplit
+
+    # ------------------------------------------------------------------ agreed events
+    def on_step(self) -> None:
+        """A step succeeded on every rank: the growth clock (identical on every rank)."""
+        self.clean += 1
+        if self.grow and self.clean >= self.retry_interval and self.batch_scale < self.scale_cap:
+            self.batch_scale = min(2 * self.batch_scale, self.scale_cap)
+            self.clean = 0
+            self.log.info("batch controller: batch sizes grown by a factor %d", self.batch_scale)
+
+    def on_agreed_oom(self, blame_growth: bool) -> None:
+        """Some rank ran out of memory (every rank calls this, with the same argument)."""
+        self.oom_count += 1
+        self.clean = 0
+        if blame_growth and self.batch_scale > 1:
+            self.batch_scale //= 2
+            self.scale_cap = self.batch_scale
+            self.log.info(
+                "batch controller: out of memory at a grown batch; batch sizes reverted to a "
+                "factor %d for the rest of the run", self.batch_scale,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ the step driver
     def run_step(
@@ -139,41 +193,44 @@ class MicroBatchController:
         """Run one training step's local work, retrying with smaller micro-batches on OOM.
 
         ``attempt_fn(slices)`` computes and accumulates the local gradients of every micro-batch
-        (weighting each loss with :func:`frame_weights`) without synchronising gradients across
-        ranks; its result is returned. ``any_rank(flag)`` is a collective that returns True if
-        any rank passed True. It is called the same number of times on every rank: once per
-        attempt, plus once after an agreed OOM to agree whether any rank cannot split further
-        (then every rank raises MDTrainError together). ``zero_grad`` is called before every
-        attempt so a retry starts from clean gradients. The caller all-reduces the gradients
-        and steps the optimiser after this returns.
+        (weighting each loss with :func:`frame_weights`) without any collective; its result is
+        returned. ``any_rank(flag)`` is a collective that returns True if any rank passed True,
+        called the same number of times on every rank: once per attempt; after an agreed OOM
+        once more to agree whether a rank cannot split further (then every rank raises
+        MDTrainError together), and, at a grown ``batch_scale``, once more to agree whether to
+        shrink it. ``zero_grad`` is called before every attempt of this rank. A rank whose
+        attempt succeeded keeps its gradients while others retry. The caller all-reduces the
+        gradients and steps the optimiser after this returns.
 
         An exception that is not an OOM propagates at once on the rank that raised it.
         """
-        count = self.nsplit
+        count = self._start(nframes * natoms)
+        done, result = False, None
         while True:
-            if zero_grad is not None:
-                zero_grad()
             oom = False
-            result = None
-            try:
-                result = attempt_fn(self.split(nframes, count))
-            except Exception as exc:
-                if not is_oom_error(exc):
-                    raise
-                oom = True
-                self.log.warning(
-                    "out of memory on system %s (%d frames of %d atoms, %d micro-batch(es))",
-                    system_name,
-                    nframes,
-                    natoms,
-                    min(count, nframes),
-                )
+            if not done:
+                if zero_grad is not None:
+                    zero_grad()
+                try:
+                    result = attempt_fn(split_frames(nframes, count))
+                    done = True
+                except Exception as exc:
+                    if not is_oom_error(exc):
+                        raise
+                    oom = True
+                    self.log.warning(
+                        "out of memory on system %s (%d frames of %d atoms, %d micro-batch(es))",
+                        system_name, nframes, natoms, min(count, nframes),
+                    )  # fmt: skip
+                if done:
+                    self.on_success(nframes, natoms, count)
             if not any_rank(oom):
-                self.on_success(count)
+                self.on_step()
                 return result
-            if zero_grad is not None:
-                zero_grad()
-            release_memory()
+            if oom:
+                if zero_grad is not None:
+                    zero_grad()
+                release_memory()
             stuck = oom and min(count, nframes) >= nframes
             if any_rank(stuck):
                 if stuck:
@@ -182,30 +239,56 @@ class MicroBatchController:
                     "out of memory on another rank with a single frame per micro-batch "
                     "(see that rank's error)"
                 )
-            count = self._after_oom(count, nframes, natoms, system_name)
+            blame = False
+            if self.batch_scale > 1:  # agreed on every rank, so is this extra vote
+                blame = any_rank(oom and not self._is_trial(nframes * natoms, count))
+            self.on_agreed_oom(blame)
+            if oom:
+                count = self.on_oom(nframes, natoms, system_name, count)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """What a restart needs to avoid repeating the OOMs already seen."""
+        """What a restart needs to avoid repeating the OOMs already seen (plain types)."""
         return {
-            "nsplit": self.nsplit,
-            "best_nsplit": self.best_nsplit,
+            "version": STATE_VERSION,
+            "sizes": [{"size": k, **asdict(v)} for k, v in sorted(self.sizes.items())],
+            "default": None if self.default is None else asdict(self.default),
             "batch_scale": self.batch_scale,
             "scale_cap": self.scale_cap,
-            "successes": self.successes,
-            "wait": self.wait,
-            "trial": self._trial,
+            "clean": self.clean,
             "oom_count": self.oom_count,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.nsplit = int(state["nsplit"])
-        self.best_nsplit = state["best_nsplit"]
+        """Restore a state of this version, or an old checkpoint's single global split (which
+        becomes the starting split of every size until each size's own clock lowers it)."""
+        if "sizes" not in state:  # version 1: one split for every batch
+            self.sizes = {}
+            nsplit = int(state["nsplit"])
+            self.default = None
+            if nsplit > 1:
+                self.default = SizeState(nsplit, int(state["wait"]), trial=bool(state["trial"]))
+            self.clean = int(state["successes"]) if nsplit == 1 else 0
+        else:
+            self.sizes = {
+                int(e["size"]): SizeState(
+                    int(e["nsplit"]),
+                    int(e["wait"]),
+                    int(e["successes"]),
+                    bool(e["trial"]),
+                    int(e["ooms"]),
+                )  # fmt: skip
+                for e in state["sizes"]
+            }
+            d = state.get("default")
+            self.default = (
+                None
+                if d is None
+                else SizeState(int(d["nsplit"]), int(d["wait"]), 0, bool(d["trial"]))
+            )
+            self.clean = int(state["clean"])
         self.batch_scale = int(state["batch_scale"])
         self.scale_cap = int(state["scale_cap"])
-        self.successes = int(state["successes"])
-        self.wait = int(state["wait"])
-        self._trial = bool(state["trial"])
         self.oom_count = int(state["oom_count"])
 
     # ------------------------------------------------------------------ internals
@@ -216,33 +299,51 @@ class MicroBatchController:
             "use a device with more memory or a smaller model (sel, neuron sizes)"
         )
 
-    def _set_nsplit(self, nsplit: int, trial: bool) -> None:
-        self.nsplit = nsplit
-        self.successes = 0
-        self._trial = trial
+    def _inherited(self, size: int) -> tuple[int, SizeState | None]:
+        """Starting split of an unseen size, and the state it copies its clock from."""
+        best, source = self.floor, None
+        if self.default is not None and self.default.nsplit > best:
+            best, source = self.default.nsplit, self.default
+        for known, state in self.sizes.items():
+            if known < size and state.nsplit > self.floor:
+                n = math.ceil(state.nsplit * size / known)
+                if n > best:
+                    best, source = n, None
+        return best, source
 
-    def _after_oom(self, tried: int, nframes: int, natoms: int, system_name: str) -> int:
-        """Update the policy after an agreed OOM; return the micro-batch count for the retry."""
-        self.oom_count += 1
-        if self.grow and self.batch_scale > 1 and tried == 1:
-            self.batch_scale //= 2
-            self.scale_cap = self.batch_scale
-            self.successes = 0
-            self.log.info(
-                "batch controller: out of memory at a grown batch; batch sizes reverted to "
-                "a factor %d (this step runs as 2 micro-batches)",
-                self.batch_scale,
-            )
-            return 2
-        if self._trial:
-            self.wait *= 2  # the halving did not hold: wait longer before trying again
-        self._set_nsplit(2 * tried, trial=False)
-        self.log.info(
-            "batch controller: out of memory (system %s, %d frames of %d atoms); each batch "
-            "now runs as up to %d micro-batches",
-            system_name,
-            nframes,
-            natoms,
-            self.nsplit,
-        )
-        return self.nsplit
+    def _start(self, size: int) -> int:
+        """Micro-batches for a step of this size; an unseen size that starts split gets its
+        own state (and clock) here."""
+        known = self.sizes.get(size)
+        if known is not None:
+            return max(self.floor, known.nsplit)
+        count, source = self._inherited(size)
+        if count > self.floor:
+            wait = self.retry_interval if source is None else source.wait
+            trial = source is not None and source.trial
+            self.sizes[size] = SizeState(count, wait, trial=trial)
+        return count
+
+    def _state(self, size: int) -> SizeState:
+        if size not in self.sizes:
+            self.sizes[size] = SizeState(self.floor, self.retry_interval)
+        return self.sizes[size]
+
+    def _is_trial(self, size: int, nsplit: int) -> bool:
+        """Whether a batch of this size run as ``nsplit`` was a trial of fewer micro-batches."""
+        state = self.sizes.get(size)
+        return state is not None and state.trial and nsplit == state.nsplit
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One restart state from every rank's (the first one's agreed fields): every size any rank
+    knows, with the largest split a rank needed for it."""
+    merged = dict(states[0])
+    table: dict[int, dict[str, Any]] = {}
+    for state in states:
+        for entry in state.get("sizes", []):
+            have = table.get(entry["size"])
+            if have is None or entry["nsplit"] > have["nsplit"]:
+                table[entry["size"]] = entry
+    merged["sizes"] = [table[k] for k in sorted(table)]
+    return merged

@@ -105,8 +105,9 @@ class Trainer:
             for n, b in zip(self.sampler.nframes, self.sampler.batch_sizes)
         )
         self.controller = MicroBatchController(
-            retry_interval=int(ctrl.get("retry_interval", 200)), grow=grow, max_scale=most
-        )
+            retry_interval=int(ctrl.get("retry_interval", 200)), grow=grow, max_scale=most,
+            micro_batches=ctrl.get("micro_batches"),
+        )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
         self.nlist_cache = NeighborListCache()  # frames come back many times: search once
         self.disp_freq = int(training["disp_freq"])
@@ -230,9 +231,12 @@ class Trainer:
         """Rank 0 writes (ranks hold identical state); every rank learns whether it worked, so
         a full disk stops all of them at this step instead of leaving the others waiting."""
         path, error = None, None
+        controller_state = self._controller_state()
         if self.rt.is_main:
             try:
-                path = self.ckpt.save(self.step, self.state_dict())
+                state = self.state_dict()
+                state["controller_state"] = controller_state
+                path = self.ckpt.save(self.step, state)
             except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
                 error = exc
         if dist_rt.any_rank(error is not None):
@@ -242,6 +246,16 @@ class Trainer:
         if path is not None:
             log.info("saved checkpoint %s", path)
         return path
+
+    def _controller_state(self) -> dict:
+        """Every rank's split per size in one state (ranks learn their own sizes): a
+        collective, on every rank."""
+        state = self.controller.state_dict()
+        if self.rt.world_size == 1 or not torch.distributed.is_initialized():
+            return state
+        states: list = [None] * self.rt.world_size
+        torch.distributed.all_gather_object(states, state)
+        return merge_states(states)
 
     def run(
         self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
