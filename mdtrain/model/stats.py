@@ -137,8 +137,71 @@ def collect_stat_batches(
 # Descriptor statistics
 
 
+def model_device(model) -> torch.device:
+    """Where the model's buffers live: statistics compute there, next to ``pair_keep``."""
+    return model.descriptor.davg.device
+
+
+def stat_inputs(
+    batch: dict[str, Any], start: int, stop: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Frames ``start:stop`` of a statistics batch as model inputs on ``device``: coord, box
+    (or None), atype, nlist, shift."""
+
+    def tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype, device=device)
+
+    box = batch.get("box")
+    return (
+        tensor(batch["coord"][start:stop], torch.float64),
+        None if box is None else tensor(box[start:stop], torch.float64),
+        tensor(batch["atype"], torch.long),
+        tensor(batch["nlist"][start:stop], torch.long),
+        tensor(batch["shift"][start:stop], torch.long),
+    )
+
+
+def descriptor_stat_sums(
+    model,
+    coord: torch.Tensor,
+    box: torch.Tensor | None,
+    atype: torch.Tensor,
+    nlist: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
+    """(ntypes, 2, 3) float64 on the inputs' device: per centre type, the radial (0) and the
+    pooled angular (1) entries of the raw environment matrix (exclusions zeroed) as [number,
+    sum, squared sum].
+
+    Tensor maths only (no value read, no boolean mask), so that it runs on any device, the
+    ``meta`` device included, where a tensor on another device than the model's fails.
+    """
+    desc = model.descriptor
+    diff = model.pair_vectors(coord, box, nlist, shift)
+    raw = desc.env_matrix(diff, nlist >= 0)
+    raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
+    r, a = raw[..., 0], raw[..., 1:]
+    per_atom = torch.stack(
+        [
+            r.sum(dim=(0, 2)),
+            (r * r).sum(dim=(0, 2)),
+            a.sum(dim=(0, 2, 3)),
+            (a * a).sum(dim=(0, 2, 3)),
+        ],
+        dim=1,
+    )  # (N, 4)
+    ones = torch.ones_like(per_atom[:, 0])
+    sums = per_atom.new_zeros(desc.ntypes, 4).index_add_(0, atype, per_atom)
+    centres = per_atom.new_zeros(desc.ntypes).index_add_(0, atype, ones)
+    number = centres * float(raw.shape[0] * raw.shape[2])  # frames · slots per centre
+    radial = torch.stack([number, sums[:, 0], sums[:, 1]], dim=1)
+    angular = torch.stack([3.0 * number, sums[:, 2], sums[:, 3]], dim=1)
+    return torch.stack([radial, angular], dim=1)
+
+
 def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str, StatItem]:
-    """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed).
+    """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed), on the
+    model's device; one transfer of the sums per chunk.
 
     Frames are evaluated in chunks that adapt to the memory available (the sums do not depend
     on the chunking), so statistics of very large frames back off instead of failing.
@@ -147,27 +210,19 @@ def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str,
     from mdtrain.progress import progress
 
     desc = model.descriptor
+    device = model_device(model)
     items = {f"{k}_{t}": StatItem() for t in range(desc.ntypes) for k in ("r", "a")}
-    chunker = InferenceChunker()
+    chunker = InferenceChunker(device=device)
     batches = list(batches)
 
     def chunk_items(batch: dict[str, Any], start: int, stop: int) -> dict[str, StatItem]:
-        coord = torch.as_tensor(batch["coord"][start:stop], dtype=torch.float64)
-        box = batch.get("box")
-        box = None if box is None else torch.as_tensor(box[start:stop], dtype=torch.float64)
-        atype = torch.as_tensor(batch["atype"], dtype=torch.long)
-        nlist = torch.as_tensor(batch["nlist"][start:stop], dtype=torch.long)
-        shift = torch.as_tensor(batch["shift"][start:stop], dtype=torch.long)
-        diff = model.pair_vectors(coord, box, nlist, shift)
-        raw = desc.env_matrix(diff, nlist >= 0)
-        raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
-        out = {}
-        for t in range(desc.ntypes):
-            rows = raw[:, atype == t]
-            r, a = rows[..., 0], rows[..., 1:]
-            out[f"r_{t}"] = StatItem(r.numel(), r.sum().item(), (r * r).sum().item())
-            out[f"a_{t}"] = StatItem(a.numel(), a.sum().item(), (a * a).sum().item())
-        return out
+        sums = descriptor_stat_sums(model, *stat_inputs(batch, start, stop, device))
+        values = sums.cpu().tolist()
+        return {
+            f"{k}_{t}": StatItem(*values[t][j])
+            for t in range(desc.ntypes)
+            for j, k in enumerate(("r", "a"))
+        }
 
     with torch.no_grad():
         for batch in progress(batches, len(batches), "data statistics"):

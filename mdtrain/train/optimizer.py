@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import torch
 
+FUSED_ADAM_DEVICES = ("cuda", "cpu")  # where torch has a fused Adam (CPU since torch 2.4)
+
 
 def make_adam(params: list[torch.Tensor], lr: float) -> torch.optim.Adam:
     """Adam as one fused kernel over all parameters where this torch has it for their device
     (CPU since torch 2.4): a third of the multi-tensor version's time, which passes over the
     parameters and moments several times. The two differ in the last bits of a step, not more.
+    Newer torch checks the device only at the first step, so the device is checked here.
     """
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, ValueError):
-        return torch.optim.Adam(params, lr=lr, foreach=True)
+    if all(p.device.type in FUSED_ADAM_DEVICES for p in params):
+        try:
+            return torch.optim.Adam(params, lr=lr, fused=True)
+        except (RuntimeError, ValueError):
+            pass
+    return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
