@@ -9,8 +9,9 @@ The split is remembered **per size**: the memory of a step grows with the atoms 
 out of memory says nothing about smaller ones. Each size has its own state (``SizeState``):
 
 - a size starts whole (or at ``micro_batches``, the user's fixed split, a floor), or, when a
-  smaller size already needs more than the floor, with micro-batches no larger than that
-  size's: ``ceil(k * size / K)`` from size ``K`` split ``k`` (the largest such count wins);
+  smaller size is already split further, with micro-batches no larger than the largest that
+  a split size runs: ``ceil(size * k / K)`` for the size ``K`` split ``k`` with the largest
+  ``K / k`` (memory grows with the atoms, so a larger size surely needs a split too);
 - ``n`` doubles on every OOM of the size; a batch of ``nframes`` uses ``min(n, nframes)``
   balanced contiguous slices. An OOM with one frame per micro-batch is fatal (MDTrainError
   naming the system and atom count);
@@ -33,9 +34,9 @@ a size's own trial of fewer micro-batches, halves the scale and caps it there fo
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 from mdtrain.errors import MDTrainError
@@ -300,15 +301,17 @@ class MicroBatchController:
         )
 
     def _inherited(self, size: int) -> tuple[int, SizeState | None]:
-        """Starting split of an unseen size, and the state it copies its clock from."""
+        """Starting split of an unseen size, and the state it copies its clock from: when a
+        smaller size is split, micro-batches no larger than the largest a split size runs."""
         best, source = self.floor, None
         if self.default is not None and self.default.nsplit > best:
             best, source = self.default.nsplit, self.default
-        for known, state in self.sizes.items():
-            if known < size and state.nsplit > self.floor:
-                n = math.ceil(state.nsplit * size / known)
-                if n > best:
-                    best, source = n, None
+        split = [(k, s.nsplit) for k, s in self.sizes.items() if s.nsplit > self.floor]
+        if any(known < size for known, _ in split):
+            known, n = max(split, key=lambda e: Fraction(e[0], e[1]))  # its micro-batch size
+            count = -(-size * n // known)
+            if count > best:
+                best, source = count, None
         return best, source
 
     def _start(self, size: int) -> int:

@@ -1,22 +1,30 @@
-"""Micro-batch controller: same gradient as the full batch, retry policy, collective agreement."""
+"""Micro-batch controller: same gradient as the full batch, the split per size and its retry
+clock, fixed micro-batches, growth, restart state, and the votes of a rank (scripted peers)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import time
 
+import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from mdtrain import memory
 from mdtrain.errors import MDTrainError
-from mdtrain.train.batch_controller import MicroBatchController, frame_weights, split_frames
-
-
-def _oom() -> torch.OutOfMemoryError:
-    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+from mdtrain.train.batch_controller import (
+    MicroBatchController,
+    frame_weights,
+    merge_states,
+    split_frames,
+)
+from tests.helpers.micro_batch import (
+    TinyEnergyModel,
+    accumulating_attempt,
+    fake_attempt,
+    grads,
+    oom,
+    tiny_batch,
+    tiny_loss,
+)
 
 
 # ------------------------------------------------------------------ splitting
@@ -34,108 +42,64 @@ def test_split_is_balanced_contiguous_and_capped(nframes, nsplit):
 
 
 # ------------------------------------------------------------------ gradient equivalence
-class TinyEnergyModel(torch.nn.Module):
-    """A per-atom energy from pair distances, forces by autograd (as in the real model)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        gen = torch.Generator().manual_seed(1)
-        self.w1 = torch.nn.Parameter(torch.randn(1, 6, generator=gen, dtype=torch.float64))
-        self.w2 = torch.nn.Parameter(torch.randn(6, 1, generator=gen, dtype=torch.float64))
-
-    def forward(self, coord: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        coord = coord.requires_grad_(True)
-        r2 = ((coord[:, :, None, :] - coord[:, None, :, :]) ** 2).sum(-1)
-        density = torch.exp(-r2).sum(-1, keepdim=True) - 1.0  # the self term is exp(0) = 1
-        atom_e = (torch.tanh(density @ self.w1) @ self.w2)[..., 0]
-        energy = atom_e.sum(-1)
-        (grad,) = torch.autograd.grad(energy.sum(), coord, create_graph=True)
-        return energy, -grad
+def _reference(model, batch):
+    tiny_loss(model, *batch).backward()
+    ref = grads(model)
+    model.zero_grad(set_to_none=True)
+    return ref
 
 
-def _loss(model, coord, e_ref, f_ref):
-    """Mean over frames, like the energy/force loss (one system per batch: equal natoms)."""
-    energy, force = model(coord.clone())
-    natoms = coord.shape[1]
-    le = ((energy - e_ref) / natoms) ** 2
-    lf = ((force - f_ref) ** 2).mean(dim=(1, 2))
-    return (0.7 * le + 3.0 * lf).mean()
-
-
-def _batch(nframes=7, natoms=5, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    coord = torch.rand(nframes, natoms, 3, generator=gen, dtype=torch.float64) * 3
-    e_ref = torch.randn(nframes, generator=gen, dtype=torch.float64)
-    f_ref = torch.randn(nframes, natoms, 3, generator=gen, dtype=torch.float64)
-    return coord, e_ref, f_ref
-
-
-def _grads(model):
-    return [p.grad.detach().clone() for p in model.parameters()]
-
-
-def _accumulate(model, batch, slices, fail_above=None):
-    """attempt_fn body: local gradient accumulation over micro-batches, weighted by frames."""
-    coord, e_ref, f_ref = batch
-    nframes = coord.shape[0]
-    for s, w in zip(slices, frame_weights(slices, nframes), strict=True):
-        if fail_above is not None and s.stop - s.start > fail_above:
-            raise _oom()
-        (w * _loss(model, coord[s], e_ref[s], f_ref[s])).backward()
-    return len(slices)
-
-
-def test_accumulated_gradient_equals_full_batch_gradient():
-    model, batch = TinyEnergyModel(), _batch()
-    _loss(model, *batch).backward()
-    reference = _grads(model)
-    for nsplit in range(2, 8):
-        model.zero_grad(set_to_none=True)
-        _accumulate(model, batch, split_frames(7, nsplit))
-        for got, ref in zip(_grads(model), reference, strict=True):
-            torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
-
-
-def test_run_step_discards_partial_gradients_of_failed_attempts():
-    model, batch = TinyEnergyModel(), _batch(nframes=8)
-    _loss(model, *batch).backward()
-    reference = _grads(model)
-    ctrl = MicroBatchController()
-
-    def attempt(slices):
-        # the failure comes after backward, so a failed attempt leaves partial gradients
-        coord, e_ref, f_ref = batch
-        for s, w in zip(slices, frame_weights(slices, 8), strict=True):
-            (w * _loss(model, coord[s], e_ref[s], f_ref[s])).backward()
-            if s.stop - s.start > 2:
-                raise _oom()
-        return len(slices)
-
-    used = ctrl.run_step(attempt, 8, 5, "sys", zero_grad=lambda: model.zero_grad(set_to_none=True))
-    assert used == 4 and ctrl.nsplit == 4
-    for got, ref in zip(_grads(model), reference, strict=True):
+def _assert_grads(model, reference):
+    for got, ref in zip(grads(model), reference, strict=True):
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
 
 
-# ------------------------------------------------------------------ policy
+def test_accumulated_gradient_equals_full_batch_gradient():
+    model, batch = TinyEnergyModel(), tiny_batch()
+    reference = _reference(model, batch)
+    for nsplit in range(2, 8):
+        model.zero_grad(set_to_none=True)
+        accumulating_attempt(model, batch)(split_frames(7, nsplit))
+        _assert_grads(model, reference)
+
+
+def test_run_step_discards_partial_gradients_of_failed_attempts():
+    model, batch = TinyEnergyModel(), tiny_batch(nframes=8)
+    reference = _reference(model, batch)
+    ctrl = MicroBatchController()
+    attempt = accumulating_attempt(model, batch, fits=lambda n: n <= 2)
+    used = ctrl.run_step(attempt, 8, 5, "sys", zero_grad=lambda: model.zero_grad(set_to_none=True))
+    assert used == 4 and ctrl.micro_batches(8, 5) == 4
+    _assert_grads(model, reference)
+
+
+@pytest.mark.parametrize("fixed", [2, 3, 7])
+def test_fixed_micro_batches_give_the_whole_batch_gradient(fixed):
+    """micro_batches: every batch starts split (3 → 3+2+2 frames, unequal weights)."""
+    model, batch = TinyEnergyModel(), tiny_batch(nframes=7)
+    reference = _reference(model, batch)
+    ctrl = MicroBatchController(micro_batches=fixed)
+    attempt = accumulating_attempt(model, batch)
+    used = ctrl.run_step(attempt, 7, 5, "sys", zero_grad=lambda: model.zero_grad(set_to_none=True))
+    assert used == fixed and ctrl.oom_count == 0
+    _assert_grads(model, reference)
+
+
+# ------------------------------------------------------------------ the split of one size
 def test_on_oom_doubles_and_raises_at_one_frame_per_micro_batch():
     ctrl = MicroBatchController()
-    assert [ctrl.on_oom(6, 192, "water/a") for _ in range(3)] == [2, 4, 8]
-    assert ctrl.split(6) == split_frames(6, 6)
+    assert [ctrl.on_oom(6, 192, "water/a", n) for n in (1, 2, 4)] == [2, 4, 8]
+    assert ctrl.split(6, 192) == split_frames(6, 6)
+    assert ctrl.micro_batches(1, 192) == 1  # a smaller size is not split
     with pytest.raises(MDTrainError, match=r"system water/a: a single frame of 192 atoms"):
-        ctrl.on_oom(6, 192, "water/a")
+        ctrl.on_oom(6, 192, "water/a", 8)
 
 
 def test_run_step_raises_the_too_large_frame_error_after_trying_every_split():
     ctrl = MicroBatchController()
     tried = []
-
-    def attempt(slices):
-        tried.append(len(slices))
-        raise _oom()
-
     with pytest.raises(MDTrainError, match="a single frame of 300 atoms does not fit"):
-        ctrl.run_step(attempt, 5, 300, "big")
+        ctrl.run_step(fake_attempt(0, 300, tried), 5, 300, "big")
     assert tried == [1, 2, 4, 5]
 
 
@@ -149,196 +113,239 @@ def test_non_oom_errors_propagate_without_retry():
 
     with pytest.raises(RuntimeError, match="shape mismatch"):
         ctrl.run_step(attempt, 4, 3, "s")
-    assert calls == [1] and ctrl.nsplit == 1
+    assert calls == [1] and ctrl.sizes == {} and ctrl.oom_count == 0
 
 
-def _drive(ctrl, steps, fits_frames, nframes=16):
-    """Run ``steps`` steps where a micro-batch fits only up to ``fits_frames`` frames."""
+def _drive(ctrl, steps, fits_frames, nframes=16, natoms=10):
+    """``steps`` steps of one size where a micro-batch fits only up to ``fits_frames`` frames;
+    the split after each step."""
     history = []
     for _ in range(steps):
-        ctrl.run_step(lambda sl: _accumulate_fake(sl, fits_frames), nframes, 10, "s")
-        history.append(ctrl.nsplit)
+        ctrl.run_step(fake_attempt(fits_frames * natoms, natoms), nframes, natoms, "s")
+        history.append(ctrl.micro_batches(nframes, natoms))
     return history
-
-
-def _accumulate_fake(slices, fits_frames):
-    if max(s.stop - s.start for s in slices) > fits_frames:
-        raise _oom()
-    return None
 
 
 def test_retry_halves_after_interval_and_backs_off_when_it_fails(caplog):
     ctrl = MicroBatchController(retry_interval=5)
     with caplog.at_level(logging.INFO, logger="mdtrain.train.batch"):
         history = _drive(ctrl, 40, fits_frames=4)
-    # 16 frames, 4 fit: nsplit 4 is needed; halvings to 2 fail, the wait doubles each time
+    # 16 frames, 4 fit: 4 micro-batches are needed; halvings to 2 fail, the wait doubles
     assert [k + 1 for k, n in enumerate(history) if n == 2] == [5, 15, 35]
     assert set(history) == {2, 4}
-    assert ctrl.best_nsplit == 4
-    trials = [r for r in caplog.records if "trying" in r.getMessage()]
-    assert len(trials) == 3  # after 5, then 10, then 20 successes: 35 of 40 steps
-    assert ctrl.wait == 40
-    # every change is logged once, never every step
-    assert len(caplog.records) < 15
+    assert len([r for r in caplog.records if "trying" in r.getMessage()]) == 3
+    assert ctrl.sizes[160].wait == 40 and ctrl.sizes[160].ooms == 2 + 3
+    assert len(caplog.records) < 15  # every change is logged once, never every step
 
 
 def test_retry_returns_to_one_when_memory_allows():
     ctrl = MicroBatchController(retry_interval=3)
     _drive(ctrl, 1, fits_frames=4)
-    assert ctrl.nsplit == 4
-    history = _drive(ctrl, 12, fits_frames=16)
-    assert history == [4, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
-    assert ctrl.best_nsplit == 1 and ctrl.wait == 3
+    assert ctrl.micro_batches(16, 10) == 4
+    assert _drive(ctrl, 12, fits_frames=16) == [4, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert ctrl.sizes[160].wait == 3
 
 
-def test_split_memory_survives_restart():
+def test_each_size_keeps_its_own_split_and_clock():
+    """A large size is split while a small one runs whole; the large one's retry clock counts
+    its own successes only."""
     ctrl = MicroBatchController(retry_interval=5)
-    _drive(ctrl, 3, fits_frames=2)
-    clone = MicroBatchController(retry_interval=5)
-    clone.load_state_dict(ctrl.state_dict())
-    assert clone.state_dict() == ctrl.state_dict()
-    assert clone.split(16) == split_frames(16, 8)
+    large, small = [], []
+    ctrl.run_step(fake_attempt(40, 10, large), 16, 10, "large")  # 4 frames fit: 1, 2, 4
+    for _ in range(20):
+        ctrl.run_step(fake_attempt(40, 10, small), 2, 10, "small")
+    assert large == [1, 2, 4] and small == [1] * 20
+    assert ctrl.micro_batches(16, 10) == 4  # 21 steps, but 1 success of its own
+    for _ in range(4):
+        ctrl.run_step(fake_attempt(40, 10, large), 16, 10, "large")
+    assert ctrl.micro_batches(16, 10) == 2  # the 5th success of the large size: a trial
+    assert ctrl.micro_batches(2, 10) == 1 and 20 not in ctrl.sizes
 
 
+def test_a_rare_large_system_pays_at_most_two_ooms_and_small_ones_run_whole():
+    """One system in 1,000 needs two micro-batches; 100k steps (the global split of before
+    paid 84 OOMs here and split every small system after each of them)."""
+    fits = 1500  # atoms per micro-batch
+    systems = [(64, 4), (96, 3), (128, 2), (192, 2), (1000, 2)]  # (atoms, frames): auto:256
+    probs = np.array([0.25, 0.25, 0.25, 0.249, 0.001])
+    draws = np.random.default_rng(3).choice(len(systems), size=100_000, p=probs / probs.sum())
+    ctrl = MicroBatchController()
+    calls: dict[int, list[int]] = {k: [] for k in range(len(systems))}
+    for k in draws:
+        natoms, nframes = systems[k]
+        ctrl.run_step(fake_attempt(fits, natoms, calls[k]), nframes, natoms, f"sys{k}")
+    large = systems[-1][0] * systems[-1][1]
+    assert len(calls[4]) > 50 and set(ctrl.sizes) == {large}
+    assert 1 <= ctrl.sizes[large].ooms <= 2 and ctrl.oom_count == ctrl.sizes[large].ooms
+    assert all(set(calls[k]) == {1} for k in range(4))  # small systems: whole, every time
+    assert calls[4][0] == 1 and set(calls[4][2:]) == {2}  # the large one: split after its OOM
+
+
+def test_an_unseen_larger_size_starts_from_a_split_smaller_one():
+    ctrl = MicroBatchController()
+    tried = []
+    ctrl.run_step(fake_attempt(1000, 100, tried), 20, 100, "big")  # 2000 atoms need 2
+    assert tried == [1, 2]
+    for natoms, nframes, first in ((101, 20, 3), (100, 40, 4), (99, 20, 1), (10, 20, 1)):
+        tried = []
+        ctrl.run_step(fake_attempt(1000, natoms, tried), nframes, natoms, "other")
+        # slightly larger: micro-batches no larger than the known split's (3, not 4);
+        # slightly smaller: whole first (one OOM); much smaller: whole
+        assert tried[0] == first, (natoms, nframes, tried)
+    assert ctrl.oom_count == 2  # the first size's, and 99×20's
+
+
+def test_fixed_micro_batches_is_a_floor():
+    ctrl = MicroBatchController(retry_interval=2, micro_batches=3)
+    tried = []
+    for _ in range(6):  # memory for everything: never fewer than 3
+        ctrl.run_step(fake_attempt(10**6, 10, tried), 12, 10, "s")
+    assert tried == [3] * 6 and ctrl.sizes == {}
+    tried = []
+    for _ in range(6):  # 2 frames fit: split further, retries come back down to 3 only
+        ctrl.run_step(fake_attempt(20, 10, tried), 12, 10, "s")
+    assert tried == [3, 6, 6, 3, 6, 6, 6, 6]  # a trial after 2 successes, then after 4
+    assert ctrl.micro_batches(12, 10) == 3 and ctrl.sizes[120].wait == 4
+    with pytest.raises(ValueError):
+        MicroBatchController(micro_batches=0)
+
+
+# ------------------------------------------------------------------ growth (agreed)
 def test_grow_scales_batches_and_reverts_on_oom():
     ctrl = MicroBatchController(retry_interval=2, grow=True, max_scale=8)
     scales = []
     for _ in range(8):
-        ctrl.on_success()
+        ctrl.on_step()
         scales.append(ctrl.suggest_growth())
     assert scales == [1, 2, 2, 4, 4, 8, 8, 8]
-    # a step at scale 8 runs out of memory: retried as two halves, next batches at scale 4
-    tried = []
-
-    def attempt(slices):
-        tried.append(len(slices))
-        if len(slices) == 1:
-            raise _oom()
-
-    ctrl.run_step(attempt, 16, 12, "s")
-    assert tried == [1, 2]
-    assert ctrl.nsplit == 1 and ctrl.batch_scale == 4
+    tried = []  # a step at scale 8 runs out of memory: retried in two halves, then scale 4
+    ctrl.run_step(fake_attempt(8 * 12, 12, tried), 16, 12, "s")
+    assert tried == [1, 2] and ctrl.batch_scale == 4 and ctrl.scale_cap == 4
     for _ in range(10):
-        ctrl.on_success()
+        ctrl.on_step()
     assert ctrl.batch_scale == 4  # never grows again to a size that failed
 
 
-def test_no_growth_unless_enabled_or_while_split():
+def test_a_size_trial_at_a_grown_scale_does_not_shrink_it():
+    ctrl = MicroBatchController(retry_interval=2, grow=True, max_scale=8)
+    attempt = fake_attempt(10, 10)  # one 10-atom frame per micro-batch fits
+    ctrl.run_step(attempt, 2, 10, "big")  # OOM at scale 1: 2 micro-batches
+    ctrl.run_step(attempt, 2, 10, "big")  # 2 clean steps: scale 2; 2 successes: trial of 1
+    assert ctrl.batch_scale == 2 and ctrl.micro_batches(2, 10) == 1
+    ctrl.run_step(attempt, 2, 10, "big")  # the trial fails: that size's business only
+    assert ctrl.batch_scale == 2 and ctrl.micro_batches(2, 10) == 2 and ctrl.sizes[20].wait == 4
+    ctrl.run_step(fake_attempt(10, 5), 3, 5, "grown")  # a batch that ran whole: growth's fault
+    assert ctrl.batch_scale == 1 and ctrl.scale_cap == 1
+
+
+def test_growth_is_off_unless_enabled_and_waits_after_an_oom():
     ctrl = MicroBatchController(retry_interval=1, max_scale=8)
     for _ in range(5):
-        ctrl.on_success()
+        ctrl.on_step()
     assert ctrl.batch_scale == 1
-    ctrl = MicroBatchController(retry_interval=100, grow=True, max_scale=8)
-    ctrl.on_oom(8, 3, "s")
-    for _ in range(99):
-        ctrl.on_success()
-    assert ctrl.batch_scale == 1 and ctrl.nsplit == 2
+    ctrl = MicroBatchController(retry_interval=3, grow=True, max_scale=8)
+    ctrl.run_step(fake_attempt(4, 1), 8, 1, "s")  # OOM: the clock starts again
+    ctrl.on_step()
+    assert ctrl.batch_scale == 1
+    ctrl.on_step()
+    assert ctrl.batch_scale == 2
 
 
-# ------------------------------------------------------------------ two ranks (Gloo)
-def _rank_main(rank, world, init_file, sim_atoms, queue):
-    os.environ[memory.SIMULATE_ATOMS_ENV] = str(sim_atoms)
-    os.environ[memory.SIMULATE_RANKS_ENV] = "1"
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-    )
-    try:
-
-        def any_rank(flag: bool) -> bool:
-            t = torch.tensor([int(flag)])
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            return bool(t.item())
-
-        model = TinyEnergyModel()
-        natoms = 4
-        batch = _batch(nframes=6 - 2 * rank, natoms=natoms, seed=rank)  # 6 and 4 frames
-        nframes = batch[0].shape[0]
-        _loss(model, *batch).backward()
-        reference = _grads(model)
-        for g in reference:
-            torch.distributed.all_reduce(g)
-            g /= world
-
-        def attempt(slices):
-            coord, e_ref, f_ref = batch
-            for s, w in zip(slices, frame_weights(slices, nframes), strict=True):
-                memory.maybe_simulate_oom((s.stop - s.start) * natoms, rank)
-                (w * _loss(model, coord[s], e_ref[s], f_ref[s])).backward()
-            return len(slices)
-
-        ctrl = MicroBatchController()
-        result = {"rank": rank}
-        try:
-            result["used"] = [
-                ctrl.run_step(
-                    attempt,
-                    nframes,
-                    natoms,
-                    f"sys{rank}",
-                    any_rank,
-                    zero_grad=lambda: model.zero_grad(set_to_none=True),
-                )
-                for _ in range(2)
-            ]
-            grads = _grads(model)
-            for g in grads:
-                torch.distributed.all_reduce(g)
-                g /= world
-            result["grad_err"] = max(
-                float((g - r).abs().max()) for g, r in zip(grads, reference, strict=True)
-            )
-        except MDTrainError as exc:
-            result["error"] = str(exc)
-        result["nsplit"] = ctrl.nsplit
-        result["oom_count"] = ctrl.oom_count
-        queue.put(result)
-    finally:
-        torch.distributed.destroy_process_group()
+# ------------------------------------------------------------------ restart state
+def test_the_split_table_survives_restart(tmp_path):
+    ctrl = MicroBatchController(retry_interval=5)
+    _drive(ctrl, 3, fits_frames=2)
+    _drive(ctrl, 2, fits_frames=2, nframes=4, natoms=7)
+    torch.save(ctrl.state_dict(), tmp_path / "state.pt")
+    clone = MicroBatchController(retry_interval=5)
+    clone.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert clone.state_dict() == ctrl.state_dict()
+    assert clone.split(16, 10) == split_frames(16, 8) and clone.micro_batches(4, 7) == 2
+    assert clone.micro_batches(2, 7) == 1
 
 
-def _run_two_ranks(tmp_path, sim_atoms, timeout=90.0):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    init_file = tmp_path / "rendezvous"
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, 2, str(init_file), sim_atoms, queue))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    results, deadline = [], time.monotonic() + timeout
-    try:
-        while len(results) < 2 and time.monotonic() < deadline:
-            try:
-                results.append(queue.get(timeout=1.0))
-            except Exception:  # queue.Empty: check the processes are alive
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    break
-        for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert len(results) == 2, f"ranks did not finish: exit codes {[p.exitcode for p in procs]}"
-    return sorted(results, key=lambda r: r["rank"])
+def test_an_old_global_state_loads_as_the_start_of_every_size():
+    old = {
+        "nsplit": 4, "best_nsplit": 4, "batch_scale": 2, "scale_cap": 4, "successes": 3,
+        "wait": 3, "trial": False, "oom_count": 2,
+    }  # fmt: skip
+    ctrl = MicroBatchController(retry_interval=3)
+    ctrl.load_state_dict(old)
+    assert ctrl.batch_scale == 2 and ctrl.scale_cap == 4 and ctrl.oom_count == 2
+    assert ctrl.micro_batches(16, 10) == 4 and ctrl.micro_batches(1, 3) == 4
+    assert _drive(ctrl, 4, fits_frames=16) == [4, 4, 2, 2]  # this size's own clock
+    assert ctrl.micro_batches(8, 10) == 4  # other sizes still start from the old split
+    state = ctrl.state_dict()
+    assert state["version"] == 2 and state["default"]["nsplit"] == 4
+    again = MicroBatchController(retry_interval=3)
+    again.load_state_dict(state)
+    assert again.state_dict() == state
 
 
-@pytest.mark.multiprocess
-def test_two_ranks_agree_when_only_one_runs_out_of_memory(tmp_path):
-    # rank 1 (4 frames × 4 atoms) fails above 8 atoms: it needs micro-batches of 2 frames
-    r0, r1 = _run_two_ranks(tmp_path, sim_atoms=8)
-    assert r0["nsplit"] == r1["nsplit"] == 2
-    assert r0["oom_count"] == r1["oom_count"] == 1
-    assert r0["used"] == [2, 2] and r1["used"] == [2, 2]
-    assert r0["grad_err"] < 1e-12 and r1["grad_err"] < 1e-12
+def test_merged_state_keeps_every_rank_size_with_the_largest_split():
+    ranks = [MicroBatchController(), MicroBatchController()]
+    ranks[0].on_oom(4, 10, "a", 1)  # size 40: 2
+    ranks[1].on_oom(4, 10, "a", 2)  # size 40: 4
+    ranks[1].on_oom(2, 30, "b", 1)  # size 60: 2
+    merged = MicroBatchController()
+    merged.load_state_dict(merge_states([r.state_dict() for r in ranks]))
+    assert merged.micro_batches(4, 10) == 4 and merged.micro_batches(2, 30) == 2
 
 
-@pytest.mark.multiprocess
-def test_two_ranks_fail_together_when_a_frame_does_not_fit(tmp_path):
-    r0, r1 = _run_two_ranks(tmp_path, sim_atoms=3)  # not even one 4-atom frame fits on rank 1
-    assert "system sys1: a single frame of 4 atoms" in r1["error"]
-    assert "another rank" in r0["error"]
-    assert r0["nsplit"] == r1["nsplit"]
+# ------------------------------------------------------------------ votes (scripted peers)
+class Peers:
+    """``any_rank`` of a rank whose peers vote from a script; counts the calls."""
+
+    def __init__(self, votes: list[bool]) -> None:
+        self.votes, self.calls = list(votes), 0
+
+    def __call__(self, flag: bool) -> bool:
+        self.calls += 1
+        return flag or (self.votes.pop(0) if self.votes else False)
+
+
+def test_a_rank_that_succeeded_keeps_its_gradients_while_a_peer_retries():
+    model, batch = TinyEnergyModel(), tiny_batch(nframes=6)
+    reference = _reference(model, batch)
+    ctrl = MicroBatchController()
+    tried = []
+    attempt = accumulating_attempt(model, batch)
+    peers = Peers([True, False, True, False, False])  # the peer fails twice, then succeeds
+
+    def counted(slices):
+        tried.append(len(slices))
+        return attempt(slices)
+
+    zero = lambda: model.zero_grad(set_to_none=True)  # noqa: E731
+    ctrl.run_step(counted, 6, 5, "s", peers, zero_grad=zero)
+    assert tried == [1]  # not redone while the peer retried
+    assert peers.calls == 2 + 2 + 1 and ctrl.oom_count == 2 and ctrl.sizes == {}
+    _assert_grads(model, reference)
+
+
+def test_a_grown_scale_takes_one_more_vote_per_failed_attempt():
+    ctrl = MicroBatchController(retry_interval=1, grow=True, max_scale=4)
+    ctrl.on_step()
+    assert ctrl.batch_scale == 2
+    peers = Peers([True, False, True])  # peer: OOM, not stuck, growth's fault
+    ctrl.run_step(fake_attempt(100, 1), 4, 1, "s", peers)
+    assert peers.calls == 3 + 1 and ctrl.batch_scale == 1 and ctrl.scale_cap == 1
+
+
+def test_the_peer_stuck_vote_fails_every_rank():
+    ctrl = MicroBatchController()
+    with pytest.raises(MDTrainError, match="another rank with a single frame"):
+        ctrl.run_step(fake_attempt(100, 1), 4, 1, "s", Peers([True, True]))
+
+
+def test_run_step_oom_in_the_attempt_before_any_backward():
+    """An OOM raised before the first micro-batch ran (e.g. reading frames) is retried too."""
+    ctrl = MicroBatchController()
+    first = [True]
+
+    def attempt(slices):
+        if first.pop() if first else False:
+            raise oom()
+        return len(slices)
+
+    assert ctrl.run_step(attempt, 4, 3, "s") == 2
