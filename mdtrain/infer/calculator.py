@@ -14,6 +14,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
+from mdtrain.model.backend import to_device
 from mdtrain.neighbors.nlist import build_nlist
 
 
@@ -37,7 +38,7 @@ class MDTrainCalculator(Calculator):
         super().__init__(**kwargs)
         self.device = torch.device(device)
         if isinstance(model, torch.nn.Module):
-            self.model = model.to(self.device).eval()
+            self.model = to_device(model, self.device).eval()
         else:
             self.model = load_model(model, self.device)
         self.type_map: list[str] = list(self.model.type_map)

@@ -84,9 +84,12 @@ def load_model(
     if not os.path.isfile(path):
         raise MDTrainError(f"model {path}: file not found")
     if is_torchscript(path):
-        model, metadata = _load_frozen(path, device)
+        # the eager model only borrows the frozen weights: read them on the CPU, copied once
+        model, metadata = _load_frozen(path, device if scripted else "cpu")
         if not scripted and "model_config" in metadata:
             model = _eager_from_frozen(path, model, metadata["model_config"], device)
+        elif not scripted:  # no model_config stored: the TorchScript module after all
+            model = model.to(device)
     else:
         state = load_checkpoint(path, map_location="cpu")
         model = model_from_checkpoint(state, f"model {path}", device)

@@ -28,7 +28,7 @@ from mdtrain.model.accel.embedding_nodes import TorchEmbedding
 from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
-from mdtrain.model.autocast import use_bf16, uses_bf16
+from mdtrain.model.autocast import Bf16EmbeddingNet, Bf16FittingNet, use_bf16, uses_bf16
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
 
@@ -100,6 +100,21 @@ def build_model(
         detail = f", products on {load_kernels().blas}" if name == "kernels" else ""
         log.info("model backend: %s%s (%s)", name, detail, why)
     return model.to(device)
+
+
+def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Module:
+    """``model`` on ``device``: moved, or, for a backend that cannot run there (the compiled
+    kernels take CPU tensors), rebuilt for the device with the same weights and mode."""
+    device = torch.device(device)
+    if not isinstance(model, EnergyModel) or model.backend != "kernels" or device.type == "cpu":
+        moved = model.to(device)
+        for net in moved.modules():
+            if isinstance(net, (Bf16EmbeddingNet, Bf16FittingNet)):
+                net.device_type = device.type  # autocast where the net now runs
+        return moved
+    rebuilt = build_model(model.get_model_config(), device)
+    rebuilt.load_state_dict(model.state_dict())
+    return rebuilt.train(model.training)
 
 
 def as_reference(model: EnergyModel) -> EnergyModel:

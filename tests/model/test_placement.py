@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from mdtrain.data import open_system
-from mdtrain.model.backend import build_model
+from mdtrain.model.autocast import Bf16EmbeddingNet
+from mdtrain.model.backend import build_model, choose_backend, to_device
+from mdtrain.model.config import normalize_model_config
 from mdtrain.model.stats import (
     collect_stat_batches,
     compute_or_load_stats,
@@ -130,6 +132,28 @@ def test_forward_and_backward_on_another_device(name, backend):
 def test_a_gpu_never_gets_the_compiled_kernels():
     """The kernels take CPU tensors: any other device builds the fused backend."""
     assert build_model(CONFIGS["one_side"], META).backend == "fused"
+
+
+def test_a_model_moved_to_another_device_gets_a_backend_that_runs_there():
+    """``to_device`` (the calculator's move of a live model): a kernels model is rebuilt as the
+    fused one with the same weights; bf16 nets autocast on the new device's type."""
+    cfg = CONFIGS["float32"]
+    if choose_backend(normalize_model_config(cfg), torch.device("cpu"))[0] != "kernels":
+        pytest.skip("the compiled kernels are not available here")
+    cpu = on_cpu(cfg, "kernels").eval()
+    inputs = batch(cpu)
+    expected = cpu(*inputs)
+    with OtherDevice():
+        model = to_device(cpu, OTHER)
+        assert model.backend == "fused" and not model.training
+        assert module_devices(model) == {OTHER}
+        got = {k: v.cpu() for k, v in model(*moved(inputs, OTHER)).items()}
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6)
+    bf16 = build_model(cfg, "cpu", mixed_precision="bf16")
+    moved_bf16 = to_device(bf16, META)
+    nets = [m for m in moved_bf16.modules() if isinstance(m, Bf16EmbeddingNet)]
+    assert nets and {n.device_type for n in nets} == {"meta"}
 
 
 @pytest.mark.parametrize("name", ["one_side", "pairs_excluded"])
