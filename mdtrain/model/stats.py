@@ -6,8 +6,10 @@ the three angular columns, pooled, accumulate ``a_t``, each as [number, sum, squ
 summed over systems. ``davg[t,:,0] = mean(r_t)`` (angular means are 0), ``dstd`` is the
 population std (angular std centred on the pooled mean), floored at 1e-2, 0.1 when no data.
 
-The energy bias is the least-squares solution of ``N_types · bias = E`` over the sampled
-frames; its residual std is stored for every type.
+The sums are computed on the model's device (``stat_inputs`` puts the frames there,
+``descriptor_stat_sums`` is tensor maths only, so it also runs on ``meta`` in the tests); only
+the per-chunk sums come back. The energy bias is the least-squares solution of
+``N_types · bias = E`` over the sampled frames; its residual std is stored for every type.
 
 The numbers are cached in ``training.stat_file`` (layout in ``stat_file.py``). The data
 themselves are not hashed (as in DeePMD): delete the file after changing the systems.
