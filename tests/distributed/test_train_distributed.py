@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.processes import (
     clean_env,
@@ -162,3 +163,7 @@ def test_injected_oom_on_rank1_changes_nothing(tmp_path):
     a = load_params(ref.parent / "out" / "model.ckpt-3.pt")
     b = load_params(oom.parent / "out" / "model.ckpt-3.pt")
     assert max_param_diff(a, b) < 1e-8
+    # rank 0 writes the checkpoint, with rank 1's splits (rank 0 itself never split a size)
+    state = torch.load(oom.parent / "out" / "model.ckpt-3.pt", weights_only=True)
+    sizes = state["controller_state"]["sizes"]
+    assert sizes and all(e["nsplit"] == 2 for e in sizes), sizes
