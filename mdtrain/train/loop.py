@@ -228,8 +228,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def save(self) -> str | None:
-        """Rank 0 writes (ranks hold identical state); every rank learns whether it worked, so
-        a full disk stops all of them at this step instead of leaving the others waiting."""
+        """Rank 0 writes (ranks hold identical state, but for the splits per batch size, which
+        are gathered first); every rank learns whether it worked, so a full disk stops all of
+        them at this step instead of leaving the others waiting."""
         path, error = None, None
         controller_state = self._controller_state()
         if self.rt.is_main:
