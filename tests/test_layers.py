@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "mdtrain"
 LAYERS: list[list[str]] = [
     ["mdtrain.errors"],
     ["mdtrain.log"],
+    ["mdtrain.outputs"],  # where outputs go, checked before any work
     ["mdtrain.progress"],
     ["mdtrain.schema"],
     ["mdtrain.config", "mdtrain.schema_doc"],

@@ -7,6 +7,7 @@ import logging
 
 from mdtrain.data.convert import convert
 from mdtrain.errors import MDTrainError
+from mdtrain.outputs import check_output_dir, check_output_file
 
 log = logging.getLogger("mdtrain.convert")
 
@@ -19,6 +20,10 @@ def run_convert(args: argparse.Namespace) -> int:
         raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
     if args.set_size < 1:
         raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
+    if to == "deepmd/hdf5":  # checked before any input is read
+        check_output_file(output, "-o", create_parents=True)
+    else:
+        check_output_dir(output, "-o")
     splits = convert(
         args.inputs,
         output,

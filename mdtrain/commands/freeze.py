@@ -11,6 +11,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import freeze_model
 from mdtrain.infer.load import is_torchscript, model_from_checkpoint
 from mdtrain.model.files import load_checkpoint
+from mdtrain.outputs import check_output_file
 
 log = logging.getLogger("mdtrain.freeze")
 
@@ -19,6 +20,7 @@ def run_freeze(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``."""
     if args.checkpoint and args.checkpoint_option:
         raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")
+    check_output_file(args.output, "-o")  # before the checkpoint is read and scripted
     checkpoint = args.checkpoint or args.checkpoint_option or "."
     if os.path.isdir(checkpoint):  # a training output directory, as DeePMD-kit's -c
         checkpoint = os.path.join(checkpoint, "model.ckpt.pt")

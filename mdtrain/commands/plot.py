@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from mdtrain.errors import MDTrainError
+from mdtrain.outputs import check_output_file
 from mdtrain.plot import parse_lcurve, plot_lcurve
 
 log = logging.getLogger("mdtrain.plot")
@@ -13,6 +14,7 @@ log = logging.getLogger("mdtrain.plot")
 
 def run_plot(args: argparse.Namespace) -> int:
     """CLI handler: ``mdtrain plot [lcurve.out] -o lcurve.png``."""
+    check_output_file(args.output, "-o")
     columns = parse_lcurve(args.lcurve)
     if len(columns["step"]) == 0:
         raise MDTrainError(f"{args.lcurve}: no data rows yet; nothing to plot")

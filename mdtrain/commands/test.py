@@ -18,6 +18,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
 from mdtrain.memory import InferenceChunker, keep_freed_memory
+from mdtrain.outputs import check_output_file
 from mdtrain.progress import progress
 
 log = logging.getLogger("mdtrain.test")
@@ -38,6 +39,9 @@ def _frames_to_test(system: System, numb_test: int) -> int:
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
     [--torchscript]``."""
+    for option, path in (("--json", args.json), ("--parity", args.parity)):
+        if path:
+            check_output_file(path, option)  # before any model or system is read
     device = _device()
     keep_freed_memory()
     model = load_model(args.model, device, scripted=args.torchscript)

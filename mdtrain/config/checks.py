@@ -98,13 +98,21 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
         )
 
     loss = _get(config, "loss")
-    prefs = (
-        [loss.get(f"{w}_pref_{x}") for w in ("start", "limit") for x in "efv"]
+    pairs = (
+        [(loss.get(f"start_pref_{x}"), loss.get(f"limit_pref_{x}")) for x in "efv"]
         if isinstance(loss, dict)
         else []
     )
-    if prefs and all(_number(p) for p in prefs) and not any(prefs):
-        problems.append("loss: every prefactor is 0, so there is nothing to train on")
+    # a term trains only when both its prefactors are non-zero (DeePMD-kit's PyTorch backend)
+    if (
+        pairs
+        and all(_number(p) for pair in pairs for p in pair)
+        and not any(a and b for a, b in pairs)
+    ):
+        problems.append(
+            "loss: no term has both its start_pref and limit_pref non-zero, so there is "
+            "nothing to train on"
+        )
     return problems
 
 

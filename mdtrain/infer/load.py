@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.config import stored_model_config
 
 #: Name of the JSON metadata stored in a frozen model's ``_extra_files``.
 FROZEN_METADATA = "mdtrain.json"
@@ -109,9 +110,13 @@ def _jit_load(path: str, device: str | torch.device) -> tuple[torch.nn.Module, d
     if not raw:
         return model, {}
     try:
-        return model, json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        metadata = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError):
         raise MDTrainError(f"model {path}: unreadable {FROZEN_METADATA} metadata") from None
+    if isinstance(metadata, dict) and "model_config" in metadata:
+        # names whose meaning changed keep the function the model was trained with
+        metadata["model_config"] = stored_model_config(metadata["model_config"])
+    return model, metadata
 
 
 def _load_frozen(path: str, device: str | torch.device) -> tuple[torch.nn.Module, dict]:

@@ -49,6 +49,14 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "preset_out_bias": None,
 }
 _ALIASES = {"n_axis_neuron": "axis_neuron", "n_neuron": "neuron"}
+# An activation name -> the unambiguous name a normalised config stores. In DeePMD-kit's
+# PyTorch backend "gelu" is the tanh approximation, the function "gelu_tf" always named.
+_ACTIVATION_STORED = {"gelu": "gelu_tf"}
+# What a name in a config *stored* by an earlier mdtrain (checkpoint, frozen model) meant, where
+# that differs from today: mdtrain's "gelu" was the exact erf form until it followed DeePMD-kit.
+# A normalised config never holds these names, so a stored one holding them is an old one.
+_ACTIVATION_BEFORE = {"gelu": "gelu_erf"}
+_NETWORKS = ("descriptor", "fitting_net")
 # Settings accepted only at their default value: key -> value meaning "off".
 _UNSUPPORTED = {
     "descriptor": {},
@@ -81,6 +89,43 @@ def _check_off(section: dict, name: str, where: str) -> None:
         value = section.get(key, off)
         if value != off and not (off == [] and value in (None, [])):
             raise MDTrainError(f"{where}/{key}: {value!r} is not supported by mdtrain")
+
+
+def inert_settings(model_config: dict) -> list[str]:
+    """One warning per setting of the ``model`` section that is accepted but changes nothing
+    here: ``data_stat_protect`` bounds the fparam/aparam statistics in DeePMD-kit, and mdtrain
+    has neither (the descriptor's dstd floor is a fixed 0.01 in both)."""
+    default = MODEL_DEFAULTS["data_stat_protect"]
+    value = model_config.get("data_stat_protect", default)
+    if isinstance(value, (int, float)) and value != default:
+        return [
+            f"model.data_stat_protect {value:g} has no effect: DeePMD-kit applies it to the "
+            "fparam/aparam statistics, which mdtrain does not support (the descriptor's "
+            f"dstd floor stays {default:g}, as in DeePMD-kit)"
+        ]
+    return []
+
+
+def stored_model_config(model_config: dict) -> dict:
+    """A copy of a model config read from a checkpoint or a frozen model, with the names whose
+    meaning changed since it was written replaced by the function it was trained with (an old
+    ``"gelu"`` becomes ``"gelu_erf"``), so that the model keeps giving the same energies."""
+    if not isinstance(model_config, dict):
+        return model_config
+    cfg = copy.deepcopy(model_config)
+    for name in _NETWORKS:
+        section = cfg.get(name)
+        if isinstance(section, dict):
+            act = section.get("activation_function")
+            if isinstance(act, str) and act in _ACTIVATION_BEFORE:
+                section["activation_function"] = _ACTIVATION_BEFORE[act]
+    return cfg
+
+
+def _store_activation(section: dict) -> None:
+    act = section["activation_function"]
+    if isinstance(act, str):
+        section["activation_function"] = _ACTIVATION_STORED.get(act, act)
 
 
 def normalize_model_config(model_config: dict) -> dict:
@@ -132,6 +177,8 @@ def normalize_model_config(model_config: dict) -> dict:
             raise MDTrainError(f"model/atom_exclude_types: type {t!r} out of range")
     if isinstance(fit["trainable"], list):
         raise MDTrainError("model/fitting_net/trainable: only true/false is supported")
+    _store_activation(desc)
+    _store_activation(fit)
     _check_off(fit, "fitting_net", "model/fitting_net")
     _check_off(cfg, "model", "model")
     cfg["descriptor"] = desc

@@ -15,6 +15,7 @@ import pickle
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.config import stored_model_config
 
 #: ``format`` and ``version`` entries of a checkpoint dict (written by ``save_checkpoint``).
 FORMAT = "mdtrain-checkpoint"
@@ -72,4 +73,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"checkpoint {path}: incompatible checkpoint version {state.get('version')!r} "
             f"(this mdtrain reads version {VERSION})"
         )
+    if "model_config" in state:  # names whose meaning changed keep the function trained with
+        state["model_config"] = stored_model_config(state["model_config"])
     return state

@@ -13,7 +13,21 @@ from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
 
-ACTIVATIONS = ("tanh", "relu", "relu6", "softplus", "sigmoid", "gelu", "gelu_tf", "linear", "none")
+# DeePMD-kit's names (its PyTorch backend), plus ``gelu_erf``: the exact GELU that mdtrain's
+# "gelu" meant before it followed DeePMD-kit (old checkpoints keep it; see model/config.py).
+ACTIVATIONS = (
+    "tanh",
+    "relu",
+    "relu6",
+    "softplus",
+    "sigmoid",
+    "silu",
+    "gelu",
+    "gelu_tf",
+    "gelu_erf",
+    "linear",
+    "none",
+)
 PRECISIONS = {"default": torch.float64, "float64": torch.float64, "float32": torch.float32}
 
 
@@ -31,21 +45,29 @@ def check_activation(name: str, where: str) -> str:
 
 
 def activate(x: Tensor, name: str) -> Tensor:
-    """Apply the named activation (a plain if-chain so that TorchScript can compile it)."""
+    """Apply the named activation (a plain if-chain so that TorchScript can compile it).
+
+    As in DeePMD-kit's PyTorch backend, "gelu" and "gelu_tf" are both the tanh approximation
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; "gelu_erf" is the exact
+    ``0.5 x (1 + erf(x / sqrt(2)))``; "relu6" is ``min(max(x, 0), 6)``; "linear" and "none"
+    are the identity.
+    """
     if name == "tanh":
         return torch.tanh(x)
     if name == "relu":
         return torch.relu(x)
     if name == "relu6":
-        return torch.clamp(x, 0.0, 6.0)
+        return torch.nn.functional.relu6(x)
     if name == "softplus":
         return torch.nn.functional.softplus(x)
     if name == "sigmoid":
         return torch.sigmoid(x)
-    if name == "gelu":
-        return torch.nn.functional.gelu(x)
-    if name == "gelu_tf":
+    if name == "silu":
+        return torch.nn.functional.silu(x)
+    if name == "gelu" or name == "gelu_tf":
         return torch.nn.functional.gelu(x, approximate="tanh")
+    if name == "gelu_erf":
+        return torch.nn.functional.gelu(x)
     return x
 
 

@@ -2,7 +2,10 @@
 learning rate, the mean training-step time since the previous line, and the ETA.
 
 Apart from the loop so that ``Trainer.run`` reads as the step itself; the step-time
-accounting and the wording of the line live here.
+accounting and the wording of the line live here. Two settings of DeePMD-kit decide what is
+shown: ``training.disp_training`` false shows nothing at all (no progress lines, no
+validation, no lcurve.out rows), and ``training.time_training`` false leaves the time per
+step and the ETA out of the line.
 """
 
 from __future__ import annotations
@@ -13,9 +16,23 @@ import math
 class Display:
     """Training-step times between two progress lines, and the line itself."""
 
-    def __init__(self, numb_steps: int, keys: list[str]) -> None:
+    def __init__(
+        self, numb_steps: int, keys: list[str], show: bool = True, timing: bool = True
+    ) -> None:
         self.numb_steps, self.keys = numb_steps, keys
+        self.show, self.timing = show, timing
         self.total, self.count = 0.0, 0
+
+    @classmethod
+    def for_run(cls, numb_steps: int, keys: list[str], training: dict) -> Display:
+        """The display a run's ``training`` section asks for."""
+        show = bool(training.get("disp_training", True))
+        return cls(numb_steps, keys, show, bool(training.get("time_training", True)))
+
+    def due(self, step: int, disp_freq: int) -> bool:
+        """Whether ``step`` (1-based, just finished) gets a progress line, a validation and an
+        lcurve.out row: the first step and every ``disp_freq``-th, unless display is off."""
+        return self.show and (step % disp_freq == 0 or step == 1)
 
     def add(self, seconds: float) -> None:
         self.total += seconds
@@ -40,8 +57,9 @@ class Display:
             else:
                 parts.append(f"{key} {metrics[key]:.3e}")
         parts.append(f"lr {lr:.2e}")
-        parts.append(f"{per_step:.3f} s/step")
-        parts.append(f"ETA {_hms(eta)}")
+        if self.timing:
+            parts.append(f"{per_step:.3f} s/step")
+            parts.append(f"ETA {_hms(eta)}")
         return "  ".join(parts)
 
 

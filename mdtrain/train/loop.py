@@ -19,7 +19,7 @@ from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
-from mdtrain.train.batch_controller import MicroBatchController, frame_weights
+from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
@@ -274,7 +274,7 @@ class Trainer:
                 self.lcurve_path, keys, self.valid_sampler is not None, append=append_lcurve,
                 resume_step=self.step if append_lcurve else None,
             )  # fmt: skip
-        display = Display(self.numb_steps, keys)
+        display = Display.for_run(self.numb_steps, keys, self.config["training"])
         last_saved, preempted = None, False
         self.model.train()
         guard = (
@@ -288,7 +288,7 @@ class Trainer:
                     metrics = self.train_step(lr)
                     display.add(time.perf_counter() - began)
                     self.step += 1
-                    if self.step % self.disp_freq == 0 or self.step == 1:
+                    if display.due(self.step, self.disp_freq):
                         valid = self.validate(lr)
                         if writer is not None:
                             writer.write(self.step, lr, metrics, valid)

@@ -7,8 +7,9 @@ Loss of one batch of ``nf`` frames of one system with ``N`` atoms, at learning r
       + pref_f * mean(dF^2)                  # over all nf*N*3 components
       + pref_v * mean_f(mean_9(dV^2)) / N
 
-A term is active when either of its two prefactors is non-zero **and** the batch carries the
-label (the label dict has the key). Every term is a mean over frames (the force MSE equals the
+A term is active when both of its prefactors (start and limit) are non-zero **and** the batch
+carries the label (the label dict has the key): the rule of DeePMD-kit's PyTorch backend (its
+TensorFlow backend takes either), so ``start_pref_v = 0, limit_pref_v = 1`` trains no virial. Every term is a mean over frames (the force MSE equals the
 mean over frames of per-frame means because all frames of a batch have the same N), so a batch
 split into micro-batches gives exactly the full-batch loss when each micro-batch is called with
 ``weight = micro_nf / full_nf`` and the results are summed; `merge_metrics` combines their
@@ -67,8 +68,9 @@ class EnergyLoss:
         return cls(*(float(loss[k]) for k in keys), start_lr=start_lr)
 
     def configured_terms(self) -> list[str]:
-        """Terms with a non-zero prefactor (independent of which labels a system has)."""
-        return [t for t, (s, lim) in self.prefs.items() if s != 0 or lim != 0]
+        """Terms whose two prefactors are both non-zero (independent of which labels a system
+        has); as in DeePMD-kit's PyTorch backend, one zero prefactor switches a term off."""
+        return [t for t, (s, lim) in self.prefs.items() if s != 0 and lim != 0]
 
     def active_terms(self, labels: Iterable[str]) -> list[str]:
         """Terms that contribute for a system carrying ``labels``; empty means nothing to fit."""
@@ -125,6 +127,24 @@ class EnergyLoss:
             loss = loss + 0.0 * ref.sum()
         metrics["rmse"] = loss.detach().sqrt()
         return loss * weight, metrics
+
+
+def one_sided_terms(loss: Mapping) -> list[str]:
+    """One warning per term of the ``loss`` section that has exactly one non-zero prefactor:
+    it trains nothing here (and in DeePMD-kit's PyTorch backend), though DeePMD-kit's
+    TensorFlow backend would train it, so an input from there may expect it."""
+    out = []
+    for term in TERMS:
+        key = term[0]
+        start = float(loss.get(f"start_pref_{key}", 0.0))
+        limit = float(loss.get(f"limit_pref_{key}", 0.0))
+        if (start != 0) != (limit != 0):
+            out.append(
+                f"loss: start_pref_{key} is {start:g} and limit_pref_{key} {limit:g}, so the "
+                f"{term} term is off (a term trains only when both prefactors are non-zero, "
+                "as in DeePMD-kit's PyTorch backend)"
+            )
+    return out
 
 
 def merge_metrics(

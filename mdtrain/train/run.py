@@ -21,13 +21,16 @@ from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_model
+from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint
 from mdtrain.model.stat_file import read_stat_file
 from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
+from mdtrain.outputs import check_output_dir, check_output_file
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.loop import Trainer, seed_everything
+from mdtrain.train.loss import one_sided_terms
 from mdtrain.train.precision import check_networks, mode_of
 from mdtrain.train.prepare import (
     check_samplers,
@@ -151,6 +154,23 @@ def _check_stat_file(path: str) -> None:
     read_stat_file(path)
 
 
+def _prepare_outputs(request: TrainRequest, training: dict) -> None:
+    """Make the output directory and check every place training writes (checkpoints,
+    lcurve.out, out.json, a new stat file): a problem is one line naming the path, before
+    any data is read."""
+    out_dir = request.output_dir
+    check_output_dir(out_dir, "output directory", create=True)
+    ckpt_dir = os.path.dirname(output_path(out_dir, training["save_ckpt"])) or out_dir
+    check_output_dir(ckpt_dir, "training.save_ckpt directory")
+    check_output_file(output_path(out_dir, training["disp_file"]), "training.disp_file")
+    check_output_file(output_path(out_dir, "out.json"), "out.json")
+    stat_file = training.get("stat_file")
+    if stat_file:
+        path = resolve_path(request.input_path, stat_file)
+        if not os.path.exists(path):  # an existing one is read (and checked) first
+            check_output_file(path, "training.stat_file")
+
+
 def _finished_marker(out_dir: str) -> str:
     return os.path.join(out_dir, FINISHED_MARKER)
 
@@ -181,8 +201,10 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             torch.get_num_threads(),
         )  # fmt: skip
         out_dir = request.output_dir
+        dist_rt.run_on_main(_prepare_outputs, request, training)  # before any work
         if runtime.is_main:
-            os.makedirs(out_dir, exist_ok=True)
+            for message in (*one_sided_terms(config["loss"]), *inert_settings(config["model"])):
+                log.warning("%s", message)
         # everything up to the statistics checks the input; nothing in out_dir changes before
         restart, init_model = _resolve_restart(request, training, out_dir)
         state = load_checkpoint(restart or init_model) if (restart or init_model) else None

@@ -166,7 +166,7 @@ def test_cli_errors_exit_1(tmp_path, capsys):
     assert "no data rows" in capsys.readouterr().err
     lcurve = write_lcurve(tmp_path / "ok.out", STEPS)
     assert main(["plot", str(lcurve), "-o", str(tmp_path / "no" / "such" / "dir.png")]) == 1
-    assert "cannot write the plot" in capsys.readouterr().err
+    assert "no/such/dir.png: directory" in capsys.readouterr().err  # checked before parsing
     assert not (tmp_path / "x.png").exists()
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
+from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics, one_sided_terms
 
 NF, N = 6, 5
 
@@ -71,24 +71,38 @@ def test_prefactors_at_start_and_end():
     assert loss_fn.pref("energy", 1e-3) == pytest.approx(0.02)
 
 
-def test_active_term_rule_is_either_prefactor_and_label_present():
-    # start_pref_v = 0, limit_pref_v = 1: the virial term counts (either prefactor non-zero)
+def test_active_term_rule_is_both_prefactors_and_label_present():
+    # DeePMD-kit's PyTorch backend: a term counts only when start AND limit are non-zero, so
+    # start_pref_v = 0, limit_pref_v = 1 trains no virial (its TensorFlow backend would)
     loss_fn = EnergyLoss(0.0, 0.0, 1.0, 1.0, 0.0, 1.0, start_lr=1e-3)
-    assert loss_fn.configured_terms() == ["force", "virial"]
-    assert loss_fn.active_terms(["energy", "force"]) == ["force"]
-    assert loss_fn.metric_keys() == ["rmse", "rmse_f", "rmse_v"]
+    assert loss_fn.configured_terms() == ["force"]
+    assert loss_fn.active_terms(["energy", "force", "virial"]) == ["force"]
+    assert loss_fn.metric_keys() == ["rmse", "rmse_f"]
     pred, label = make_batch()
     lr = 1e-4
     loss, metrics = loss_fn(pred, label, N, lr)
-    ref = numpy_loss(pred, label, N, {"force": 1.0, "virial": 1.0 + (0.0 - 1.0) * 0.1})
-    assert loss.item() == pytest.approx(ref, rel=1e-12)
-    assert "rmse_e" not in metrics  # both energy prefactors are zero
-    # the same system without virial labels: the term drops out and its metric is nan
+    assert loss.item() == pytest.approx(numpy_loss(pred, label, N, {"force": 1.0}), rel=1e-12)
+    assert sorted(metrics) == ["rmse", "rmse_f"]  # no virial or energy metric either
+    # the other one-sided form, start non-zero and limit zero, is off as well
+    one_sided = EnergyLoss(0.02, 0.0, 1.0, 1.0, 0.0, 0.0, start_lr=1e-3)
+    assert one_sided.configured_terms() == ["force"]
+    # both non-zero: the term counts, and drops out (metric nan) for a system without labels
+    both = EnergyLoss(0.0, 0.0, 1.0, 1.0, 0.5, 1.0, start_lr=1e-3)
+    assert both.configured_terms() == ["force", "virial"]
     _, label_nov = make_batch(labels=("energy", "force"))
-    loss2, metrics2 = loss_fn(pred, label_nov, N, lr)
+    loss2, metrics2 = both(pred, label_nov, N, lr)
     assert loss2.item() == pytest.approx(numpy_loss(pred, label_nov, N, {"force": 1.0}), rel=1e-12)
     assert math.isnan(metrics2["rmse_v"].item())
     assert not math.isnan(metrics2["rmse_f"].item())
+
+
+def test_one_sided_terms_are_named_for_a_warning():
+    loss = {"start_pref_e": 0.02, "limit_pref_e": 0.0, "start_pref_f": 1000, "limit_pref_f": 1}
+    loss |= {"start_pref_v": 0.0, "limit_pref_v": 1.0}
+    messages = one_sided_terms(loss)
+    assert len(messages) == 2
+    assert "energy term is off" in messages[0] and "virial term is off" in messages[1]
+    assert one_sided_terms({"start_pref_f": 1, "limit_pref_f": 1}) == []
 
 
 def test_no_active_term_gives_zero_loss_that_backpropagates():
