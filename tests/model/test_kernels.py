@@ -275,3 +275,44 @@ def test_allocation_failure_inside_the_kernels_is_a_recoverable_oom():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["raised"] == "MemoryError" and report["oom"], report
     assert "std::bad_alloc" in report["text"] and "embedding backward" in report["text"]
+
+
+_BLAS_BUFFER_SCRIPT = """
+import resource, torch
+torch.set_num_threads(2)
+from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, plan_blocks
+from mdtrain.model.accel.kernels import load_kernels
+from mdtrain.model.accel.layout import layer_layout, layer_params
+from mdtrain.model.network import EmbeddingNet
+
+lib = load_kernels()
+lib.use_blas("openblas")
+net = EmbeddingNet([25, 50, 100], "tanh", False, torch.float64, seed=0)
+rows = torch.randn(2000, 4, 30, dtype=torch.float64)
+room = [torch.empty(10**8 // 8, dtype=torch.float64) for _ in range(4)]  # for the tape
+size = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:"))
+limit = size * 1024 + (8 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+del room
+layout, params = layer_layout(net.layers), layer_params(net.layers)
+_KernelEmbedContract.apply(rows, lib, plan_blocks(None, 2000, 30), layout, *params)
+print("ran")
+"""
+
+
+@needs_kernels
+@pytest.mark.multiprocess
+def test_kernels_blas_buffers_are_reserved_before_memory_runs_out():
+    """numpy's OpenBLAS ends the process ("Memory allocation still failed after 10 retries")
+    when a thread's first product cannot map its buffer: the kernels' threads take theirs
+    when the kernels load, so a first product under an address-space limit still runs."""
+    import subprocess
+    import sys
+
+    if kernels._numpy_openblas() is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs numpy's OpenBLAS and /proc/self/status")
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLAS_BUFFER_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert "OpenBLAS error" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ran"), proc.stderr[-2000:]
