@@ -30,12 +30,13 @@ or a copy where symlinks fail) and the text file ``checkpoint`` at the newest on
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import random
 import re
 import uuid
+from collections.abc import Callable
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -68,13 +69,17 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: str, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is never seen partially written."""
+def _atomic_write(path: str, data: bytes | memoryview | Callable[[BinaryIO], None]) -> None:
+    """Write ``data`` (bytes, or a function writing to the open file) to ``path`` so that
+    ``path`` is never seen partially written."""
     tmp = _tmp_name(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -93,10 +98,8 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     """
     path = os.fspath(path)
     payload = {**state, "format": FORMAT, "version": VERSION}
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)  # serialise first: I/O errors then surface as plain OSError
-    try:
-        _atomic_write(path, buffer.getbuffer())
+    try:  # streamed into the file: no second copy of the checkpoint in memory
+        _atomic_write(path, lambda f: torch.save(payload, f))
     except OSError as exc:
         raise checkpoint_io_error(path, exc) from exc
 
