@@ -13,6 +13,7 @@ One job a module; import the names from here:
 - ``backend``: NCCL, Gloo or MPI, with the fallback to Gloo.
 - ``device``: the GPU or the CPU threads of each rank.
 - ``runtime``: ``init_distributed`` forms the process group; ``Runtime`` shuts it down.
+- ``failures``: a failure on one rank ends every rank within seconds, with its message.
 - ``collectives``: rank, barrier, broadcasts, sums, flags, ``run_on_main``.
 - ``gradients``: DDP, parameter broadcast, bucketed gradient averaging.
 """
@@ -30,6 +31,7 @@ from mdtrain.distributed.collectives import (
     run_on_main,
 )
 from mdtrain.distributed.device import select_device
+from mdtrain.distributed.failures import PeerFailure
 from mdtrain.distributed.gradients import all_reduce_gradients, broadcast_module, wrap_ddp
 from mdtrain.distributed.hostlist import expand_hostlist, first_host, parse_tasks_per_node
 from mdtrain.distributed.launch import DEFAULT_PORT, LaunchEnv, detect_launch_env
@@ -39,6 +41,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_PORT",
     "LaunchEnv",
+    "PeerFailure",
     "Runtime",
     "all_ranks",
     "all_reduce_gradients",

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from mdtrain.distributed.failures import PeerFailure
 from mdtrain.errors import MDTrainError
 
 log = logging.getLogger("mdtrain.distributed")
@@ -116,7 +117,7 @@ def _default_store() -> dist.Store | None:
 def run_on_main(fn: Callable[..., T], *args: Any, wait_s: float | None = None) -> T:
     """Run ``fn(*args)`` on rank 0 only and hand its result, or its failure, to every rank.
 
-    Rank 0 re-raises its own exception. The other ranks raise an ``MDTrainError`` carrying rank
+    Rank 0 re-raises its own exception. The other ranks raise a ``PeerFailure`` (an ``MDTrainError``) carrying rank
     0's message, so the whole job stops with rank 0's error instead of ranks 1..N-1 waiting in a
     collective that never comes. The result must pickle (failing to pickle is reported the same
     way). Keyword arguments: use ``functools.partial``.
@@ -156,15 +157,15 @@ def run_on_main(fn: Callable[..., T], *args: Any, wait_s: float | None = None) -
         message = broadcast_object(None)
     except (RuntimeError, OSError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MDTrainError(
-            f"lost contact with rank 0 while waiting for its result: {text}"
+        raise PeerFailure(
+            f"lost contact with rank 0 while waiting for its result: {text}", 0
         ) from exc
     if message[0] == "ok":
         return pickle.loads(message[1])
     _, type_name, text, user_error = message
     if user_error:
-        raise MDTrainError(f"rank 0: {text}")
-    raise MDTrainError(f"rank 0 failed with {type_name}: {text}")
+        raise PeerFailure(f"rank 0: {text}", 0, quotes=True)
+    raise PeerFailure(f"rank 0 failed with {type_name}: {text}", 0, quotes=True)
 
 
 def _publish(store: dist.Store | None, key: str, payload: tuple) -> None:

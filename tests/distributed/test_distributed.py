@@ -489,11 +489,11 @@ def test_run_on_main_failure_reaches_every_rank():
     seen = [ast.literal_eval(o.stdout.split("SEEN ", 1)[1].splitlines()[0]) for o in outcomes]
     # a bug on rank 0: rank 0 re-raises it, rank 1 gets an MDTrainError naming it
     assert seen[0] == ("ValueError", "boom from rank 0", "alive")
-    assert seen[1] == ("MDTrainError", "rank 0 failed with ValueError: boom from rank 0", "alive")
+    assert seen[1] == ("PeerFailure", "rank 0 failed with ValueError: boom from rank 0", "alive")
     # a user error on rank 0: every rank exits with rank 0's message
     assert outcomes[0].error_type == "MDTrainError"
     assert outcomes[0].error_message == "system data/sys1: frame 3 has no energy"
-    assert outcomes[1].error_type == "MDTrainError"
+    assert outcomes[1].error_type == "PeerFailure"  # an MDTrainError naming its source
     assert outcomes[1].error_message == "rank 0: system data/sys1: frame 3 has no energy"
     assert all(o.returncode == 1 for o in outcomes)
 

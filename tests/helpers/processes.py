@@ -83,6 +83,41 @@ def torchrun_vars(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
+def slurm_vars(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The variables ``srun`` gives task ``rank`` of a one-node step (no torchrun variables)."""
+    return {
+        "SLURM_JOB_ID": "777",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_NTASKS": str(world_size),
+        "SLURM_TASKS_PER_NODE": str(world_size),
+        "SLURM_JOB_NODELIST": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def rank_elsewhere(env: Mapping[str, str], rank: int, folder: Path, site: Path) -> dict[str, str]:
+    """``env`` in which the process of ``rank`` (RANK or SLURM_PROCID) starts in ``folder``.
+
+    A ``sitecustomize`` module written to ``site`` changes that one rank's working folder before
+    anything runs, so a relative input path names another file there: one rank sees another
+    file system (a path missing on one node), even under torchrun, which starts every worker
+    alike.
+    """
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if (os.environ.get('RANK') or os.environ.get('SLURM_PROCID')) == "
+        f"{str(rank)!r}:\n"
+        f"    os.chdir({str(folder)!r})\n"
+    )
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join([str(site), out.get("PYTHONPATH", "")])
+    return out
+
+
 # --------------------------------------------------------------------------- processes
 
 
