@@ -106,6 +106,20 @@ def is_oom_error(exc: BaseException) -> bool:
     return False
 
 
+def oom_site(exc: BaseException) -> str:
+    """Where an out-of-memory error happened, for the log: the innermost mdtrain source line
+    of its traceback and the first line of its message (``"fitting_node.py:71: ..."``)."""
+    site = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if f"{os.sep}mdtrain{os.sep}" in filename:
+            site = f"{os.path.basename(filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    first = (_message(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return f"{site}: {first}" if site else first
+
+
 def release_memory() -> None:
     """Free what an aborted attempt left behind: Python cycles first, then the CUDA cache."""
     gc.collect()
@@ -250,6 +264,7 @@ class InferenceChunker:
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
+            log.info("out of memory at %s", oom_site(exc))
         # outside the handler, so the failed attempt's frames and tensors are gone
         release_memory()
         return False, None

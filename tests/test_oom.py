@@ -421,3 +421,13 @@ def test_real_cpu_oom_under_address_space_limit_is_recovered():
     assert report["oom_count"] >= 1
     assert report["seen"] and all("DefaultCPUAllocator" in s for s in report["seen"])
     assert report["current"] * 512 * 1024 < 300 * 2**20
+
+
+def test_oom_site_names_the_innermost_mdtrain_line_and_the_message():
+    from mdtrain.memory import oom_site
+    from mdtrain.model.accel.kernels import _check
+
+    exc = _caught(lambda: _check(1, "embedding backward"))
+    site = oom_site(exc)
+    assert site.startswith("kernels.py:") and "embedding backward: std::bad_alloc" in site
+    assert oom_site(RuntimeError("CUDA out of memory.\nmore")) == "CUDA out of memory."

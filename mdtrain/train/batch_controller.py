@@ -40,7 +40,7 @@ from fractions import Fraction
 from typing import Any
 
 from mdtrain.errors import MDTrainError
-from mdtrain.memory import is_oom_error, release_memory
+from mdtrain.memory import is_oom_error, oom_site, release_memory
 
 STATE_VERSION = 2
 
@@ -220,8 +220,8 @@ class MicroBatchController:
                         raise
                     oom = True
                     self.log.warning(
-                        "out of memory on system %s (%d frames of %d atoms, %d micro-batch(es))",
-                        system_name, nframes, natoms, min(count, nframes),
+                        "out of memory on system %s (%d frames of %d atoms, %d micro-batch(es)) "
+                        "at %s", system_name, nframes, natoms, min(count, nframes), oom_site(exc),
                     )  # fmt: skip
                 if done:
                     self.on_success(nframes, natoms, count)

@@ -55,12 +55,15 @@ class Kernels:
                 fn.argtypes = [*rows, *plan, _I64, _INT, *[_P] * 4, _INT]
 
     def use_blas(self, choice: str) -> str:
-        """Point the kernels' products at a BLAS: "torch" (the one inside torch, usually MKL),
-        "openblas" (numpy's OpenBLAS, 4 % faster steps on an AMD EPYC, where MKL takes a
-        generic path) or "auto" (OpenBLAS when usable). Returns the one chosen."""
+        """Point the kernels' products at a BLAS: "torch" (the one inside torch, usually MKL;
+        also "auto") or "openblas" (numpy's OpenBLAS: 3–4 % faster steps on an AMD EPYC, where
+        MKL takes a generic path, but an OpenBLAS that cannot allocate a working buffer ends
+        the process, which an address-space-limited training run showed in about 1 of 10
+        runs even with the buffers reserved: opt in only where memory cannot run out).
+        Returns the one chosen."""
         if choice not in BLAS_CHOICES:
             raise RuntimeError(f"MDTRAIN_BLAS={choice!r} is not one of {BLAS_CHOICES}")
-        entry = _numpy_openblas() if choice in ("auto", "openblas") else None
+        entry = _numpy_openblas() if choice == "openblas" else None
         if choice == "openblas" and entry is None:
             raise RuntimeError("MDTRAIN_BLAS=openblas, but numpy's OpenBLAS is not usable here")
         chosen = "openblas" if entry is not None else "torch"
