@@ -2,7 +2,8 @@
 forces, loss, backward, Adam) on a data set given by its input file.
 
     python benchmarks/train_step.py /path/to/water-dft [--steps 300] [--warmup 30]
-        [--precision float64 float32] [--threads 2] [--batch-size N] [--json result.json]
+        [--precision float64 float32] [--threads 2] [--batch-size N] [--uncached]
+        [--json result.json]
 
 The argument is an ``input.json`` or a directory holding one; its systems are resolved
 relative to it. Nothing is written next to the data: the statistics are computed in memory
@@ -11,7 +12,9 @@ checkpoints are off during the timing; ``--batch-size`` replaces the input's tra
 size. Each precision runs in a fresh process (clean allocator state and its own peak RSS)
 with ``OMP_NUM_THREADS`` set to the thread count. The trainer's neighbour-list cache is
 filled with every training frame first (the steady state of a run longer than an epoch; the
-time of a batch built from scratch is reported too). Reported per precision: median (and
+time of a batch built from scratch is reported too); with ``--uncached`` the cache is off and
+every step builds its neighbour lists, as in a first epoch and as DeePMD-kit does at every
+step. Reported per precision: median (and
 mean) wall and median process CPU time per step (after warm-up) with the 10th/90th wall
 percentiles, the median time of the batch preparation inside the step (frames and
 neighbour lists), the peak RSS, and the load average of the machine around the run
@@ -35,6 +38,7 @@ def measure(
     warmup: int,
     threads: int,
     batch_size: int | None = None,
+    uncached: bool = False,
 ) -> dict:
     """Run in the child process: set up a Trainer like ``mdtrain train`` does, then time it."""
     import resource
@@ -84,6 +88,8 @@ def measure(
             return batch
 
         trainer._batch = timed_batch
+        if uncached:
+            trainer.nlist_cache = None
         cache = getattr(trainer, "nlist_cache", None)
         fresh_times: list[float] = []
         if cache is not None:
@@ -116,6 +122,7 @@ def measure(
         "natoms": natoms,
         "sel": list(config["model"]["descriptor"]["sel"]),
         "batch_size": training["training_data"]["batch_size"],
+        "uncached": uncached,
         "wall_s_per_step": statistics.median(wall),
         "wall_mean_s": statistics.fmean(wall),
         "wall_p10_s": float(np.percentile(wall, 10)),
@@ -145,6 +152,7 @@ def run_measure(
     warmup: int,
     threads: int,
     batch_size: int | None = None,
+    uncached: bool = False,
 ) -> dict:
     """`measure` in a fresh process of this interpreter; its result, or RuntimeError with
     the end of the child's output."""
@@ -152,6 +160,8 @@ def run_measure(
     cmd += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
+    if uncached:
+        cmd.append("--uncached")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -170,20 +180,24 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--batch-size", type=int, help="training batch size (default: input's)")
+    parser.add_argument(
+        "--uncached", action="store_true", help="no neighbour-list cache (a first epoch)"
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     input_path = find_input(args.data)
     if args.child:
         result = measure(
-            input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size
-        )
+            input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size,
+            args.uncached,
+        )  # fmt: skip
         print(json.dumps(result))
         return
     try:
         results = [
             run_measure(input_path, precision, args.steps, args.warmup, args.threads,
-                        args.batch_size)
+                        args.batch_size, args.uncached)
             for precision in args.precision
         ]  # fmt: skip
     except RuntimeError as exc:
