@@ -32,7 +32,12 @@ from mdtrain.distributed.collectives import (
 )
 from mdtrain.distributed.device import select_device
 from mdtrain.distributed.failures import PeerFailure
-from mdtrain.distributed.gradients import all_reduce_gradients, broadcast_module, wrap_ddp
+from mdtrain.distributed.gradients import (
+    GradientBuckets,
+    all_reduce_gradients,
+    broadcast_module,
+    wrap_ddp,
+)
 from mdtrain.distributed.hostlist import expand_hostlist, first_host, parse_tasks_per_node
 from mdtrain.distributed.launch import DEFAULT_PORT, LaunchEnv, detect_launch_env
 from mdtrain.distributed.runtime import Runtime, init_distributed
@@ -44,6 +49,7 @@ __all__ = [
     "PeerFailure",
     "Runtime",
     "all_ranks",
+    "GradientBuckets",
     "all_reduce_gradients",
     "all_reduce_sum",
     "any_rank",

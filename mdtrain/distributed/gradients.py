@@ -52,44 +52,60 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
                 tensor.data.copy_(moved)
 
 
-def all_reduce_gradients(
-    params: Iterable[torch.nn.Parameter], world_size: int | None = None, bucket_mb: float = 25.0
-) -> None:
-    """Average ``.grad`` over ranks with few flattened all-reduces (buckets per dtype/device).
+class GradientBuckets:
+    """Flat buffers for averaging gradients over ranks, allocated once, before training: a
+    step then allocates nothing to communicate, so an allocation failure cannot strike one
+    rank on its way into a collective the others are already waiting in.
 
-    A parameter that needs a gradient but has none gets zeros, so every rank builds the same
-    buckets (a rank whose batch missed a parameter must still take part). For micro-batch
-    accumulation call it once, after the last backward.
+    Buckets of at most ``bucket_mb`` per dtype and device, in parameter order.
     """
-    world = get_world_size() if world_size is None else world_size
-    if world == 1 or not group_active():
-        return
-    grads: list[torch.Tensor] = []
-    for p in params:
-        if not p.requires_grad:
-            continue
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    limit = max(int(bucket_mb * 2**20), 1)
-    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
-    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
-    for g in grads:
-        key = (g.dtype, g.device)
-        groups = buckets.setdefault(key, [[]])
-        nbytes = g.numel() * g.element_size()
-        if groups[-1] and sizes.get(key, 0) + nbytes > limit:
-            groups.append([])
-            sizes[key] = 0
-        groups[-1].append(g)
-        sizes[key] = sizes.get(key, 0) + nbytes
-    for groups in buckets.values():
-        for bucket in groups:
-            flat = torch.cat([g.reshape(-1) for g in bucket])
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], bucket_mb: float = 25.0) -> None:
+        limit = max(int(bucket_mb * 2**20), 1)
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        open_bucket: dict[tuple[torch.dtype, torch.device], int] = {}  # key -> bucket index
+        sizes: dict[int, int] = {}
+        for p in params:
+            if not p.requires_grad:
+                continue
+            key, nbytes = (p.dtype, p.device), p.numel() * p.element_size()
+            index = open_bucket.get(key)
+            if index is None or (self.buckets[index] and sizes[index] + nbytes > limit):
+                index = open_bucket[key] = len(self.buckets)
+                self.buckets.append([])
+                sizes[index] = 0
+            self.buckets[index].append(p)
+            sizes[index] += nbytes
+        self.flats = [
+            torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+            for b in self.buckets
+        ]
+
+    def all_reduce(self, world: int) -> None:
+        """Average every ``.grad`` over the ``world`` ranks. A parameter that needs a gradient
+        but has none gets zeros, so every rank sends the same buckets (a rank whose batch
+        missed a parameter must still take part)."""
+        for bucket, flat in zip(self.buckets, self.flats, strict=True):
+            for p in bucket:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            torch.cat([p.grad.reshape(-1) for p in bucket], out=flat)
             all_reduce_sum(flat)
             flat /= world
             offset = 0
-            for g in bucket:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
+            for p in bucket:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                 offset += n
+
+
+def all_reduce_gradients(
+    params: Iterable[torch.nn.Parameter], world_size: int | None = None, bucket_mb: float = 25.0
+) -> None:
+    """Average ``.grad`` over ranks with few flattened all-reduces (``GradientBuckets`` made
+    for this one call; a training loop keeps one instead). For micro-batch accumulation call
+    it once, after the last backward."""
+    world = get_world_size() if world_size is None else world_size
+    if world == 1 or not group_active():
+        return
+    GradientBuckets(params, bucket_mb).all_reduce(world)

@@ -96,6 +96,9 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
         reserve_state(self.optimizer)  # no allocation inside a step's parameter update
+        self.grad_buckets = (  # likewise for averaging the gradients over ranks
+            dist_rt.GradientBuckets(self.params) if runtime.world_size > 1 else None
+        )
         ctrl = training.get("batch_controller", {})
         spec = training["training_data"]["batch_size"]
         grow = bool(ctrl.get("grow", False)) and isinstance(spec, str) and spec.startswith("auto")
@@ -186,7 +189,8 @@ class Trainer:
             attempt, len(frames), system.natoms, system.path, dist_rt.any_rank,
             zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
         )  # fmt: skip
-        dist_rt.all_reduce_gradients(self.params, self.rt.world_size)
+        if self.grad_buckets is not None:
+            self.grad_buckets.all_reduce(self.rt.world_size)
         if self.max_norm:
             torch.nn.utils.clip_grad_norm_(self.params, float(self.max_norm))
         self.optimizer.step()
