@@ -5,6 +5,7 @@ kernels, numpy, the BLAS, the optimiser), not only where a test injects a failur
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -81,11 +82,15 @@ def train_limited(config: Path, out: Path, fraction: float, growth: int) -> dict
     past what an idle, warmed-up process holds (0: no limit). Returns the child's exit code,
     its address-space growth, how many out-of-memory events the controller logged, and its
     log."""
+    # one malloc arena: glibc's per-thread arenas reserve 64 MiB of address space each, at
+    # moments that depend on thread timing, which would make the limit's meaning vary
+    env = {**os.environ, "MALLOC_ARENA_MAX": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(config), str(out), str(fraction), str(growth)],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     lines = proc.stdout.strip().splitlines()
     report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {"code": None}

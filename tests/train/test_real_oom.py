@@ -33,25 +33,28 @@ def recovers(project, fraction: float) -> dict:
     root, config, reference = project
     out = root / f"limit-{fraction:.2f}"
     run = train_limited(config, out, fraction, reference["growth"])
-    assert run["returncode"] == 0 and run["code"] == 0, run["log"][-3000:]
+    assert run["returncode"] == 0 and run["code"] == 0, (fraction, run["log"][-3000:])
     expected = (root / "unlimited" / "lcurve.out").read_bytes()
     assert (out / "lcurve.out").read_bytes() == expected
     return run
 
 
 def test_training_recovers_from_real_allocation_failures(project):
-    run = recovers(project, 0.5)
+    run = recovers(project, 0.65)
     assert run["ooms"] >= 1  # the limit really cut: the batch ran split
 
 
 @pytest.mark.slow
 def test_limit_sweep_recovers_wherever_memory_runs_out(project):
-    """Limits from 40 % to 80 % of what the batch needs: failures land in different places
-    (the embedding tape, the descriptor, the backward, pair vectors, batch assembly, the
-    validation batch) and every run ends with the unlimited lcurve."""
+    """Limits from 55 % to 95 % of what the unlimited run grew by (at 50 % a single frame
+    sometimes no longer fits: the model, optimiser, caches and statistics take the rest, and
+    the run ends with that one-line error): failures land
+    in different places (the embedding tape, the compiled kernels, the descriptor, the
+    fitting node, the backward, batch assembly, the validation batch) and every run ends with
+    the unlimited lcurve."""
     sites: set[str] = set()
     validation = 0
-    for percent in range(40, 85, 5):
+    for percent in range(55, 100, 5):
         run = recovers(project, percent / 100)
         found = re.findall(r"(?:micro-batch\(es\)\) at|out of memory at) ([\w.]+):", run["log"])
         sites.update(found)
