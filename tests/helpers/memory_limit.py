@@ -43,7 +43,8 @@ print(json.dumps({"code": code, "growth": status("VmPeak:") - base}))
 
 def write_alloy_project(root: Path, batch_size: int = 16, numb_steps: int = 4) -> Path:
     """A periodic 32-atom two-element fcc crystal (jiggled), 32 labelled frames, and an input
-    whose batch needs several times the memory of one frame; returns the input path."""
+    whose batch needs several times the memory of one frame (validation batches twice that);
+    returns the input path."""
     rng = np.random.default_rng(0)
     a = 3.7
     base = np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]])
@@ -68,7 +69,9 @@ def write_alloy_project(root: Path, batch_size: int = 16, numb_steps: int = 4) -
                  "start_pref_f": 1000, "limit_pref_f": 1},
         "training": {
             "training_data": {"systems": ["alloy"], "batch_size": batch_size},
-            "validation_data": {"systems": ["alloy"], "batch_size": batch_size, "numb_btch": 1},
+            # validation batches twice the training batch: near the limit they need chunking
+            "validation_data": {"systems": ["alloy"], "batch_size": 2 * batch_size,
+                                "numb_btch": 1},
             "numb_steps": numb_steps, "seed": 3, "disp_freq": 2, "save_freq": 1000,
         },
     }  # fmt: skip
