@@ -40,22 +40,21 @@ def recovers(project, fraction: float) -> dict:
 
 
 def test_training_recovers_from_real_allocation_failures(project):
-    run = recovers(project, 0.8)
+    run = recovers(project, 0.6)
     assert run["ooms"] >= 1  # the limit really cut: the batch ran split
 
 
 @pytest.mark.slow
 def test_limit_sweep_recovers_wherever_memory_runs_out(project):
-    """Limits from 70 % to 95 % of what the unlimited run grew by. (At 65 % about one run in
-    six keeps failing down to single frames and ends with that one-line error, where the
-    others recover with 2 or 8 micro-batches: memory is not all given back after a failed
-    attempt; an open problem, see docs/batch-size.md.) Failures land
-    in different places (the embedding tape, the compiled kernels, the descriptor, the
-    fitting node, the backward, batch assembly, the validation batch) and every run ends with
-    the unlimited lcurve."""
+    """Limits from 50 % to 95 % of what the unlimited run grew by: failures land in
+    different places (the embedding tape, the compiled kernels, the descriptor, the fitting
+    node, the backward, batch assembly, the validation batch) and every run ends with the
+    unlimited lcurve. (Before the row-gradient nodes stopped keeping graph-carrying tensors,
+    an out-of-memory error between their two backwards leaked the whole tape, and about one
+    run in six kept failing down to single frames.)"""
     sites: set[str] = set()
     validation = 0
-    for percent in range(70, 100, 5):
+    for percent in range(50, 100, 5):
         run = recovers(project, percent / 100)
         found = re.findall(r"(?:micro-batch\(es\)\) at|out of memory at) ([\w.]+):", run["log"])
         sites.update(found)

@@ -295,7 +295,10 @@ class _RowGrad(torch.autograd.Function):
         zr = rows.transpose(1, 2) * z[:, :, :1]  # (B, n, 4)
         tbar_grad = torch.bmm(z.transpose(1, 2), value).baddbmm_(zr.transpose(1, 2), slope)
         if producer is not None and isinstance(producer, _EmbedContract._backward_cls):
-            producer.row_grad = (z, zr, tbar)
+            # detached: the node keeps them until its own backward, and a graph-carrying tbar
+            # would tie it into a cycle autograd's nodes hide from Python's collector (after
+            # an out-of-memory error between the two backwards, the whole tape would leak)
+            producer.row_grad = (z.detach(), zr.detach(), tbar.detach())
             return tbar_grad, None, None, None
         gv = torch.bmm(z, tbar)
         gs = torch.bmm(zr, tbar)

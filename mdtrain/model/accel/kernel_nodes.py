@@ -188,5 +188,5 @@ class _KernelRowGrad(torch.autograd.Function):
             raise RuntimeError("compiled row gradients need G and dG/ds from the kernels' node")
         z = z.contiguous()
         tbar_grad = ctx.kernels.row_grad_tbar(z, value, slope, rows, ctx.plan)
-        producer.row_grad = (z, tbar)
+        producer.row_grad = (z.detach(), tbar.detach())  # no cycle: see embedding_nodes
         return tbar_grad, None, None, None, None, None
