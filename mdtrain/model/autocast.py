@@ -17,10 +17,11 @@ from mdtrain.model.energy import EnergyModel
 from mdtrain.model.network import EmbeddingNet, FittingNet
 
 
-class Bf16EmbeddingNet(EmbeddingNet):
-    """An ``EmbeddingNet`` (its own layers, shared) with its products in bfloat16."""
+class Bf16Autocast(nn.Module):
+    """Mixed into a net class: the wrapped net's own layers (shared), its forward under
+    bfloat16 autocast and its output back in the input's dtype."""
 
-    def __init__(self, net: EmbeddingNet, device_type: str) -> None:
+    def __init__(self, net: nn.Module, device_type: str) -> None:
         nn.Module.__init__(self)
         self.layers = net.layers
         self.device_type = device_type
@@ -31,18 +32,12 @@ class Bf16EmbeddingNet(EmbeddingNet):
         return y.to(x.dtype)
 
 
-class Bf16FittingNet(FittingNet):
-    """A ``FittingNet`` (its own layers, shared) with its products in bfloat16."""
+class Bf16EmbeddingNet(Bf16Autocast, EmbeddingNet):
+    """An ``EmbeddingNet`` with its products in bfloat16."""
 
-    def __init__(self, net: FittingNet, device_type: str) -> None:
-        nn.Module.__init__(self)
-        self.layers = net.layers
-        self.device_type = device_type
 
-    def forward(self, x: Tensor) -> Tensor:
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            y = super().forward(x)
-        return y.to(x.dtype)
+class Bf16FittingNet(Bf16Autocast, FittingNet):
+    """A ``FittingNet`` with its products in bfloat16."""
 
 
 def use_bf16(model: EnergyModel, device_type: str) -> int:
@@ -67,4 +62,4 @@ def use_bf16(model: EnergyModel, device_type: str) -> int:
 
 def uses_bf16(model: nn.Module) -> bool:
     """Whether ``model``'s nets run under bfloat16 autocast."""
-    return any(isinstance(m, (Bf16EmbeddingNet, Bf16FittingNet)) for m in model.modules())
+    return any(isinstance(m, Bf16Autocast) for m in model.modules())

@@ -28,7 +28,7 @@ from mdtrain.model.accel.embedding_nodes import TorchEmbedding
 from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
-from mdtrain.model.autocast import Bf16EmbeddingNet, Bf16FittingNet, use_bf16, uses_bf16
+from mdtrain.model.autocast import Bf16Autocast, use_bf16, uses_bf16
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
 
@@ -109,7 +109,7 @@ def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Mo
     if not isinstance(model, EnergyModel) or model.backend != "kernels" or device.type == "cpu":
         moved = model.to(device)
         for net in moved.modules():
-            if isinstance(net, (Bf16EmbeddingNet, Bf16FittingNet)):
+            if isinstance(net, Bf16Autocast):
                 net.device_type = device.type  # autocast where the net now runs
         return moved
     rebuilt = build_model(model.get_model_config(), device)
