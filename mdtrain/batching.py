@@ -42,18 +42,6 @@ class Batch:
     def inputs(self) -> tuple:
         return self.coord, self.atype, self.box, self.nlist, self.shift
 
-    def select(self, frames: slice) -> Batch:
-        """A micro-batch: the same system, a contiguous slice of its frames."""
-        return Batch(
-            system=self.system,
-            coord=self.coord[frames],
-            atype=self.atype,
-            box=None if self.box is None else self.box[frames],
-            nlist=self.nlist[frames],
-            shift=self.shift[frames],
-            labels={k: v[frames] for k, v in self.labels.items()},
-        )
-
 
 class NeighborListCache:
     """Neighbour lists of frames already seen, kept compactly (int32 indices, int8 image

@@ -63,17 +63,30 @@ def choose_backend(
     choice = (forced or os.environ.get(BACKEND_ENV, "") or "auto").strip().lower()
     if choice not in ("auto", *BACKENDS):
         raise MDTrainError(f"{BACKEND_ENV}={choice!r} is not one of auto, {', '.join(BACKENDS)}")
-    problems = {"reference": None, "fused": explicit_problem(config, mixed_precision)}
-    problems["kernels"] = problems["fused"] or _kernel_problem(device)
     if choice != "auto":
-        if problems[choice]:
-            raise MDTrainError(f"model backend {choice!r} cannot run here: {problems[choice]}")
+        problem = _problem(choice, config, device, mixed_precision)
+        if problem:
+            raise MDTrainError(f"model backend {choice!r} cannot run here: {problem}")
         return choice, "forced"
-    for name in BACKENDS:
-        if problems[name] is None:
-            skipped = [f"{n}: {problems[n]}" for n in BACKENDS[: BACKENDS.index(name)]]
+    skipped = []
+    for name in BACKENDS:  # in order, so the kernels are only loaded when they would be used
+        problem = _problem(name, config, device, mixed_precision)
+        if problem is None:
             return name, "; ".join(skipped) or "first choice"
+        skipped.append(f"{name}: {problem}")
     raise AssertionError("the reference backend always runs")
+
+
+def _problem(
+    name: str, config: dict, device: torch.device, mixed_precision: str | None
+) -> str | None:
+    """Why backend ``name`` cannot run this model on ``device``, or None."""
+    if name == "reference":
+        return None
+    explicit = explicit_problem(config, mixed_precision)
+    if explicit or name == "fused":
+        return explicit
+    return _kernel_problem(device)
 
 
 def build_model(

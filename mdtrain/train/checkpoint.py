@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.memory import is_oom_error, release_memory
 from mdtrain.model.files import FORMAT, VERSION, checkpoint_io_error, load_checkpoint
 
 log = logging.getLogger("mdtrain.checkpoint")
@@ -94,12 +95,19 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     """Atomically write ``state`` (plus ``format``/``version``) to ``path``.
 
     A full disk or any other I/O failure raises `MDTrainError` naming the file; the temporary
-    file is removed and a previous file under ``path`` stays intact.
+    file is removed and a previous file under ``path`` stays intact. Running out of memory
+    while writing is retried once, after releasing memory.
     """
     path = os.fspath(path)
     payload = {**state, "format": FORMAT, "version": VERSION}
     try:  # streamed into the file: no second copy of the checkpoint in memory
-        _atomic_write(path, lambda f: torch.save(payload, f))
+        try:
+            _atomic_write(path, lambda f: torch.save(payload, f))
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            release_memory()  # what a training step left behind; then once more
+            _atomic_write(path, lambda f: torch.save(payload, f))
     except OSError as exc:
         raise checkpoint_io_error(path, exc) from exc
 

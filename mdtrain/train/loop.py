@@ -18,7 +18,7 @@ from mdtrain.batching import Batch, NeighborListCache, make_batch
 from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
-from mdtrain.memory import InferenceChunker, is_oom_error, maybe_simulate_oom, release_memory
+from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
@@ -241,13 +241,7 @@ class Trainer:
             try:
                 state = self.state_dict()
                 state["controller_state"] = controller_state
-                try:
-                    path = self.ckpt.save(self.step, state)
-                except Exception as exc:
-                    if not is_oom_error(exc):
-                        raise
-                    release_memory()  # what a step left behind; then once more
-                    path = self.ckpt.save(self.step, state)
+                path = self.ckpt.save(self.step, state)
             except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
                 error = exc
         if dist_rt.any_rank(error is not None):
