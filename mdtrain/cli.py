@@ -78,17 +78,24 @@ def build_parser() -> argparse.ArgumentParser:
         "loading its weights into the faster eager model",
     )
 
-    p = sub.add_parser("freeze", help="export a checkpoint to TorchScript")
+    p = sub.add_parser(
+        "freeze", help="export a model: TorchScript (.pth) or DeePMD-kit's model file (.dp)"
+    )
     p.add_argument(
         "checkpoint",
         nargs="?",
-        help="checkpoint (.pt), or a training output directory (its model.ckpt.pt)",
+        help="checkpoint (.pt), a DeePMD-kit model (.dp), or a training output directory "
+        "(its model.ckpt.pt)",
     )
     p.add_argument(
         "-c", "--checkpoint", dest="checkpoint_option", metavar="CHECKPOINT",
         help="the same, DeePMD-kit's spelling (default: the current directory)",
     )  # fmt: skip
-    p.add_argument("-o", "--output", default="model.pth", help="TorchScript file to write")
+    p.add_argument(
+        "-o", "--output", default="model.pth",
+        help="file to write: *.dp is DeePMD-kit's model file (for dp, LAMMPS via "
+        "`dp convert-backend`), anything else TorchScript",
+    )  # fmt: skip
 
     p = sub.add_parser("plot", help="plot learning curves from lcurve.out")
     p.add_argument("lcurve", nargs="?", default="lcurve.out")
@@ -102,7 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--type-map", nargs="+", help="element order of type.raw")
     p.add_argument("--valid-fraction", type=float, default=0.0, help="frames held out")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
-    p.add_argument("--set-size", type=int, default=5000, help="frames per set.* directory")
+    p.add_argument(
+        "--set-size", type=int, help="frames per set.* (default 5000; --pack: the sources' sets)"
+    )
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="copy deepmd systems as they are into one HDF5 file, one group each, streamed",
+    )
+    p.add_argument(
+        "--compression", choices=["none", "lzf", "gzip"], help="with --pack (default none)"
+    )
     return parser
 
 

@@ -1,5 +1,6 @@
-"""``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``: a checkpoint → a TorchScript file, written by
-`mdtrain.infer.freeze`."""
+"""``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``: a checkpoint (or a DeePMD-kit ``.dp`` model)
+→ the file the output's suffix names: ``.dp`` is DeePMD-kit's model file
+(`mdtrain.model.deepmd_file`), anything else mdtrain's TorchScript file (`mdtrain.infer.freeze`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import freeze_model
 from mdtrain.infer.load import is_torchscript, model_from_checkpoint
-from mdtrain.model.files import load_checkpoint
+from mdtrain.model.deepmd_file import tf_conversion_caveats, write_dp
+from mdtrain.model.files import load_model_file
 from mdtrain.outputs import check_output_file
 
 log = logging.getLogger("mdtrain.freeze")
@@ -26,9 +28,14 @@ def run_freeze(args: argparse.Namespace) -> int:
         checkpoint = os.path.join(checkpoint, "model.ckpt.pt")
     if is_torchscript(checkpoint):
         raise MDTrainError(f"checkpoint {checkpoint}: already a frozen (TorchScript) model")
-    state = load_checkpoint(checkpoint, map_location="cpu")
+    state = load_model_file(checkpoint)
     model = model_from_checkpoint(state, f"checkpoint {checkpoint}")
-    freeze_model(model, args.output, {"step": int(state.get("step", 0))})
+    if args.output.endswith(".dp"):
+        write_dp(model, args.output, state.get("min_nbor_dist"))
+        for caveat in tf_conversion_caveats(model):
+            log.warning("%s", caveat)
+    else:
+        freeze_model(model, args.output, {"step": int(state.get("step", 0))})
     log.info(
         "froze %s (step %s, type_map %s, rcut %g, sel %s) to %s",
         checkpoint,

@@ -1,4 +1,5 @@
-"""Load a model for inference from a checkpoint (.pt) or a frozen TorchScript file (.pth).
+"""Load a model for inference from a checkpoint (.pt), a frozen TorchScript file (.pth) or a
+DeePMD-kit model file (.dp, ``mdtrain.model.deepmd_file``).
 
 Both kinds are zip archives; a TorchScript archive is recognised by its ``constants.pkl``
 or ``code/`` entries, whatever the file is called. Checkpoints are read with
@@ -79,12 +80,15 @@ def load_model(
 ) -> torch.nn.Module:
     """The model stored in ``path`` (checkpoint or frozen), on ``device``, in eval mode; a
     frozen one as its TorchScript module only with ``scripted`` (see the module docstring)."""
+    from mdtrain.model.deepmd_file import is_dp_file, load_dp
     from mdtrain.model.files import load_checkpoint
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise MDTrainError(f"model {path}: file not found")
-    if is_torchscript(path):
+    if is_dp_file(path):
+        model = model_from_checkpoint(load_dp(path), f"model {path}", device)
+    elif is_torchscript(path):
         # the eager model only borrows the frozen weights: read them on the CPU, copied once
         model, metadata = _load_frozen(path, device if scripted else "cpu")
         if not scripted and "model_config" in metadata:

