@@ -200,7 +200,9 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
         "fitting": fitting,
         "@variables": {
             "out_bias": _array(model.out_bias, torch.float64).reshape(1, ntypes, 1),
-            "out_std": _array(model.out_std, torch.float64).reshape(1, ntypes, 1),
+            # ones: DeePMD-kit's dpmodel/PyTorch energy models never apply out_std, but its
+            # TensorFlow backend (the .pb of convert-backend) multiplies atom energies by it
+            "out_std": np.ones((1, ntypes, 1)),
         },
     }
 
