@@ -15,7 +15,8 @@ One job a module; import the names from here:
 - ``runtime``: ``init_distributed`` forms the process group; ``Runtime`` shuts it down.
 - ``failures``: a failure on one rank ends every rank within seconds, with its message.
 - ``collectives``: rank, barrier, broadcasts, sums, flags, ``run_on_main``.
-- ``gradients``: DDP, parameter broadcast, bucketed gradient averaging.
+- ``gradients``: DDP, parameter broadcast, bucketed gradient averaging (overlapped with
+  the backward, or after it).
 """
 
 from mdtrain.distributed.backend import BACKENDS, choose_backend, resolve_backend_request
@@ -33,6 +34,7 @@ from mdtrain.distributed.collectives import (
 from mdtrain.distributed.device import select_device
 from mdtrain.distributed.failures import PeerFailure
 from mdtrain.distributed.gradients import (
+    DEFAULT_BUCKET_MB,
     GradientBuckets,
     all_reduce_gradients,
     broadcast_module,
@@ -44,6 +46,7 @@ from mdtrain.distributed.runtime import Runtime, init_distributed
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BUCKET_MB",
     "DEFAULT_PORT",
     "LaunchEnv",
     "PeerFailure",

@@ -190,6 +190,7 @@ class MicroBatchController:
         any_rank: Callable[[bool], bool] = _local_only,
         *,
         zero_grad: Callable[[], None] | None = None,
+        before_vote: Callable[[], None] | None = None,
     ) -> Any:
         """Run one training step's local work, retrying with smaller micro-batches on OOM.
 
@@ -202,6 +203,11 @@ class MicroBatchController:
         shrink it. ``zero_grad`` is called before every attempt of this rank. A rank whose
         attempt succeeded keeps its gradients while others retry. The caller all-reduces the
         gradients and steps the optimiser after this returns.
+
+        ``before_vote()`` is called on every rank once per attempt, just before the attempt's
+        vote, whether this rank attempted, succeeded or failed: the trainer completes there
+        the gradient all-reduces its backward started (see ``GradientBuckets``), so that every
+        rank has issued the same collectives when it votes.
 
         An exception that is not an OOM propagates at once on the rank that raised it.
         """
@@ -225,6 +231,8 @@ class MicroBatchController:
                     )  # fmt: skip
                 if done:
                     self.on_success(nframes, natoms, count)
+            if before_vote is not None:
+                before_vote()
             if not any_rank(oom):
                 self.on_step()
                 return result

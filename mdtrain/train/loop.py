@@ -96,8 +96,16 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
         reserve_state(self.optimizer)  # no allocation inside a step's parameter update
+        spread = training.get("distributed", {})
+        self.overlap_comm = runtime.world_size > 1 and bool(spread.get("overlap_comm", True))
         self.grad_buckets = (  # likewise for averaging the gradients over ranks
-            dist_rt.GradientBuckets(self.params) if runtime.world_size > 1 else None
+            dist_rt.GradientBuckets(
+                self.params,
+                float(spread.get("bucket_mb", dist_rt.DEFAULT_BUCKET_MB)),
+                overlap=self.overlap_comm,
+            )
+            if runtime.world_size > 1
+            else None
         )
         ctrl = training.get("batch_controller", {})
         spec = training["training_data"]["batch_size"]
@@ -175,26 +183,38 @@ class Trainer:
 
         def attempt(slices: list[slice]) -> dict[str, float]:
             parts = []
-            for part, weight in zip(slices, frame_weights(slices, len(frames))):
+            for k, (part, weight) in enumerate(zip(slices, frame_weights(slices, len(frames)))):
                 micro = self._batch(system, frames[part])
                 maybe_simulate_oom(micro.nframes * micro.natoms, self.rt.rank)
                 pred = self.model(*micro.inputs())
                 loss, metrics = self.loss(pred, micro.labels, micro.natoms, lr, weight=weight)
-                loss.backward()
+                with self._communicating(last=k == len(slices) - 1):
+                    loss.backward()
                 del pred, loss
                 parts.append((metrics, weight))
             return merge_metrics(parts)
 
+        buckets = self.grad_buckets
         metrics = self.controller.run_step(
             attempt, len(frames), system.natoms, system.path, dist_rt.any_rank,
             zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
+            before_vote=buckets.launch_rest if self.overlap_comm else None,
         )  # fmt: skip
-        if self.grad_buckets is not None:
-            self.grad_buckets.all_reduce(self.rt.world_size)
+        if buckets is not None and self.overlap_comm:
+            buckets.finish(self.rt.world_size)  # launched during (and after) the last backward
+        elif buckets is not None:
+            buckets.all_reduce(self.rt.world_size)
         if self.max_norm:
             torch.nn.utils.clip_grad_norm_(self.params, float(self.max_norm))
         self.optimizer.step()
         return metrics
+
+    def _communicating(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around a backward: the step's last one (its gradients are then complete) launches
+        the gradient all-reduces as the buckets fill, when overlapping is on."""
+        if last and self.overlap_comm:
+            return self.grad_buckets.launching()
+        return contextlib.nullcontext()
 
     def validate(self, lr: float) -> dict[str, float] | None:
         """Errors on ``numb_btch`` validation batches, pooled as sums over every rank. A batch
