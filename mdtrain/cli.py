@@ -52,7 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model (also under torchrun, srun or mpirun)")
     p.add_argument("input", help="input.json")
     p.add_argument("--restart", metavar="CKPT", help='checkpoint to continue from, or "auto"')
-    p.add_argument("--init-model", metavar="CKPT", help="start from the weights of a checkpoint")
+    p.add_argument(
+        "--init-model", metavar="MODEL",
+        help="start from the weights and statistics of a checkpoint or a DeePMD-kit .dp model",
+    )  # fmt: skip
+    p.add_argument(
+        "--finetune", metavar="MODEL",
+        help="fine-tune a checkpoint or DeePMD-kit .dp model on this input's data: its "
+        "architecture, its nets for the elements it knows, the input's type_map, the energy "
+        "bias refitted",
+    )  # fmt: skip
     p.add_argument(
         "--backend", choices=["auto", "nccl", "gloo", "mpi"], help="process-group backend"
     )

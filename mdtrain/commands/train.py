@@ -8,13 +8,14 @@ from mdtrain.train.run import TrainRequest, run_training
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain train INPUT [-o DIR] [--restart CKPT | --init-model CKPT] ...``."""
+    """Entry point of ``mdtrain train INPUT [-o DIR] [--restart CKPT | --init-model M | --finetune M]``."""
     run_training(
         TrainRequest(
             input_path=args.input,
             output_dir=args.output_dir,
             restart=args.restart,
             init_model=args.init_model,
+            finetune=args.finetune,
             backend=args.backend,
             mixed_precision=args.mixed_precision,
             neighbor_stat_file=args.neighbor_stat_file,

@@ -23,12 +23,13 @@ from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_model
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
-from mdtrain.model.files import load_checkpoint
+from mdtrain.model.files import load_checkpoint, load_model_file
 from mdtrain.model.stat_file import read_stat_file
 from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.outputs import check_output_dir, check_output_file
 from mdtrain.train.checkpoint import CheckpointManager
+from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
 from mdtrain.train.loop import Trainer, seed_everything
 from mdtrain.train.loss import one_sided_terms
 from mdtrain.train.precision import check_networks, mode_of
@@ -54,7 +55,8 @@ class TrainRequest:
     input_path: str  # input.json
     output_dir: str = "."  # where checkpoints and logs go
     restart: str | None = None  # checkpoint to continue from, or "auto"
-    init_model: str | None = None  # checkpoint whose weights the run starts from
+    init_model: str | None = None  # checkpoint or .dp model whose weights the run starts from
+    finetune: str | None = None  # checkpoint or .dp model to fine-tune (mdtrain.train.finetune)
     backend: str | None = None  # process-group backend ("auto", "nccl", "gloo", "mpi")
     mixed_precision: str | None = None  # overrides training.mixed_precision ("off", ...)
     neighbor_stat_file: str | None = None  # a file written by `mdtrain neighbor-stat`
@@ -85,14 +87,17 @@ def _resolve_restart(
     else start from the given weights; a job script can pass both on every submission.
     """
     restart, relaunched = _restart_request(request, training)
-    init_model = request.init_model
+    if request.init_model and request.finetune:
+        raise MDTrainError("--init-model and --finetune exclude each other")
+    init_model = request.init_model or request.finetune
+    option = "--finetune" if request.finetune else "--init-model"
     if restart == "auto":
         manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
         found = dist_rt.run_on_main(manager.latest)
         if found:
             log.info("restart auto: continuing from %s", found)
             if init_model:
-                log.info("restart auto: --init-model %s is not used", init_model)
+                log.info("restart auto: %s %s is not used", option, init_model)
             return found, None
         if relaunched and (request.restart or training.get("restart")) not in (None, "auto"):
             restart = request.restart or training.get("restart")
@@ -102,7 +107,7 @@ def _resolve_restart(
                  f"from {init_model}" if init_model else "fresh")  # fmt: skip
         return None, init_model
     if restart and init_model:
-        raise MDTrainError("--restart and --init-model exclude each other")
+        raise MDTrainError(f"--restart and {option} exclude each other")
     return restart, init_model
 
 
@@ -207,12 +212,18 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
                 log.warning("%s", message)
         # everything up to the statistics checks the input; nothing in out_dir changes before
         restart, init_model = _resolve_restart(request, training, out_dir)
-        state = load_checkpoint(restart or init_model) if (restart or init_model) else None
+        finetune = init_model if init_model and request.finetune else None
+        init_model = None if finetune else init_model
+        state = load_checkpoint(restart) if restart else None
+        if init_model or finetune:
+            state = load_model_file(init_model or finetune)
         if restart:
             _check_compatible(state, config["model"], restart)
             config["model"] = state["model_config"]  # sel and sizes of the run being continued
         elif init_model:
             config = _init_model_config(config, state, init_model)
+        elif finetune:
+            config = finetune_config(config, state, finetune)
         check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
         data = open_datasets(config, request.input_path)
         check_samplers(config, request.input_path, data, runtime.world_size)
@@ -229,6 +240,8 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
                 request.neighbor_stat_file,
                 request.skip_neighbor_stat,
             )
+        if finetune:
+            config = pin_pretrained_sel(config, state)
         training = config["training"]  # resolve_model_sel returns a new config
         if training.get("seed") is None:
             training["seed"] = dist_rt.run_on_main(_random_seed)  # the same on every rank
@@ -242,6 +255,9 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
         model = build_model(config["model"], runtime.device, precision)
         if init_model:
             _load_weights(model, state, init_model)
+        elif finetune:
+            nbatch = int(config["model"].get("data_stat_nbatch", 10))
+            dist_rt.run_on_main(load_pretrained, model, state, data.train, nbatch)
         elif not restart:
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
             dist_rt.run_on_main(compute_or_load_stats, model, data.train, stat_file, nbatch)

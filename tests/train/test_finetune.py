@@ -1,0 +1,183 @@
+"""``--finetune`` and ``--init-model`` with mdtrain checkpoints and ``.dp`` files: a model trained
+on the water project, fine-tuned on a copy of its data with the type_map reversed, keeps every
+net and statistic under the new type indices, its forces unchanged, and its energy bias refitted
+to the least-squares correction of the new data; new elements get fresh nets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.cli import main
+from mdtrain.errors import MDTrainError
+from mdtrain.infer.load import load_model
+from mdtrain.model.backend import build_model
+from mdtrain.model.files import load_model_file
+from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
+from mdtrain.train.prepare import open_datasets
+from tests.helpers.models import evaluate
+from tests.helpers.training import make_project
+
+SYSTEMS = ("train_a", "train_b", "valid")
+
+
+def train(input_path: Path, *extra: str) -> int:
+    return main(["train", str(input_path), "-o", str(input_path.parent / "out"), *extra])
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["one_side", "two_side"])
+def pretrained(request, tmp_path_factory) -> Path:
+    """A checkpoint trained a few steps on the water project (O, H)."""
+    root = tmp_path_factory.mktemp("pretrained")
+    inp = make_project(root, numb_steps=4)
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"]["type_one_side"] = request.param
+    config["model"]["data_stat_nbatch"] = 100  # every frame: the bias fit below uses them all
+    inp.write_text(json.dumps(config))
+    assert train(inp) == 0
+    return root / "out" / "model.ckpt.pt"
+
+
+def reversed_copy(src: Path, dst: Path, type_map: list[str]) -> Path:
+    """The project with type indices swapped (O=1, H=0) and the input's type_map ``type_map``."""
+    for name in SYSTEMS:
+        shutil.copytree(src / "data" / name, dst / "data" / name)
+        types = np.loadtxt(dst / "data" / name / "type.raw", dtype=int)
+        np.savetxt(dst / "data" / name / "type.raw", 1 - types, fmt="%d")
+        (dst / "data" / name / "type_map.raw").write_text("H\nO\n")
+    config = json.loads((src / "input.json").read_text())
+    config["model"]["type_map"] = type_map
+    config["model"]["descriptor"]["seed"] = 11
+    config["training"]["numb_steps"] = 2
+    (dst / "input.json").write_text(json.dumps(config))
+    return dst / "input.json"
+
+
+def finetuned(inp: Path, source: Path) -> tuple[torch.nn.Module, dict, list]:
+    """The model ``--finetune source`` starts training from, built as the run builds it."""
+    from mdtrain.config import load_config
+    from mdtrain.train.prepare import resolve_model_sel
+
+    pre = load_model_file(source)
+    config = finetune_config(load_config(str(inp)), pre, str(source))
+    data = open_datasets(config, str(inp))
+    config = pin_pretrained_sel(resolve_model_sel(config, str(inp), data, None, False), pre)
+    model = build_model(config["model"], "cpu")
+    load_pretrained(model, pre, data.train, int(config["model"]["data_stat_nbatch"]))
+    return model, pre, data.train
+
+
+def frames(system) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float]]:
+    data = system.frames(np.arange(system.nframes))
+    atype = np.asarray(system.atype)
+    return [
+        (data["coord"][f], data["box"][f], atype, float(data["energy"][f]))
+        for f in range(system.nframes)
+    ]
+
+
+def test_reversed_type_map_keeps_the_model(pretrained, tmp_path):
+    """Same forces on the same atoms; energies shifted by N·δ with δ the minimum-norm
+    least-squares fit of label − prediction over the new data (computed here with numpy)."""
+    inp = reversed_copy(pretrained.parent.parent, tmp_path, ["H", "O"])
+    model, pre, systems = finetuned(inp, pretrained)
+    old = load_model(pretrained)
+    old_state, new_state = pre["model_state"], model.state_dict()
+    for t_new, t_old in ((0, 1), (1, 0)):
+        for key in [k for k in new_state if k.startswith(f"fitting.networks.{t_new}.")]:
+            old_key = f"fitting.networks.{t_old}." + key.split(".", 3)[3]
+            assert torch.equal(new_state[key], old_state[old_key]), key
+    rows, residuals, predicted_old = [], [], []
+    for system in systems:
+        for coord, box, atype, label in frames(system):
+            new_out = evaluate(model, coord, box, atype)
+            old_out = evaluate(old, coord, box, 1 - atype)  # the same atoms, old indices
+            np.testing.assert_allclose(new_out["force"], old_out["force"], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(new_out["virial"], old_out["virial"], rtol=0, atol=1e-11)
+            rows.append(np.bincount(atype, minlength=2).astype(float))
+            residuals.append(label - float(old_out["energy"]))
+            predicted_old.append(float(old_out["energy"]))
+    delta = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
+    expected_bias = old_state["out_bias"].numpy()[[1, 0]] + delta
+    np.testing.assert_allclose(model.out_bias.numpy(), expected_bias, rtol=1e-9, atol=1e-9)
+    # the refit lowers the energy error on the new data
+    new_err = [
+        label - float(evaluate(model, c, b, a)["energy"])
+        for s in systems
+        for c, b, a, label in frames(s)
+    ]
+    assert np.sqrt(np.mean(np.square(new_err))) <= np.sqrt(np.mean(np.square(residuals))) + 1e-9
+
+
+def test_new_element_gets_fresh_nets(pretrained, tmp_path):
+    inp = reversed_copy(pretrained.parent.parent, tmp_path, ["H", "C", "O"])
+    model, pre, _ = finetuned(inp, pretrained)
+    old_state, state = pre["model_state"], model.state_dict()
+    assert model.type_map == ["H", "C", "O"]
+    old_sel = pre["model_config"]["descriptor"]["sel"]
+    assert [model.sel[0], model.sel[2]] == [old_sel[1], old_sel[0]]
+    assert torch.equal(
+        state["fitting.networks.2.layers.0.weight"], old_state["fitting.networks.0.layers.0.weight"]
+    )
+    assert not torch.equal(
+        state["fitting.networks.1.layers.0.weight"][
+            : old_state["fitting.networks.0.layers.0.weight"].shape[0]
+        ],
+        old_state["fitting.networks.0.layers.0.weight"],
+    )
+    davg_o = state["descriptor.davg"][2, 0, 0]
+    assert float(davg_o) == float(old_state["descriptor.davg"][0, 0, 0])
+    if not model.descriptor.type_one_side:  # (centre O=2, neighbour H=0) <- (O=0, H=1)
+        ntypes, old_n = 3, 2
+        new_key = f"descriptor.networks.{2 + 0 * ntypes}.layers.0.weight"
+        old_key = f"descriptor.networks.{0 + 1 * old_n}.layers.0.weight"
+        assert torch.equal(state[new_key], old_state[old_key])
+
+
+def test_finetune_runs_from_checkpoint_and_dp(pretrained, tmp_path):
+    dp = tmp_path / "pretrained.dp"
+    assert main(["freeze", str(pretrained), "-o", str(dp)]) == 0
+    for source in (pretrained, dp):
+        run = tmp_path / source.suffix.strip(".")
+        inp = reversed_copy(pretrained.parent.parent, run, ["H", "O"])
+        assert train(inp, "--finetune", str(source)) == 0
+        assert (run / "out" / "model.ckpt.pt").exists()
+    # the .dp and the checkpoint hold the same model: the same fine-tuned run
+    a = torch.load(tmp_path / "pt" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
+    b = torch.load(tmp_path / "dp" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
+    for key in a:
+        if key != "out_std":  # a .dp carries no out_std (unused by energy models)
+            torch.testing.assert_close(a[key], b[key], rtol=1e-10, atol=1e-12)
+
+
+def test_init_model_from_dp_equals_checkpoint(pretrained, tmp_path):
+    dp = tmp_path / "pretrained.dp"
+    assert main(["freeze", str(pretrained), "-o", str(dp)]) == 0
+    for source in (pretrained, dp):
+        run = tmp_path / source.suffix.strip(".")
+        shutil.copytree(pretrained.parent.parent / "data", run / "data")
+        config = json.loads((pretrained.parent.parent / "input.json").read_text())
+        config["training"]["numb_steps"] = 1
+        (run / "input.json").write_text(json.dumps(config))
+        assert train(run / "input.json", "--init-model", str(source)) == 0
+    a = torch.load(tmp_path / "pt" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
+    b = torch.load(tmp_path / "dp" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
+    for key in a:
+        if key != "out_std":  # a .dp carries no out_std (unused by energy models)
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_finetune_errors(pretrained, tmp_path, capsys):
+    inp = reversed_copy(pretrained.parent.parent, tmp_path, ["H", "O"])
+    assert train(inp, "--finetune", str(pretrained), "--init-model", str(pretrained)) == 1
+    assert "--init-model and --finetune exclude each other" in capsys.readouterr().err
+    pre = load_model_file(pretrained)
+    config = json.loads(inp.read_text())
+    config["model"]["type_map"] = ["Cu", "Au"]
+    with pytest.raises(MDTrainError, match="no element of the input's type_map"):
+        finetune_config(config, pre, str(pretrained))
