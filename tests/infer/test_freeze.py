@@ -148,7 +148,16 @@ def test_frozen_in_fresh_process_without_mdtrain(frozen, tmp_path):
     assert_same(out, load_model(ckpt)(coord, atype, box, nlist, shift))
 
 
-def test_calculator_accepts_frozen(frozen):
+@pytest.fixture(scope="module")
+def deepmd_file(frozen) -> str:
+    """The same model as DeePMD-kit's model file (``freeze -o *.dp``)."""
+    ckpt, _ = frozen
+    path = os.path.join(os.path.dirname(ckpt), "model.dp")
+    assert main(["freeze", ckpt, "-o", path]) == 0
+    return path
+
+
+def test_calculator_accepts_frozen_and_dp(frozen, deepmd_file):
     from ase import Atoms
 
     from mdtrain.infer.calculator import MDTrainCalculator
@@ -157,21 +166,23 @@ def test_calculator_accepts_frozen(frozen):
     coords, types, boxes = random_water_like(1, 8, 6.4, seed=7)
     symbols = ["O" if t == 0 else "H" for t in types]
     results = []
-    for source in (ckpt, path):
+    for source in (ckpt, path, deepmd_file):
         atoms = Atoms(symbols, positions=coords[0], cell=boxes[0], pbc=True)
         atoms.calc = MDTrainCalculator(source)
         results.append((atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()))
-    (e0, f0, s0), (e1, f1, s1) = results
-    assert abs(e0 - e1) < 1e-10
-    np.testing.assert_allclose(f1, f0, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(s1, s0, rtol=0, atol=1e-12)
+    e0, f0, s0 = results[0]
+    for e1, f1, s1 in results[1:]:
+        assert abs(e0 - e1) < 1e-10
+        np.testing.assert_allclose(f1, f0, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(s1, s0, rtol=0, atol=1e-12)
 
 
-def test_mdtrain_test_accepts_frozen(frozen, tmp_path):
+def test_mdtrain_test_accepts_frozen_and_dp(frozen, deepmd_file, tmp_path):
     ckpt, path = frozen
     system = write_npy_system(tmp_path / "sys", **water_labeled(nframes=3, seed=6))
     figures = []
-    for model, options in ((ckpt, []), (path, []), (path, ["--torchscript"])):
+    runs = ((ckpt, []), (path, []), (path, ["--torchscript"]), (deepmd_file, []))
+    for model, options in runs:
         out = tmp_path / "res.json"
         assert main(["test", "-m", model, "-s", system, "--json", str(out), *options]) == 0
         figures.append(json.loads(out.read_text())["total"])
@@ -188,6 +199,16 @@ def test_freeze_errors(tmp_path, capsys):
     assert main(["freeze", ckpt, "-o", str(tmp_path / "no" / "dir" / "m.pth")]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "m.pth").exists()
+
+
+def test_freeze_dp_to_torchscript(frozen, deepmd_file, tmp_path):
+    """A DeePMD-kit file freezes to TorchScript like a checkpoint (the same outputs)."""
+    ckpt, _ = frozen
+    out = tmp_path / "from_dp.pth"
+    assert main(["freeze", deepmd_file, "-o", str(out)]) == 0
+    args = batch_inputs(True)
+    with torch.enable_grad():
+        assert_same(torch.jit.load(out)(*args), load_model(ckpt)(*args))
 
 
 def test_freeze_refuses_frozen_input(frozen, tmp_path):
