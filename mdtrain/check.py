@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdtrain.config import complete_config, parse_json, resolve_path
+from mdtrain.config.precision import mode_of, network_problem
 from mdtrain.data import expand_systems, open_system, validate_system
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
-from mdtrain.train.precision import mode_of, network_problem
 
 _SECTIONS = ("training_data", "validation_data")
 

@@ -23,43 +23,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import nn
 
+from mdtrain.config.precision import MODES, mode_of, network_problem
 from mdtrain.errors import MDTrainError
 from mdtrain.model.autocast import uses_bf16
 
+__all__ = ["MODES", "check_networks", "mixed_precision", "mode_of", "network_problem"]
+
 log = logging.getLogger("mdtrain")
-
-MODES = ("tf32", "bf16")
-
-
-def mode_of(value: Any) -> str | None:
-    """``"tf32"``, ``"bf16"`` or None (off) for a ``training.mixed_precision`` value: a mode
-    name, or DeePMD's ``{"output_prec": "float32", "compute_prec": "bfloat16"}``."""
-    if isinstance(value, dict):
-        return "bf16" if value.get("compute_prec") == "bfloat16" else None
-    return value if value in MODES else None
-
-
-def network_problem(mode: str | None, model_config: dict, where: str) -> str | None:
-    """Why ``mode`` cannot train this model (its networks must be float32), or None."""
-    if mode is None:
-        return None
-    wide = [
-        f"model.{part}.precision"
-        for part in ("descriptor", "fitting_net")
-        if isinstance(model_config.get(part), dict)
-        and model_config[part].get("precision", "default") in ("default", "float64")
-    ]
-    if not wide:
-        return None
-    return (
-        f'{where} "{mode}" needs float32 networks: set {" and ".join(wide)} to "float32" '
-        "(float64 now)"
-    )
 
 
 def check_networks(mode: str | None, model_config: dict, where: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +146,13 @@ def test_check_systems_names_system_and_frame(tmp_path, label):
     assert len(problems) == 1
     assert str(system) in problems[0] and label in problems[0] and "frame 1" in problems[0]
     assert check_systems([str(make_system(tmp_path / "t"))], ["O", "H"]) == []
+
+
+def test_check_and_neighbor_stat_do_not_import_torch():
+    """Both run before a long job is queued, often on a login node: importing torch costs
+    seconds (ten times that on a loaded machine)."""
+    code = (
+        "import sys, mdtrain.commands.check, mdtrain.commands.neighbor_stat\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
