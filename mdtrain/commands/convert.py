@@ -1,4 +1,5 @@
-"""``mdtrain convert``: DFT/MD outputs → deepmd/npy or deepmd/hdf5, by `mdtrain.data.convert`."""
+"""``mdtrain convert``: DFT/MD outputs → deepmd/npy or deepmd/hdf5, by `mdtrain.data.convert`;
+with ``--pack``, deepmd systems copied as they are into one HDF5 file, by `mdtrain.data.pack`."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ from mdtrain.outputs import check_output_dir, check_output_file
 
 log = logging.getLogger("mdtrain.convert")
 
+DEFAULT_SET_SIZE = 5000
+
 
 def run_convert(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain convert`` (arguments defined in mdtrain/cli.py)."""
     output = args.output
     to = args.to or ("deepmd/hdf5" if output.endswith((".h5", ".hdf5")) else "deepmd/npy")
+    if args.set_size is not None and args.set_size < 1:
+        raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
+    if args.pack:
+        return _run_pack(args, to)
+    if args.compression is not None:
+        raise MDTrainError("--compression: only with --pack")
     if not 0.0 <= args.valid_fraction < 1.0:
         raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
-    if args.set_size < 1:
-        raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
     if to == "deepmd/hdf5":  # checked before any input is read
         check_output_file(output, "-o", create_parents=True)
     else:
@@ -32,10 +39,30 @@ def run_convert(args: argparse.Namespace) -> int:
         type_map=args.type_map,
         valid_fraction=args.valid_fraction,
         seed=args.seed,
-        set_size=args.set_size,
+        set_size=args.set_size or DEFAULT_SET_SIZE,
     )
     for part, group in splits.items():
         total = sum(data.nframes for data in group.values())
         where = f"{output}/{part}" if part else output
         log.info("%s: %d systems, %d frames (%s)", where, len(group), total, to)
+    return 0
+
+
+def _run_pack(args: argparse.Namespace, to: str) -> int:
+    """``--pack``: only the options that keep the data as they are."""
+    from mdtrain.data.pack import pack
+
+    if to != "deepmd/hdf5":
+        raise MDTrainError(f"--pack writes one HDF5 file: -o {args.output} needs .h5 or .hdf5")
+    for given, option in (
+        (args.format != "auto", "-f"),
+        (args.type_map, "-t"),
+        (args.valid_fraction, "--valid-fraction"),
+    ):
+        if given:
+            raise MDTrainError(f"{option}: not with --pack (it copies deepmd systems as they are)")
+    check_output_file(args.output, "-o", create_parents=True)
+    packed = pack(args.inputs, args.output, args.compression or "none", args.set_size)
+    frames = sum(p.nframes for p in packed)
+    log.info("%s: %d systems, %d frames (deepmd/hdf5, packed)", args.output, len(packed), frames)
     return 0

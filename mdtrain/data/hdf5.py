@@ -197,6 +197,17 @@ class H5Store:
             if name.startswith("set.") and isinstance(group[name], h5py.Group)
         )
 
+    def array_names(self, set_name: str) -> list[str]:
+        """Every array of a set (datasets named ``*.npy``, without the suffix), sorted."""
+        import h5py
+
+        group = self._group()[set_name]
+        return sorted(
+            name[:-4]
+            for name, obj in group.items()
+            if name.endswith(".npy") and isinstance(obj, h5py.Dataset)
+        )
+
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         dataset = self._dataset(f"{set_name}/{name}.npy")
         return None if dataset is None else (tuple(dataset.shape), dataset.dtype)

@@ -85,6 +85,15 @@ class NpyStore:
         ]
         return sorted(names)
 
+    def array_names(self, set_name: str) -> list[str]:
+        """Every array of a set (``.npy`` files, named without the suffix), sorted."""
+        folder = os.path.join(self.path, set_name)
+        return sorted(
+            entry.name[:-4]
+            for entry in os.scandir(folder)
+            if entry.name.endswith(".npy") and entry.is_file()
+        )
+
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""
         file = os.path.join(self.path, set_name, name + ".npy")

@@ -19,6 +19,7 @@ from mdtrain.data.npy import NpyStore
 from mdtrain.errors import MDTrainError
 
 LABELS = ("energy", "force", "virial")
+_HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 # values per frame, as a multiple of natoms (True) or a fixed count (False)
 _LAYOUT = {
     "coord": (3, True),
@@ -95,6 +96,11 @@ class System:
 
     def __repr__(self) -> str:
         return f"System({self.path!r}, natoms={self.natoms}, nframes={self.nframes})"
+
+    @property
+    def store(self) -> NpyStore | H5Store:
+        """The storage behind the system, for copying its arrays as they are (packing)."""
+        return self._store
 
     def __len__(self) -> int:
         return self.nframes
@@ -255,8 +261,12 @@ class System:
         digest.update(b"pbc" if self.periodic else b"nopbc")
         for set_info in self.sets:
             for name in ("coord", "box") if self.periodic else ("coord",):
-                data = self._store.array(set_info.name, name)
-                digest.update(np.ascontiguousarray(data, dtype="<f8").data)
+                # a few megabytes at a time: a whole HDF5 set would be read into memory
+                step = max(1, _HASH_BYTES // (8 * self._width(name)))
+                for start in range(0, set_info.nframes, step):
+                    rows = np.arange(start, min(start + step, set_info.nframes))
+                    data = self._store.rows(set_info.name, name, rows)
+                    digest.update(np.ascontiguousarray(data, dtype="<f8").data)
         return {
             "path": self.path,
             "nframes": self.nframes,
