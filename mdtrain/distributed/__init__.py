@@ -14,7 +14,7 @@ One job a module; import the names from here:
 - ``device``: the GPU or the CPU threads of each rank.
 - ``runtime``: ``init_distributed`` forms the process group; ``Runtime`` shuts it down.
 - ``failures``: a failure on one rank ends every rank within seconds, with its message.
-- ``collectives``: rank, barrier, broadcasts, sums, flags, ``run_on_main``.
+- ``collectives``: rank, barrier, broadcasts, sums, minima, maxima, flags, ``run_on_main``.
 - ``gradients``: DDP, parameter broadcast, bucketed gradient averaging (overlapped with
   the backward, or after it).
 """
@@ -22,6 +22,8 @@ One job a module; import the names from here:
 from mdtrain.distributed.backend import BACKENDS, choose_backend, resolve_backend_request
 from mdtrain.distributed.collectives import (
     all_ranks,
+    all_reduce_max,
+    all_reduce_min,
     all_reduce_sum,
     any_rank,
     barrier,
@@ -54,6 +56,8 @@ __all__ = [
     "all_ranks",
     "GradientBuckets",
     "all_reduce_gradients",
+    "all_reduce_max",
+    "all_reduce_min",
     "all_reduce_sum",
     "any_rank",
     "barrier",

@@ -1,5 +1,5 @@
 """The few collectives the trainer needs (rank and world, barrier, object broadcast, sums,
-any/all flags), and ``run_on_main``, which broadcasts rank 0's result *or its failure*.
+minima and maxima, any/all flags), and ``run_on_main``, which broadcasts rank 0's result *or its failure*.
 
 Every helper works in a world of 1 too (it just does the local thing), so callers have one
 code path for 1 and N processes.
@@ -75,18 +75,33 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     return box[0]  # type: ignore[return-value]
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks in place and return it (copies through the group's device if
-    the tensor lives elsewhere, e.g. a CPU tensor under pure NCCL)."""
+def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
+    """Reduce ``tensor`` over ranks in place and return it (copies through the group's device
+    if the tensor lives elsewhere, e.g. a CPU tensor under pure NCCL)."""
     if not group_active():
         return tensor
     if not needs_move(tensor):
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=op)
         return tensor
     moved = tensor.to(collective_device())
-    dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+    dist.all_reduce(moved, op=op)
     tensor.copy_(moved)
     return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place and return it."""
+    return _all_reduce(tensor, dist.ReduceOp.SUM)
+
+
+def all_reduce_min(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise minimum over ranks, in place (exact: no rounding)."""
+    return _all_reduce(tensor, dist.ReduceOp.MIN)
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over ranks, in place (exact: no rounding)."""
+    return _all_reduce(tensor, dist.ReduceOp.MAX)
 
 
 def any_rank(flag: bool) -> bool:

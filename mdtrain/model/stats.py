@@ -11,21 +11,29 @@ The sums are computed on the model's device (``stat_inputs`` puts the frames the
 the per-chunk sums come back. The energy bias is the least-squares solution of
 ``N_types · bias = E`` over the sampled frames; its residual std is stored for every type.
 
+Ranks may split the work (``StatShare``, ``training.distributed.stat_mode: "shard"``): each
+takes a contiguous share of the batches, the descriptor sums are added up, and the energy
+bias is solved from the stacked QR factors of every rank's rows (``energy_bias_factor``).
+One process runs the same code with a share of one, so both give the same numbers up to the
+order of float64 additions.
+
 The numbers are cached in ``training.stat_file`` (layout in ``stat_file.py``). The data
 themselves are not hashed (as in DeePMD): delete the file after changing the systems.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.stat_file import (
     DATA_ATTR,
@@ -76,6 +84,35 @@ class StatItem:
         return cls(number, total, squared)
 
 
+def _same(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class StatShare:
+    """This process's part of statistics that ``world`` ranks compute together.
+
+    Rank ``rank`` takes a contiguous share of the statistics batches (``share_ranges``);
+    ``total`` sums a float64 array over the ranks (an all-reduce), and ``on_main`` runs a
+    function on rank 0 and hands its result, or its failure, to every rank (the stat file is
+    read and written there). The default is one process doing everything, the same code
+    path: the numbers differ between world sizes only by rounding (the order of float64
+    additions, the QR factors of the energy bias combined), about 1e-15 relative.
+    """
+
+    rank: int = 0
+    world: int = 1
+    total: Callable[[np.ndarray], np.ndarray] = _same
+    on_main: Callable[..., Any] = _call
+
+
+ALONE = StatShare()
+
+
 # --------------------------------------------------------------------------------------------
 # Sampling
 
@@ -85,34 +122,53 @@ def auto_batch_size(natoms: int) -> int:
     return max(1, math.ceil(32 / natoms))
 
 
+def stat_batch_plan(
+    systems: Sequence[Any], nbatch: int, batch_size: int | None = None
+) -> list[tuple[int, int, int]]:
+    """``(system index, first frame, stop)`` of every statistics batch, in order: the first
+    ``min(nbatch, nbatches)`` batches of ``batch_size`` consecutive frames of every system
+    (default ``ceil(32/natoms)``, DeePMD's "auto" batch size)."""
+    plan = []
+    for index, system in enumerate(systems):
+        bs = batch_size or auto_batch_size(system.natoms)
+        nframes = min(nbatch * bs, int(system.nframes))
+        plan += [(index, a, min(a + bs, nframes)) for a in range(0, nframes, bs)]
+    return plan
+
+
 def collect_stat_batches(
     systems: Sequence[Any],
     model_config: dict,
     nbatch: int,
     batch_size: int | None = None,
+    share: StatShare | None = None,
 ) -> list[dict[str, Any]]:
-    """The first ``min(nbatch, nbatches)`` batches of every system, with neighbour lists.
+    """The batches of ``stat_batch_plan`` with their neighbour lists (this rank's share of
+    them when ``share`` splits the work; all of them by default).
 
-    A batch holds ``batch_size`` consecutive frames (default ``ceil(32/natoms)``, DeePMD's
-    "auto" batch size), so sampling is deterministic. Each batch is a dict of numpy arrays:
-    ``coord`` (nf,N,3), ``box`` (nf,3,3) or None, ``atype`` (N,), ``nlist``, ``shift``,
-    ``natoms_per_type`` (ntypes,), ``energy`` (nf,) when the system has energies, ``system``.
+    Sampling is deterministic. Each batch is a dict of numpy arrays: ``coord`` (nf,N,3),
+    ``box`` (nf,3,3) or None, ``atype`` (N,), ``nlist``, ``shift``, ``natoms_per_type``
+    (ntypes,), ``energy`` (nf,) when the system has energies, ``system``.
     """
     cfg = normalize_model_config(model_config)
     desc = cfg["descriptor"]
     rcut, sel, ntypes = float(desc["rcut"]), list(desc["sel"]), len(cfg["type_map"])
+    plan = stat_batch_plan(systems, nbatch, batch_size)
+    if share is not None and share.world > 1:
+        natoms = [int(systems[index].natoms) for index, _, _ in plan]
+        groups = [(1, (stop - start) * n) for (_, start, stop), n in zip(plan, natoms)]
+        mine = share_ranges(groups, share.rank, share.world)
+        plan = [item for item, taken in zip(plan, mine, strict=True) if len(taken)]
     batches = []
-    for system in systems:
-        bs = batch_size or auto_batch_size(system.natoms)
-        nbatches = math.ceil(system.nframes / bs)
-        nframes = min(min(nbatch, nbatches) * bs, system.nframes)
-        if nframes == 0:
-            continue
-        data = system.frames(np.arange(nframes))
+    for index, items in itertools.groupby(plan, key=lambda item: item[0]):
+        system = systems[index]
+        spans = [(start, stop) for _, start, stop in items]
+        first = spans[0][0]
+        data = system.frames(np.arange(first, spans[-1][1]))  # one read per system
         atype = np.asarray(system.atype, dtype=np.int64)
         has_energy = "energy" in data and (not hasattr(system, "has") or system.has("energy"))
-        for start in range(0, nframes, bs):
-            stop = min(start + bs, nframes)
+        for begin, end in spans:
+            start, stop = begin - first, end - first
             coord = np.asarray(data["coord"][start:stop], dtype=np.float64)
             box = data.get("box")
             box = None if box is None else np.asarray(box[start:stop], dtype=np.float64)
@@ -201,7 +257,9 @@ def descriptor_stat_sums(
     return torch.stack([radial, angular], dim=1)
 
 
-def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str, StatItem]:
+def descriptor_stat_items(
+    batches: Iterable[dict[str, Any]], model, show_progress: bool = True
+) -> dict[str, StatItem]:
     """Accumulate ``r_t``/``a_t`` items over batches (raw env mat, exclusions zeroed), on the
     model's device; one transfer of the sums per chunk.
 
@@ -227,7 +285,7 @@ def descriptor_stat_items(batches: Iterable[dict[str, Any]], model) -> dict[str,
         }
 
     with torch.no_grad():
-        for batch in progress(batches, len(batches), "data statistics"):
+        for batch in progress(batches, len(batches), "data statistics", show_progress):
             nframes, natoms = batch["coord"].shape[0], batch["coord"].shape[1]
             parts = chunker.run_all(
                 lambda a, b, batch=batch: chunk_items(batch, a, b),
@@ -268,17 +326,60 @@ def compute_descriptor_stats(
 # Energy bias
 
 
+def energy_bias_factor(natoms_per_type: np.ndarray, energies: np.ndarray) -> np.ndarray:
+    """(ntypes+1, ntypes+1): the triangular factor R of a QR factorisation of ``[N | E]``,
+    zero rows added when there are fewer frames.
+
+    What ranks exchange for the energy bias: the factors of row blocks stacked have the Gram
+    matrix of the whole ``[N | E]`` (the sum of theirs), hence its singular values and its
+    least-squares solutions, and, unlike the normal equations ``NᵀN``, ``NᵀE``, they keep
+    the condition number of ``N`` instead of squaring it (the minimum-norm solution of
+    one-composition data, where ``N`` has rank one, stays well defined).
+    """
+    block = np.hstack([natoms_per_type, energies.reshape(-1, 1)])
+    size = block.shape[1]
+    factor = np.zeros((size, size))
+    if len(block):
+        r = np.linalg.qr(block, mode="r")
+        factor[: len(r)] = r
+    return factor
+
+
 def compute_energy_bias(
-    natoms_per_type: np.ndarray, energies: np.ndarray, rcond: float | None = None
+    natoms_per_type: np.ndarray,
+    energies: np.ndarray,
+    rcond: float | None = None,
+    share: StatShare = ALONE,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Least-squares per-type energy (ntypes,) and the residual std (same value per type)."""
+    """Least-squares per-type energy (ntypes,) and the residual std (same value per type).
+
+    DeePMD's definition: ``lstsq(N, E, rcond)`` over all sampled frames (minimum-norm, the
+    singular values of ``N`` below ``rcond`` times the largest cut, by default machine
+    precision times the number of frames), then ``std(E - N · bias)``. The rows given are
+    this rank's; the solve runs on the stacked factors of every rank
+    (``energy_bias_factor``), the std from summed residuals, on every rank alike. The frames
+    of all ranks together must be at least one.
+    """
     n = np.asarray(natoms_per_type, dtype=np.float64)
-    e = np.asarray(energies, dtype=np.float64).reshape(-1, 1)
+    e = np.asarray(energies, dtype=np.float64).reshape(-1)
     if n.ndim != 2 or n.shape[0] != e.shape[0]:
         raise ValueError(f"natoms_per_type {n.shape} does not match energies {e.shape}")
-    bias = np.linalg.lstsq(n, e, rcond=rcond)[0]
-    std = np.std(e - n @ bias, axis=0)
-    return bias.ravel(), np.full(n.shape[1], float(std[0]))
+    ntypes = n.shape[1]
+    size = (ntypes + 1) ** 2
+    slots = np.zeros(share.world * size + 1)
+    slots[share.rank * size : (share.rank + 1) * size] = energy_bias_factor(n, e).ravel()
+    slots[-1] = len(e)
+    slots = share.total(slots)
+    nrows = int(round(slots[-1]))
+    if nrows == 0:
+        raise ValueError("no frame to fit the energy bias to")
+    stacked = slots[:-1].reshape(share.world * (ntypes + 1), ntypes + 1)
+    cut = rcond if rcond is not None else np.finfo(np.float64).eps * max(nrows, ntypes)
+    bias = np.linalg.lstsq(stacked[:, :ntypes], stacked[:, ntypes], rcond=cut)[0]
+    residual = e - n @ bias
+    mean = share.total(np.array([residual.sum()]))[0] / nrows
+    squares = share.total(np.array([np.square(residual - mean).sum()]))[0]
+    return bias, np.full(ntypes, math.sqrt(squares / nrows))
 
 
 def _bias_inputs(batches: Iterable[dict[str, Any]], ntypes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -300,19 +401,24 @@ def compute_or_load_stats(
     stat_file: str | None,
     nbatch: int,
     batch_size: int | None = None,
+    share: StatShare = ALONE,
 ) -> None:
     """Set the model's davg/dstd and energy bias, from the stat file where possible.
 
     Missing entries are computed from ``collect_stat_batches`` (first ``nbatch`` batches of
-    every system) and, when ``stat_file`` is given, written back to it.
+    every system) and, when ``stat_file`` is given, written back to it. With a ``share`` of
+    several ranks every rank calls this: each computes its share of the batches, the sums
+    are combined, and every rank's model gets the same statistics; rank 0 alone reads and
+    writes the file.
     """
     desc = model.descriptor
     ntypes = desc.ntypes
+    report = share.rank == 0
     root = " ".join(model.type_map)
     dkey = f"{root}/{descriptor_stat_hash(model)}"
-    stored, attrs = read_stat_file_and_attrs(stat_file) if stat_file else ({}, {})
+    stored, attrs = share.on_main(read_stat_file_and_attrs, stat_file) if stat_file else ({}, {})
     summary = data_summary(systems)
-    if stored and attrs.get(DATA_ATTR) not in (None, summary):
+    if stored and attrs.get(DATA_ATTR) not in (None, summary) and report:
         log.warning(
             "%s holds statistics of other training data (other system sizes): they are "
             "used as they are; delete the file to compute them from this data",
@@ -325,7 +431,7 @@ def compute_or_load_stats(
         nonlocal cached_batches
         if cached_batches is None:
             cached_batches = collect_stat_batches(
-                systems, model.get_model_config(), nbatch, batch_size
+                systems, model.get_model_config(), nbatch, batch_size, share
             )
         return cached_batches
 
@@ -334,7 +440,9 @@ def compute_or_load_stats(
         items = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
         log.info("descriptor statistics loaded from %s", stat_file)
     else:
-        items = descriptor_stat_items(batches(), model)
+        mine = descriptor_stat_items(batches(), model, show_progress=report)
+        sums = share.total(np.stack([mine[n].to_array() for n in names]))
+        items = {n: StatItem.from_array(row) for n, row in zip(names, sums, strict=True)}
         new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
     davg, dstd = davg_dstd_from_items(items, ntypes, desc.nnei, desc.set_davg_zero)
     desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
@@ -345,13 +453,14 @@ def compute_or_load_stats(
         log.info("energy bias loaded from %s", stat_file)
     else:
         counts, energies = _bias_inputs(batches(), ntypes)
-        if len(energies) == 0:
-            log.warning("no sampled frame has an energy label: the energy bias stays 0")
+        if share.total(np.array([float(len(energies))]))[0] == 0:
+            if report:
+                log.warning("no sampled frame has an energy label: the energy bias stays 0")
             bias, std = np.zeros(ntypes), np.ones(ntypes)
         else:
             keep = model.atom_keep.cpu().numpy()  # atom_exclude_types contribute no energy
             bias, std = compute_energy_bias(
-                counts * keep, energies, model.get_model_config()["fitting_net"]["rcond"]
+                counts * keep, energies, model.get_model_config()["fitting_net"]["rcond"], share
             )
             new[bkey], new[skey] = bias.reshape(ntypes, 1), std.reshape(ntypes, 1)
     model.set_out_bias(bias, std)
@@ -360,5 +469,5 @@ def compute_or_load_stats(
         ", ".join(f"{t} {b:.6g}" for t, b in zip(model.type_map, bias, strict=True)),
     )
     if stat_file and new:
-        write_stat_file(stat_file, new, {DATA_ATTR: summary})
+        share.on_main(write_stat_file, stat_file, new, {DATA_ATTR: summary})
         log.info("statistics written to %s", stat_file)

@@ -15,6 +15,10 @@ Work and memory are O(atoms × neighbours) per frame: the pairs come from the ce
 Two atoms closer than ``OVERLAP_DISTANCE`` (1e-3 Å) are taken as a data error (a duplicated
 atom, or a cell vector of length zero): the stage stops and names the system and frame.
 
+Ranks that split the frames (``training.distributed.stat_mode: "shard"``) each compute a
+``NeighborPartial`` of their frames and combine them element by element (max, min, sums):
+the same numbers as one process searching every frame.
+
 ``sel`` rules live in ``sel``, the JSON file in ``stat_file``, data fingerprints in
 ``fingerprint``.
 """
@@ -77,9 +81,9 @@ class NeighborStat:
 # computation
 
 
-def _frame_chunks(nframes: int, natoms: int) -> list[np.ndarray]:
+def _frame_chunks(rows: range, natoms: int) -> list[np.ndarray]:
     step = max(1, min(_MAX_FRAMES_PER_READ, _ATOMS_PER_READ // max(natoms, 1)))
-    return [np.arange(a, min(a + step, nframes)) for a in range(0, nframes, step)]
+    return [np.arange(a, min(a + step, rows.stop)) for a in range(rows.start, rows.stop, step)]
 
 
 def default_threads() -> int:
@@ -183,10 +187,11 @@ def _count_chunk(
 
 
 class _SystemTotals:
-    """Running statistics of one system, merged chunk by chunk in frame order."""
+    """Running statistics of one system over the frames searched, merged chunk by chunk."""
 
-    def __init__(self, system, ntypes: int) -> None:
+    def __init__(self, system, ntypes: int, rows: range | None = None) -> None:
         self.system = system
+        self.rows = range(int(system.nframes)) if rows is None else rows
         self.atype = np.asarray(system.atype, dtype=np.int64)
         if len(self.atype) and (self.atype.min() < 0 or self.atype.max() >= ntypes):
             raise MDTrainError(
@@ -202,32 +207,38 @@ class _SystemTotals:
         np.maximum(self.max_counts, chunk.max_counts, out=self.max_counts)
         self.lonely.extend(chunk.lonely)
 
-    def result(self, rcut: float) -> SystemNeighborStat:
-        system = self.system
-        if self.lonely:
-            log.warning(
-                "system %s: some atom has no neighbour within rcut = %g Å (frame %d; %d of "
-                "%d frames)", system.path, rcut, self.lonely[0], len(self.lonely),
-                system.nframes,
-            )  # fmt: skip
-        return SystemNeighborStat(
-            path=system.path,
-            nframes=int(system.nframes),
-            natoms=int(system.natoms),
-            min_nbor_dist=self.min_dist,
-            max_nbor_size=[int(n) for n in self.max_counts],
-            fingerprint=dict(system.fingerprint()),
-        )
+
+@dataclass
+class NeighborPartial:
+    """Per-system statistics of some of the frames: what ranks that split the frames combine,
+    element by element, into the statistics of all of them (``COMBINE`` names the operation
+    of each field), exactly whatever the split."""
+
+    min_dist: np.ndarray  # (nsystems,) float64, inf where no pair was found
+    max_counts: np.ndarray  # (nsystems, ntypes) int64
+    lonely: np.ndarray  # (nsystems,) int64: frames where some atom has no neighbour
+    first_lonely: np.ndarray  # (nsystems,) int64: the first such frame, nframes when none
+    searched: np.ndarray  # (nsystems,) int64: frames searched
+
+    COMBINE = {
+        "min_dist": "min",
+        "max_counts": "max",
+        "lonely": "sum",
+        "first_lonely": "min",
+        "searched": "sum",
+    }
 
 
-def compute_neighbor_stat(
+def neighbor_stat_partial(
     systems: Sequence,
     rcut: float,
     ntypes: int,
     progress: bool = True,
     threads: int | None = None,
-) -> NeighborStat:
-    """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``.
+    rows: Sequence[range] | None = None,
+    desc: str = "neighbour statistics",
+) -> NeighborPartial:
+    """Neighbour statistics of the frames ``rows[s]`` of each system ``s`` (default: all).
 
     Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
     atoms or more use ``threads`` threads of the compiled search (default:
@@ -237,28 +248,84 @@ def compute_neighbor_stat(
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
     if ntypes < 1:
         raise MDTrainError("neighbour statistics need at least one atom type")
+    if rows is not None and len(rows) != len(systems):
+        raise ValueError(f"{len(rows)} frame ranges for {len(systems)} systems")
     rcut = float(rcut)
-    totals = [_SystemTotals(system, ntypes) for system in systems]
-    nframes = sum(int(t.system.nframes) for t in totals)
+    totals = [
+        _SystemTotals(system, ntypes, None if rows is None else rows[k])
+        for k, system in enumerate(systems)
+    ]
+    nframes = sum(len(t.rows) for t in totals)
     threads = default_threads() if threads is None else max(1, int(threads))
     single, multi = NeighborSearch(rcut), NeighborSearch(rcut, threads)
-    for _ in progress_bar(
-        _run(totals, ntypes, single, multi), nframes, "neighbour statistics", progress
-    ):
+    for _ in progress_bar(_run(totals, ntypes, single, multi), nframes, desc, progress):
         pass
-    results = [t.result(rcut) for t in totals]
-    max_counts = np.zeros(ntypes, dtype=np.int64)
-    for result in results:
-        np.maximum(max_counts, result.max_nbor_size, out=max_counts)
-    min_dist = min((r.min_nbor_dist for r in results), default=math.inf)
-    if not math.isfinite(min_dist):
+    return NeighborPartial(
+        min_dist=np.array([t.min_dist for t in totals], dtype=np.float64),
+        max_counts=np.array([t.max_counts for t in totals], dtype=np.int64).reshape(-1, ntypes),
+        lonely=np.array([len(t.lonely) for t in totals], dtype=np.int64),
+        first_lonely=np.array(
+            [min(t.lonely, default=int(t.system.nframes)) for t in totals], dtype=np.int64
+        ),
+        searched=np.array([len(t.rows) for t in totals], dtype=np.int64),
+    )
+
+
+def neighbor_stat_result(
+    systems: Sequence,
+    rcut: float,
+    partial: NeighborPartial,
+    fingerprints: bool = True,
+    report: bool = True,
+) -> NeighborStat:
+    """The statistics of ``systems`` from the partial statistics of all their frames.
+
+    ``fingerprints``: hash each system's data for the JSON file (a pass over all
+    coordinates; not needed for ``sel``). ``report``: log the warnings (one rank does).
+    """
+    results = []
+    for k, system in enumerate(systems):
+        lonely = int(partial.lonely[k])
+        if lonely and report:
+            log.warning(
+                "system %s: some atom has no neighbour within rcut = %g Å (frame %d; %d of "
+                "%d frames)", system.path, rcut, int(partial.first_lonely[k]), lonely,
+                system.nframes,
+            )  # fmt: skip
+        results.append(
+            SystemNeighborStat(
+                path=system.path,
+                nframes=int(system.nframes),
+                natoms=int(system.natoms),
+                min_nbor_dist=float(partial.min_dist[k]),
+                max_nbor_size=[int(n) for n in partial.max_counts[k]],
+                fingerprint=dict(system.fingerprint()) if fingerprints else {},
+            )
+        )
+    ntypes = partial.max_counts.shape[1]
+    max_counts = partial.max_counts.max(axis=0) if len(results) else np.zeros(ntypes, int)
+    min_dist = float(partial.min_dist.min()) if len(results) else math.inf
+    if not math.isfinite(min_dist) and report:
         log.warning("no two atoms were found in any frame: min_nbor_dist is undefined")
     return NeighborStat(
-        rcut=rcut,
+        rcut=float(rcut),
         min_nbor_dist=min_dist,
         max_nbor_size=[int(n) for n in max_counts],
         systems=results,
     )
+
+
+def compute_neighbor_stat(
+    systems: Sequence,
+    rcut: float,
+    ntypes: int,
+    progress: bool = True,
+    threads: int | None = None,
+) -> NeighborStat:
+    """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``, every
+    frame searched here (see ``neighbor_stat_partial``)."""
+    partial = neighbor_stat_partial(systems, rcut, ntypes, progress, threads)
+    return neighbor_stat_result(systems, rcut, partial)
 
 
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi):
@@ -274,7 +341,7 @@ def _read_chunks(totals: list[_SystemTotals]):
     """(system totals, frame indices, coords (n, natoms, 3), boxes (n, 3, 3) or None)."""
     for total in totals:
         system = total.system
-        for rows in _frame_chunks(int(system.nframes), int(system.natoms)):
+        for rows in _frame_chunks(total.rows, int(system.natoms)):
             data = system.frames(rows)
             coords = np.ascontiguousarray(data["coord"], dtype=np.float64)
             boxes = data.get("box") if system.periodic else None

@@ -1,5 +1,7 @@
 """Everything before the first step: systems, neighbour statistics and sel, the model and its
-data statistics. Work that one rank suffices for runs on rank 0 and is broadcast."""
+data statistics. Work that one rank suffices for runs on rank 0 and is broadcast; with
+``training.distributed.stat_mode: "shard"`` every rank computes the statistics of its share
+of the frames and the ranks combine them (max, min, sums)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,24 @@ import copy
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
 
 from mdtrain import distributed as dist_rt
 from mdtrain.config import resolve_path
 from mdtrain.data import System, expand_systems, open_system, validate_system
+from mdtrain.data.share import share_ranges
 from mdtrain.errors import MDTrainError
+from mdtrain.model.stats import StatShare, compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel, resolve_sel
-from mdtrain.neighbors.stat import compute_neighbor_stat
+from mdtrain.neighbors.stat import (
+    NeighborPartial,
+    compute_neighbor_stat,
+    neighbor_stat_partial,
+    neighbor_stat_result,
+)
 from mdtrain.neighbors.stat_file import check_neighbor_stat_matches, load_neighbor_stat
 from mdtrain.train.loop import make_sampler
 
@@ -90,7 +102,8 @@ def resolve_model_sel(
     """Return a copy of the config whose descriptor ``sel`` is a list, from the statistics.
 
     Order of precedence: ``--skip-neighbor-stat`` (sel must already be a list), a neighbour-stat
-    file (checked against rcut, type_map and the data), else a fresh computation on rank 0.
+    file (checked against rcut, type_map and the data), else a fresh computation (on rank 0,
+    or split over the ranks: ``stat_mode``).
     """
     config = copy.deepcopy(config)
     model = config["model"]
@@ -120,12 +133,7 @@ def resolve_model_sel(
         min_dist, max_size = dist_rt.run_on_main(from_file)
         log.info("neighbour statistics read from %s", stat_path)
     else:
-
-        def compute() -> tuple[float, list[int]]:
-            stat = compute_neighbor_stat(systems, rcut, len(type_map))
-            return stat.min_nbor_dist, stat.max_nbor_size
-
-        min_dist, max_size = dist_rt.run_on_main(compute)
+        min_dist, max_size = neighbor_figures(systems, rcut, len(type_map), stat_mode(config))
     log.info("neighbour statistics: min distance %.6f Å, max neighbours %s", min_dist, max_size)
     if isinstance(parsed, list) and config["training"].get("strict_sel"):
         short = [t for t, (s, n) in enumerate(zip(parsed, max_size)) if s and n > s]
@@ -143,3 +151,79 @@ def resolve_model_sel(
 
 def output_path(out_dir: str, name: str) -> str:
     return name if os.path.isabs(name) else os.path.join(out_dir, name)
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics on rank 0, or shared by the ranks
+
+
+def stat_mode(config: dict) -> str:
+    """``training.distributed.stat_mode``: "rank0" (the default) or "shard"."""
+    return str(config["training"].get("distributed", {}).get("stat_mode", "rank0"))
+
+
+def neighbor_figures(
+    systems: list[System], rcut: float, ntypes: int, mode: str
+) -> tuple[float, list[int]]:
+    """The smallest neighbour distance and the largest neighbour counts of every frame of
+    ``systems``, the same on every rank: computed on rank 0 and broadcast ("rank0"), or by
+    every rank for its share of the frames, combined by ``combine_neighbor_partials``
+    ("shard"; exact)."""
+    if mode != "shard" or dist_rt.get_world_size() == 1:
+
+        def compute() -> tuple[float, list[int]]:
+            stat = compute_neighbor_stat(systems, rcut, ntypes)
+            return stat.min_nbor_dist, stat.max_nbor_size
+
+        return dist_rt.run_on_main(compute)
+    rank, world = dist_rt.get_rank(), dist_rt.get_world_size()
+    rows = share_ranges([(int(s.nframes), int(s.natoms)) for s in systems], rank, world)
+    mine = neighbor_stat_partial(
+        systems, rcut, ntypes, rank == 0, rows=rows, desc="neighbour statistics (rank 0's share)"
+    )
+    log.debug("neighbour statistics: %d of the frames searched here", int(mine.searched.sum()))
+    combined = combine_neighbor_partials(mine)
+    stat = neighbor_stat_result(systems, rcut, combined, fingerprints=False, report=rank == 0)
+    return stat.min_nbor_dist, stat.max_nbor_size
+
+
+_REDUCE = {
+    "min": dist_rt.all_reduce_min,
+    "max": dist_rt.all_reduce_max,
+    "sum": dist_rt.all_reduce_sum,
+}
+
+
+def combine_neighbor_partials(partial: NeighborPartial) -> NeighborPartial:
+    """Every rank's partial statistics combined, field by field, with the collective that
+    ``NeighborPartial.COMBINE`` names (exact for minima, maxima and integer sums)."""
+    out = {}
+    for field in fields(partial):
+        tensor = torch.from_numpy(np.array(getattr(partial, field.name)))
+        out[field.name] = _REDUCE[NeighborPartial.COMBINE[field.name]](tensor).numpy()
+    return NeighborPartial(**out)
+
+
+def _total(array: np.ndarray) -> np.ndarray:
+    """``array`` summed over the ranks (float64)."""
+    tensor = torch.from_numpy(np.array(array, dtype=np.float64))
+    return dist_rt.all_reduce_sum(tensor).numpy()
+
+
+def model_statistics(
+    model, systems: list[System], stat_file: str | None, nbatch: int, mode: str
+) -> None:
+    """The model's davg/dstd and energy bias (``compute_or_load_stats``): computed on rank 0
+    ("rank0"; the caller broadcasts the model), or by every rank for its share of the
+    statistics batches, combined by sums ("shard"; every rank's model gets them). The stat
+    file is read and written by rank 0 either way."""
+    if mode != "shard" or dist_rt.get_world_size() == 1:
+        dist_rt.run_on_main(compute_or_load_stats, model, systems, stat_file, nbatch)
+        return
+    share = StatShare(
+        rank=dist_rt.get_rank(),
+        world=dist_rt.get_world_size(),
+        total=_total,
+        on_main=dist_rt.run_on_main,
+    )
+    compute_or_load_stats(model, systems, stat_file, nbatch, share=share)

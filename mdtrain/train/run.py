@@ -25,7 +25,6 @@ from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint, load_model_file
 from mdtrain.model.stat_file import read_stat_file
-from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.outputs import check_output_dir, check_output_file
 from mdtrain.train.checkpoint import CheckpointManager
@@ -35,9 +34,11 @@ from mdtrain.train.loss import one_sided_terms
 from mdtrain.train.precision import check_networks, mode_of
 from mdtrain.train.prepare import (
     check_samplers,
+    model_statistics,
     open_datasets,
     output_path,
     resolve_model_sel,
+    stat_mode,
     validate_datasets,
 )
 from mdtrain.train.signals import PreemptionHandler
@@ -260,7 +261,7 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             dist_rt.run_on_main(load_pretrained, model, state, data.train, nbatch)
         elif not restart:
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            dist_rt.run_on_main(compute_or_load_stats, model, data.train, stat_file, nbatch)
+            model_statistics(model, data.train, stat_file, nbatch, stat_mode(config))
         dist_rt.broadcast_module(model)
         trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
         if restart:

@@ -138,7 +138,10 @@ def test_water_style_input_is_accepted_and_completed():
     assert config["training"]["distributed"] == {
         "backend": "auto",
         "fallback": True,
+        "stat_mode": "rank0",
         "timeout": 1800,
+        "overlap_comm": True,
+        "bucket_mb": 2,
     }
     assert config["training"]["batch_controller"] == {
         "grow": False,
