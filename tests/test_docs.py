@@ -29,7 +29,7 @@ DOC_FILES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
 SECTIONS = ("model", "learning_rate", "loss", "training")
 
 # Variables the docs tell users to set or read that mdtrain itself never reads.
-EXTERNAL_ENV = {"SLURM_CPUS_PER_TASK"}
+EXTERNAL_ENV = {"SLURM_CPUS_PER_TASK", "MDTRAIN_DEEPMD_PYTHON"}  # the latter: the interop tests
 
 _FENCE = re.compile(r"^[ \t]*```([\w/+-]*)[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
@@ -224,7 +224,7 @@ def _key_path_problem(path: str) -> str | None:
 
 def _key_spans() -> list[tuple[str, str]]:
     pattern = re.compile(rf"^(?:{'|'.join(SECTIONS)})(?:\.[A-Za-z_]+)+$")
-    file_name = re.compile(r"^model\.ckpt|\.(pt|pth|json|out|h5|hdf5|png|md|npy|raw)$")
+    file_name = re.compile(r"^model\.ckpt|\.(pt|pth|dp|pb|json|out|h5|hdf5|png|md|npy|raw)$")
     found = []
     for path in DOC_FILES:
         for span in _spans(_read(path)):
