@@ -38,7 +38,7 @@ def no_work(monkeypatch):
         (run, "_resolve_restart"),
         (stat_cmd, "compute_neighbor_stat"),
         (data, "expand_systems"),
-        (freeze_cmd, "load_checkpoint"),
+        (freeze_cmd, "load_model_file"),
         (test_cmd, "load_model"),
         (plot_cmd, "parse_lcurve"),
         (convert_cmd, "convert"),
