@@ -1,9 +1,10 @@
-"""The ASE calculator under a short name: ``from mdtrain.calculator import MDTrainCalculator``.
+"""The ASE calculators under a short name: ``from mdtrain.calculator import MDTrainCalculator``
+(one model) and ``CommitteeCalculator`` (a committee: mean and deviation).
 
-This is the promised import path for users; the class itself lives in
-`mdtrain.infer.calculator` with the rest of inference, and both names are the same object.
+This is the promised import path for users; the classes themselves live in
+`mdtrain.infer.calculator` with the rest of inference, and both names are the same objects.
 """
 
-from mdtrain.infer.calculator import MDTrainCalculator
+from mdtrain.infer.calculator import CommitteeCalculator, MDTrainCalculator
 
-__all__ = ["MDTrainCalculator"]
+__all__ = ["CommitteeCalculator", "MDTrainCalculator"]

@@ -21,6 +21,7 @@ _HANDLERS = {
     "freeze": "mdtrain.commands.freeze:run_freeze",
     "plot": "mdtrain.commands.plot:run_plot",
     "convert": "mdtrain.commands.convert:run_convert",
+    "model-devi": "mdtrain.commands.model_devi:run_model_devi",
 }
 
 
@@ -109,6 +110,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="plot learning curves from lcurve.out")
     p.add_argument("lcurve", nargs="?", default="lcurve.out")
     p.add_argument("-o", "--output", default="lcurve.png")
+
+    p = sub.add_parser(
+        "model-devi",
+        help="model deviation of a committee on systems or trajectories (DeePMD-kit's "
+        "model_devi.out)",
+    )
+    p.add_argument(
+        "-m", "--models", nargs="+", required=True,
+        help="checkpoints, frozen .pth or DeePMD-kit .dp models; a committee folder (member-*/) "
+        "counts as its members",
+    )  # fmt: skip
+    p.add_argument(
+        "-s", "--system", nargs="+", required=True,
+        help="deepmd/npy or HDF5 systems (a folder expands), or trajectories ASE or dpdata read",
+    )  # fmt: skip
+    p.add_argument("-o", "--output", default="model_devi.out", help="file to write")
+    p.add_argument(
+        "-f", "--frequency", type=int,
+        help="MD steps between frames: step = frame index x this (default: a LAMMPS dump's own "
+        "timesteps, else 1)",
+    )  # fmt: skip
+    p.add_argument("--format", default="auto", help="trajectory format (dpdata or ASE name)")
+    p.add_argument(
+        "-t", "--type-map", nargs="+",
+        help="element of each LAMMPS dump type, type 1 first (default: the model's type_map)",
+    )  # fmt: skip
+    p.add_argument("--atomic", action="store_true", help="also write every atom's force deviation")
+    p.add_argument(
+        "--relative", type=float, metavar="LEVEL",
+        help="force deviation relative to the mean force: eps_f / (|<F>| + LEVEL)",
+    )  # fmt: skip
+    p.add_argument(
+        "--relative-v", "--relative_v", dest="relative_v", type=float, metavar="LEVEL",
+        help="virial deviation relative to the mean virial: eps_v / (|<W/N>| + LEVEL)",
+    )  # fmt: skip
+    p.add_argument("--trust-lo", type=float, help="count frames below/between/above the trust")
+    p.add_argument("--trust-hi", type=float, help="levels on max_devi_f (dpgen's selection)")
 
     p = sub.add_parser("convert", help="convert DFT outputs to deepmd/npy or deepmd/hdf5")
     p.add_argument("inputs", nargs="+", help="files or directories dpdata or ASE can read")

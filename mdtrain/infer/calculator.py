@@ -1,4 +1,6 @@
-"""ASE calculator for mdtrain models: checkpoints, frozen TorchScript files, or a live model.
+"""ASE calculators for mdtrain models (checkpoints, frozen TorchScript files, DeePMD-kit
+``.dp`` files, or live modules): one model (``MDTrainCalculator``) or a committee, with the
+models' mean and their deviation (``CommitteeCalculator``).
 
 Stress follows ASE: ``stress = -virial / volume`` in Voigt order (xx, yy, zz, yz, xz, xy).
 """
@@ -6,6 +8,7 @@ Stress follows ASE: ``stress = -virial / volume`` in Voigt order (xx, yy, zz, yz
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,7 +16,10 @@ import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.committee import check_committee, committee_members
+from mdtrain.infer.deviation import committee_deviation
 from mdtrain.infer.load import load_model
+from mdtrain.infer.model_devi import neighbor_groups
 from mdtrain.model.backend import to_device
 from mdtrain.neighbors.nlist import build_nlist
 
@@ -45,48 +51,186 @@ class MDTrainCalculator(Calculator):
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
 
-    def _types(self, symbols: list[str]) -> np.ndarray:
-        index = {name: i for i, name in enumerate(self.type_map)}
-        missing = sorted(set(symbols) - set(index))
-        if missing:
-            raise MDTrainError(
-                f"atoms: element(s) {', '.join(missing)} not in the model type_map {self.type_map}"
-            )
-        return np.array([index[s] for s in symbols], dtype=np.int64)
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
+        super().calculate(atoms, properties, system_changes)
+        frame = atoms_frame(self.atoms, self.type_map)
+        out = evaluate_frame(self.model, frame, self.device)
+        self.results.update(frame.results(out, properties))
+
+
+@dataclass
+class AtomsFrame:
+    """One ``Atoms`` as model inputs (numpy): positions, cell (None: non-periodic), types."""
+
+    coord: np.ndarray
+    box: np.ndarray | None
+    atype: np.ndarray
+    volume: float | None
+
+    def nlist(self, rcut: float, sel: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        nlist, shift, _ = build_nlist(self.coord, self.box, self.atype, rcut, sel)
+        return nlist, shift
+
+    def results(self, out: dict[str, np.ndarray], properties=()) -> dict[str, Any]:
+        """ASE's results from one frame's ``energy``/``atom_energy``/``force``/``virial``;
+        stress ``-virial / volume`` in Voigt order where the frame is periodic."""
+        energy = float(out["energy"])
+        results: dict[str, Any] = {
+            "energy": energy,
+            "free_energy": energy,
+            "energies": out["atom_energy"],
+            "forces": out["force"],
+        }
+        if self.volume is not None:
+            results["stress"] = (-out["virial"] / self.volume).flat[[0, 4, 8, 5, 2, 1]]
+        elif "stress" in properties:
+            raise PropertyNotImplementedError("stress is only defined for periodic atoms")
+        return results
+
+
+def atoms_frame(atoms, type_map: list[str]) -> AtomsFrame:
+    """Positions, cell and model types of ``atoms``; one-line errors for elements outside
+    ``type_map``, mixed periodicity and a periodic cell without volume."""
+    pbc = np.asarray(atoms.pbc, dtype=bool)
+    if pbc.any() and not pbc.all():
+        raise MDTrainError(f"atoms: mixed periodicity pbc={pbc.tolist()} is not supported")
+    periodic = bool(pbc.all())
+    box = np.asarray(atoms.get_cell()) if periodic else None
+    if periodic and abs(np.linalg.det(box)) < 1e-10:
+        raise MDTrainError("atoms: periodic cell has zero volume")
+    symbols = atoms.get_chemical_symbols()
+    index = {name: i for i, name in enumerate(type_map)}
+    missing = sorted(set(symbols) - set(index))
+    if missing:
+        raise MDTrainError(
+            f"atoms: element(s) {', '.join(missing)} not in the model type_map {type_map}"
+        )
+    return AtomsFrame(
+        coord=atoms.get_positions(),
+        box=box,
+        atype=np.array([index[s] for s in symbols], dtype=np.int64),
+        volume=atoms.get_volume() if periodic else None,
+    )
+
+
+def evaluate_frame(
+    model: torch.nn.Module,
+    frame: AtomsFrame,
+    device: torch.device,
+    lists: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """``energy`` (scalar array), ``atom_energy``, ``force`` and ``virial`` of one frame;
+    ``lists`` (nlist, shift) when already built for the model's rcut and sel."""
+    nlist, shift = lists or frame.nlist(float(model.rcut), [int(s) for s in model.sel])
+
+    def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=dtype, device=device).unsqueeze(0)
+
+    with torch.enable_grad():  # forces are derivatives, even for TorchScript models
+        out = model(
+            t(frame.coord, torch.float64),
+            torch.as_tensor(frame.atype, device=device),
+            None if frame.box is None else t(frame.box, torch.float64),
+            t(nlist, torch.long),
+            t(shift, torch.long),
+        )
+    return {
+        k: out[k].detach()[0].cpu().numpy() for k in ("energy", "atom_energy", "force", "virial")
+    }
+
+
+ModelLike = str | os.PathLike | torch.nn.Module
+
+
+class CommitteeCalculator(Calculator):
+    """The mean energy, forces and stress of a committee of models, and how much the models
+    disagree, for ASE ``Atoms``; an MD loop can stop when the disagreement grows.
+
+    ``models`` is a committee folder (``member-*/model.ckpt.pt``, as ``mdtrain train
+    --ensemble`` writes), or a list of model files, folders and live modules (see
+    `mdtrain.infer.committee`); at least two models with one ``type_map``. Models sharing
+    ``rcut`` and ``sel`` share each frame's neighbour list.
+
+    Besides ASE's properties (the means over the models), ``results`` holds the deviations
+    as ``mdtrain model-devi`` defines them (`mdtrain.infer.deviation`, DeePMD-kit's):
+    ``force_deviation`` (per atom, eV/Å), ``max_force_deviation`` / ``min_...`` /
+    ``avg_...``, ``energy_deviation`` (eV/atom), ``max_virial_deviation`` / ``min_...`` /
+    ``avg_...`` (eV/atom), and every model's ``committee_energy`` (nmodels,) and
+    ``committee_forces`` (nmodels, natoms, 3). ``relative``/``relative_v`` make the force
+    and virial deviations relative, as ``--relative``/``--relative-v`` do.
+    """
+
+    DEVIATIONS = [
+        "force_deviation",
+        "max_force_deviation",
+        "min_force_deviation",
+        "avg_force_deviation",
+        "energy_deviation",
+        "max_virial_deviation",
+        "min_virial_deviation",
+        "avg_virial_deviation",
+        "committee_energy",
+        "committee_forces",
+    ]
+    implemented_properties = MDTrainCalculator.implemented_properties + DEVIATIONS
+
+    def __init__(
+        self,
+        models: ModelLike | list[ModelLike],
+        device: str | torch.device = "cpu",
+        relative: float | None = None,
+        relative_v: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.device = torch.device(device)
+        self.models = _load_members(models, self.device)
+        self.type_map: list[str] = list(self.models[0].type_map)
+        self.relative, self.relative_v = relative, relative_v
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        atoms = self.atoms
-        pbc = np.asarray(atoms.pbc, dtype=bool)
-        if pbc.any() and not pbc.all():
-            raise MDTrainError(f"atoms: mixed periodicity pbc={pbc.tolist()} is not supported")
-        periodic = bool(pbc.all())
-        coord = atoms.get_positions()
-        box = np.asarray(atoms.get_cell()) if periodic else None
-        if periodic and abs(np.linalg.det(box)) < 1e-10:
-            raise MDTrainError("atoms: periodic cell has zero volume")
-        atype = self._types(atoms.get_chemical_symbols())
-        nlist, shift, _ = build_nlist(coord, box, atype, self.rcut, self.sel)
+        frame = atoms_frame(self.atoms, self.type_map)
+        outs: list[dict[str, np.ndarray]] = [{}] * len(self.models)
+        for rcut, sel, members in neighbor_groups(self.models):
+            lists = frame.nlist(rcut, sel)  # once for every model with this rcut and sel
+            for k in members:
+                outs[k] = evaluate_frame(self.models[k], frame, self.device, lists)
+        stacked = {key: np.stack([out[key] for out in outs]) for key in outs[0]}
+        mean = {key: value.mean(axis=0) for key, value in stacked.items()}
+        self.results.update(frame.results(mean, properties))
+        devi = committee_deviation(
+            stacked["energy"][:, None],
+            stacked["force"][:, None],
+            stacked["virial"][:, None],
+            self.relative,
+            self.relative_v,
+        )
+        self.results.update(
+            force_deviation=devi.atomic_force[0],
+            max_force_deviation=float(devi.force[0, 0]),
+            min_force_deviation=float(devi.force[0, 1]),
+            avg_force_deviation=float(devi.force[0, 2]),
+            energy_deviation=float(devi.energy[0]),
+            max_virial_deviation=float(devi.virial[0, 0]),
+            min_virial_deviation=float(devi.virial[0, 1]),
+            avg_virial_deviation=float(devi.virial[0, 2]),
+            committee_energy=stacked["energy"],
+            committee_forces=stacked["force"],
+        )
 
-        def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            return torch.as_tensor(a, dtype=dtype, device=self.device).unsqueeze(0)
 
-        with torch.enable_grad():  # forces are derivatives, even for TorchScript models
-            out = self.model(
-                t(coord, torch.float64),
-                torch.as_tensor(atype, device=self.device),
-                None if box is None else t(box, torch.float64),
-                t(nlist, torch.long),
-                t(shift, torch.long),
-            )
-        energy = float(out["energy"].detach()[0])
-        self.results["energy"] = energy
-        self.results["free_energy"] = energy
-        self.results["energies"] = out["atom_energy"].detach()[0].cpu().numpy()
-        self.results["forces"] = out["force"].detach()[0].cpu().numpy()
-        if periodic:
-            virial = out["virial"].detach()[0].cpu().numpy()
-            stress = -virial / atoms.get_volume()
-            self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
-        elif "stress" in properties:
-            raise PropertyNotImplementedError("stress is only defined for periodic atoms")
+def _load_members(models: ModelLike | list[ModelLike], device: torch.device) -> list:
+    """The committee's modules on ``device``, in eval mode (see `CommitteeCalculator`)."""
+    items = list(models) if isinstance(models, (list, tuple)) else [models]
+    loaded, names = [], []
+    for item in items:
+        if isinstance(item, torch.nn.Module):
+            loaded.append(to_device(item, device).eval())
+            names.append(f"model {len(names)}")
+            continue
+        for file in committee_members(item):
+            loaded.append(load_model(file, device))
+            names.append(file)
+    check_committee(loaded, names)
+    return loaded

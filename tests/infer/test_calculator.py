@@ -126,8 +126,10 @@ def test_user_errors(model, tmp_path):
 
 
 def test_short_import_is_the_same_class():
-    """``mdtrain.calculator`` is the documented import path; it re-exports the one class."""
+    """``mdtrain.calculator`` is the documented import path; it re-exports the classes."""
     import mdtrain.calculator as short
+    from mdtrain.infer.calculator import CommitteeCalculator
 
     assert short.MDTrainCalculator is MDTrainCalculator
-    assert short.__all__ == ["MDTrainCalculator"]
+    assert short.CommitteeCalculator is CommitteeCalculator
+    assert short.__all__ == ["CommitteeCalculator", "MDTrainCalculator"]
