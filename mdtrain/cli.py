@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["off", "tf32", "bf16"],
         help="override training.mixed_precision (GPUs; needs float32 networks)",
     )
+    p.add_argument(
+        "--ensemble", type=int, metavar="N",
+        help="train a committee of N models in this run (member k: the model seeds + k), "
+        "in member-0/ ... member-N-1/; overrides training.ensemble",
+    )  # fmt: skip
     p.add_argument("-o", "--output-dir", default=".", help="where checkpoints and logs go")
 
     p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")

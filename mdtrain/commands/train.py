@@ -8,7 +8,8 @@ from mdtrain.train.run import TrainRequest, run_training
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Entry point of ``mdtrain train INPUT [-o DIR] [--restart CKPT | --init-model M | --finetune M]``."""
+    """Entry point of ``mdtrain train INPUT [-o DIR] [--restart CKPT | --init-model M |
+    --finetune M] [--ensemble N]``."""
     run_training(
         TrainRequest(
             input_path=args.input,
@@ -20,6 +21,7 @@ def run_train(args: argparse.Namespace) -> int:
             mixed_precision=args.mixed_precision,
             neighbor_stat_file=args.neighbor_stat_file,
             skip_neighbor_stat=args.skip_neighbor_stat,
+            ensemble=args.ensemble,
         )
     )
     return 0

@@ -24,11 +24,13 @@ import os
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.accel.committee import ExplicitCommittee
 from mdtrain.model.accel.embedding_nodes import TorchEmbedding
 from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.autocast import Bf16Autocast, use_bf16, uses_bf16
+from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
 
@@ -113,6 +115,25 @@ def build_model(
         detail = f", products on {load_kernels().blas}" if name == "kernels" else ""
         log.info("model backend: %s%s (%s)", name, detail, why)
     return model.to(device)
+
+
+def build_committee(
+    model_configs: list[dict],
+    device: str | torch.device = "cpu",
+    mixed_precision: str | None = None,
+    backend: str | None = None,
+) -> Committee:
+    """The members built from ``model_configs`` (one architecture, different seeds:
+    ``mdtrain.model.committee.member_model_config``) as one committee, each with the backend
+    ``build_model`` chooses. On the explicit-derivative backends the committee computes the
+    members' shared environment once (``accel.committee``); on the reference each member runs
+    alone."""
+    members = [build_model(c, device, mixed_precision, backend) for c in model_configs]
+    if len({m.backend for m in members}) != 1:
+        raise MDTrainError("committee members would run on different backends")
+    if isinstance(members[0], ExplicitEnergyModel):
+        return ExplicitCommittee(members)
+    return Committee(members)
 
 
 def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Module:

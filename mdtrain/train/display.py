@@ -56,6 +56,24 @@ class Display:
                 parts.append(f"{key} {valid[key]:.3e} (trn {metrics[key]:.3e})")
             else:
                 parts.append(f"{key} {metrics[key]:.3e}")
+        return self._finish(parts, lr, per_step, eta)
+
+    def members_line(self, step: int, lr, metrics: list, valid: list | None) -> str:
+        """``line`` for a committee: each metric once, followed by every member's value in
+        member order (validation first, then training in brackets, as in ``line``)."""
+        per_step = self.take()
+        eta = per_step * (self.numb_steps - step)
+        parts = [f"step {step}/{self.numb_steps}"]
+        for key in self.keys:
+            trn = " ".join(f"{m[key]:.3e}" for m in metrics)
+            if valid is not None:
+                val = " ".join(f"{v[key]:.3e}" for v in valid)
+                parts.append(f"{key} {val} (trn {trn})")
+            else:
+                parts.append(f"{key} {trn}")
+        return self._finish(parts, lr, per_step, eta)
+
+    def _finish(self, parts: list[str], lr, per_step: float, eta: float) -> str:
         parts.append(f"lr {lr:.2e}")
         if self.timing:
             parts.append(f"{per_step:.3f} s/step")

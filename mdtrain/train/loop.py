@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,8 +58,110 @@ def make_sampler(
     return TrainingSampler(nframes, sizes, probs, seed, rank, world)
 
 
-class Trainer:
-    """Owns the optimiser, samplers and writers of one run; ``run()`` trains to numb_steps."""
+class TrainingLoop:
+    """The loop around the steps: display, validation, lcurve.out rows, checkpoints and
+    preemption, the same for one model (`Trainer`) and a committee
+    (``mdtrain.train.committee``). A subclass sets ``config``, ``model``, ``rt``, ``loss``,
+    ``numb_steps``, ``step``, ``disp_freq`` and ``save_freq`` and provides the step, the
+    validation, the checkpoints and the reports."""
+
+    config: dict
+    model: torch.nn.Module
+    rt: Runtime
+    loss: EnergyLoss
+    lr: ExpDecayLR
+    numb_steps: int
+    step: int
+    disp_freq: int
+    save_freq: int
+
+    def train_step(self, lr: float) -> Any:
+        raise NotImplementedError
+
+    def validate(self, lr: float) -> Any:
+        raise NotImplementedError
+
+    def save(self) -> str | None:
+        raise NotImplementedError
+
+    def precision_applied(self) -> contextlib.AbstractContextManager:
+        raise NotImplementedError
+
+    def _open_lcurves(self, keys: list[str], append: bool) -> list[LcurveWriter]:
+        """This rank's lcurve.out writers (rank 0 only), continuing at ``self.step``."""
+        raise NotImplementedError
+
+    def _report(
+        self, writers: list[LcurveWriter], display: Display, lr: float, metrics, valid
+    ) -> None:
+        """The lcurve.out rows and the progress line of a display step."""
+        raise NotImplementedError
+
+    def run(
+        self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
+    ) -> TrainResult:
+        """Train to numb_steps, or until a preemption signal: then every rank stops after the
+        same step and a checkpoint of that step is written.
+
+        ``preemption``: an installed handler that outlives this call (the command keeps it
+        until the process group is gone, so a launcher's SIGTERM after a failure cannot cut
+        the error report short); by default one is installed for the loop only."""
+        keys = self.loss.metric_keys()
+        writers = self._open_lcurves(keys, append_lcurve)
+        display = Display.for_run(self.numb_steps, keys, self.config["training"])
+        last_saved, preempted = None, False
+        self.model.train()
+        guard = (
+            contextlib.nullcontext(preemption) if preemption is not None else PreemptionHandler()
+        )
+        try:
+            with guard as signals, self.precision_applied():
+                while self.step < self.numb_steps:
+                    lr = self.lr.value(self.step)
+                    began = time.perf_counter()
+                    metrics = self.train_step(lr)
+                    display.add(time.perf_counter() - began)
+                    self.step += 1
+                    if display.due(self.step, self.disp_freq):
+                        valid = self.validate(lr)
+                        self._report(writers, display, lr, metrics, valid)
+                    done = self.step == self.numb_steps
+                    stop = dist_rt.any_rank(signals.requested)
+                    if done or stop or self.step % self.save_freq == 0:
+                        last_saved = self.save() or last_saved
+                    if stop and not done:
+                        preempted = True
+                        log.warning(
+                            "stopping after step %d: %s",
+                            self.step,
+                            f"{signals.signal_name} received"
+                            if signals.requested
+                            else "another rank received a preemption signal",
+                        )
+                        break
+        except RuntimeError as exc:
+            if self.rt.world_size > 1 and is_collective_failure(exc):
+                raise MDTrainError(
+                    f"rank {self.rt.rank}: lost contact with the other ranks during step "
+                    f"{self.step + 1} ({_first_line(exc)}): a rank died, or stalled longer "
+                    f"than training.distributed.timeout ({self._timeout_s():g} s)"
+                ) from exc
+            raise
+        finally:
+            for writer in writers:
+                writer.close()
+        return TrainResult(self.step, preempted, last_saved)
+
+    def _timeout_s(self) -> float:
+        return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
+
+
+class Trainer(TrainingLoop):
+    """Owns the optimiser, samplers and writers of one run; ``run()`` trains to numb_steps.
+
+    ``nlist_cache``: a neighbour-list cache to use (a committee's members share one);
+    ``gradient_buckets`` False: this trainer does not average its gradients over ranks (a
+    committee that steps its members together averages all of them at once)."""
 
     def __init__(
         self,
@@ -68,6 +171,8 @@ class Trainer:
         valid_systems: list[System],
         runtime: Runtime,
         out_dir: str = ".",
+        nlist_cache: NeighborListCache | None = None,
+        gradient_buckets: bool = True,
     ) -> None:
         self.config = config
         self.model = model
@@ -104,7 +209,7 @@ class Trainer:
                 float(spread.get("bucket_mb", dist_rt.DEFAULT_BUCKET_MB)),
                 overlap=self.overlap_comm,
             )
-            if runtime.world_size > 1
+            if runtime.world_size > 1 and gradient_buckets
             else None
         )
         ctrl = training.get("batch_controller", {})
@@ -120,13 +225,15 @@ class Trainer:
             micro_batches=ctrl.get("micro_batches"),
         )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
-        self.nlist_cache = NeighborListCache()  # frames come back many times: search once
+        # frames come back many times: search once
+        self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
         self.precision = mode_of(training.get("mixed_precision"))  # None, "tf32" or "bf16"
         check_networks(self.precision, model.get_model_config(), "training.mixed_precision")
         self.step = 0
+        self.checkpoint_extra: dict = {}  # entries every checkpoint gets (a committee's)
         self.ckpt = CheckpointManager(
             out_dir, training["save_ckpt"], int(training["max_ckpt_keep"])
         )
@@ -149,6 +256,7 @@ class Trainer:
             "mixed_precision": self.precision,
             "rng_state": rng_state_dict(),
             "config": self.config,
+            **self.checkpoint_extra,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -178,8 +286,7 @@ class Trainer:
         failure there, like one in the model, is retried with smaller micro-batches."""
         index, frames = self.sampler.next_batch(self.controller.suggest_growth())
         system = self.train_systems[index]
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.set_lr(lr)
 
         def attempt(slices: list[slice]) -> dict[str, float]:
             parts = []
@@ -204,10 +311,19 @@ class Trainer:
             buckets.finish(self.rt.world_size)  # launched during (and after) the last backward
         elif buckets is not None:
             buckets.all_reduce(self.rt.world_size)
+        self.apply_gradients()
+        return metrics
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def apply_gradients(self) -> None:
+        """The optimiser step on the (averaged) gradients, clipped to
+        ``training.gradient_max_norm`` first when it is set."""
         if self.max_norm:
             torch.nn.utils.clip_grad_norm_(self.params, float(self.max_norm))
         self.optimizer.step()
-        return metrics
 
     def _communicating(self, last: bool) -> contextlib.AbstractContextManager:
         """Around a backward: the step's last one (its gradients are then complete) launches
@@ -282,70 +398,25 @@ class Trainer:
         torch.distributed.all_gather_object(states, state)
         return merge_states(states)
 
-    def run(
-        self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
-    ) -> TrainResult:
-        """Train to numb_steps, or until a preemption signal: then every rank stops after the
-        same step and a checkpoint of that step is written.
+    def _open_lcurves(self, keys: list[str], append: bool) -> list[LcurveWriter]:
+        if not self.rt.is_main:
+            return []
+        return [
+            LcurveWriter(
+                self.lcurve_path,
+                keys,
+                self.valid_sampler is not None,
+                append=append,
+                resume_step=self.step if append else None,
+            )
+        ]
 
-        ``preemption``: an installed handler that outlives this call (the command keeps it
-        until the process group is gone, so a launcher's SIGTERM after a failure cannot cut
-        the error report short); by default one is installed for the loop only."""
-        keys = self.loss.metric_keys()
-        writer = None
-        if self.rt.is_main:
-            writer = LcurveWriter(
-                self.lcurve_path, keys, self.valid_sampler is not None, append=append_lcurve,
-                resume_step=self.step if append_lcurve else None,
-            )  # fmt: skip
-        display = Display.for_run(self.numb_steps, keys, self.config["training"])
-        last_saved, preempted = None, False
-        self.model.train()
-        guard = (
-            contextlib.nullcontext(preemption) if preemption is not None else PreemptionHandler()
-        )
-        try:
-            with guard as signals, self.precision_applied():
-                while self.step < self.numb_steps:
-                    lr = self.lr.value(self.step)
-                    began = time.perf_counter()
-                    metrics = self.train_step(lr)
-                    display.add(time.perf_counter() - began)
-                    self.step += 1
-                    if display.due(self.step, self.disp_freq):
-                        valid = self.validate(lr)
-                        if writer is not None:
-                            writer.write(self.step, lr, metrics, valid)
-                        log.info(display.line(self.step, lr, metrics, valid))
-                    done = self.step == self.numb_steps
-                    stop = dist_rt.any_rank(signals.requested)
-                    if done or stop or self.step % self.save_freq == 0:
-                        last_saved = self.save() or last_saved
-                    if stop and not done:
-                        preempted = True
-                        log.warning(
-                            "stopping after step %d: %s",
-                            self.step,
-                            f"{signals.signal_name} received"
-                            if signals.requested
-                            else "another rank received a preemption signal",
-                        )
-                        break
-        except RuntimeError as exc:
-            if self.rt.world_size > 1 and is_collective_failure(exc):
-                raise MDTrainError(
-                    f"rank {self.rt.rank}: lost contact with the other ranks during step "
-                    f"{self.step + 1} ({_first_line(exc)}): a rank died, or stalled longer "
-                    f"than training.distributed.timeout ({self._timeout_s():g} s)"
-                ) from exc
-            raise
-        finally:
-            if writer is not None:
-                writer.close()
-        return TrainResult(self.step, preempted, last_saved)
-
-    def _timeout_s(self) -> float:
-        return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
+    def _report(
+        self, writers: list[LcurveWriter], display: Display, lr: float, metrics, valid
+    ) -> None:
+        for writer in writers:
+            writer.write(self.step, lr, metrics, valid)
+        log.info(display.line(self.step, lr, metrics, valid))
 
 
 def is_collective_failure(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ from mdtrain import distributed as dist_rt
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
-from mdtrain.model.backend import build_model
+from mdtrain.model.backend import build_committee, build_model
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint, load_model_file
@@ -28,6 +28,16 @@ from mdtrain.model.stat_file import read_stat_file
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.outputs import check_output_dir, check_output_file
 from mdtrain.train.checkpoint import CheckpointManager
+from mdtrain.train.committee import (
+    PER_MEMBER,
+    SHARED,
+    CommitteeTrainer,
+    ensemble_size,
+    latest_common_checkpoint,
+    member_checkpoints,
+    member_config,
+    member_dir,
+)
 from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
 from mdtrain.train.loop import Trainer, seed_everything
 from mdtrain.train.loss import one_sided_terms
@@ -62,6 +72,7 @@ class TrainRequest:
     mixed_precision: str | None = None  # overrides training.mixed_precision ("off", ...)
     neighbor_stat_file: str | None = None  # a file written by `mdtrain neighbor-stat`
     skip_neighbor_stat: bool = False  # trust the list sel given
+    ensemble: int | None = None  # committee size; overrides training.ensemble
 
 
 def _restart_request(request: TrainRequest, training: dict) -> tuple[str | None, bool]:
@@ -80,12 +91,14 @@ def _restart_request(request: TrainRequest, training: dict) -> tuple[str | None,
 
 
 def _resolve_restart(
-    request: TrainRequest, training: dict, out_dir: str
+    request: TrainRequest, training: dict, out_dir: str, ensemble: int = 1
 ) -> tuple[str | None, str | None]:
     """``(restart, init_model)`` paths after "auto" (the newest valid checkpoint, if any).
 
     "auto" and ``--init-model`` combine: resume when the output directory has a checkpoint,
     else start from the given weights; a job script can pass both on every submission.
+    A committee (``ensemble`` > 1) restarts from member 0's checkpoint of the newest step
+    every member has.
     """
     restart, relaunched = _restart_request(request, training)
     if request.init_model and request.finetune:
@@ -94,7 +107,11 @@ def _resolve_restart(
     option = "--finetune" if request.finetune else "--init-model"
     if restart == "auto":
         manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
-        found = dist_rt.run_on_main(manager.latest)
+        found = dist_rt.run_on_main(
+            manager.latest
+            if ensemble == 1
+            else lambda: latest_common_checkpoint(out_dir, training, ensemble)
+        )
         if found:
             log.info("restart auto: continuing from %s", found)
             if init_model:
@@ -160,16 +177,19 @@ def _check_stat_file(path: str) -> None:
     read_stat_file(path)
 
 
-def _prepare_outputs(request: TrainRequest, training: dict) -> None:
+def _prepare_outputs(request: TrainRequest, training: dict, ensemble: int = 1) -> None:
     """Make the output directory and check every place training writes (checkpoints,
-    lcurve.out, out.json, a new stat file): a problem is one line naming the path, before
-    any data is read."""
+    lcurve.out, out.json, a new stat file; a committee's in every ``member-k/``): a problem
+    is one line naming the path, before any data is read."""
     out_dir = request.output_dir
     check_output_dir(out_dir, "output directory", create=True)
-    ckpt_dir = os.path.dirname(output_path(out_dir, training["save_ckpt"])) or out_dir
-    check_output_dir(ckpt_dir, "training.save_ckpt directory")
-    check_output_file(output_path(out_dir, training["disp_file"]), "training.disp_file")
     check_output_file(output_path(out_dir, "out.json"), "out.json")
+    for where in [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]:
+        check_output_dir(where, "output directory", create=True)
+        ckpt_dir = os.path.dirname(output_path(where, training["save_ckpt"])) or where
+        check_output_dir(ckpt_dir, "training.save_ckpt directory")
+        check_output_file(output_path(where, training["disp_file"]), "training.disp_file")
+        check_output_file(output_path(where, "out.json"), "out.json")
     stat_file = training.get("stat_file")
     if stat_file:
         path = resolve_path(request.input_path, stat_file)
@@ -196,6 +216,8 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
     config = load_config(request.input_path)
     precision_source = _apply_precision_override(request, config)
     training = config["training"]
+    ensemble = ensemble_size(request.ensemble, training)
+    training["ensemble"] = ensemble  # out.json records what ran
     dist_cfg = training.get("distributed", {})
     backend = dist_rt.resolve_backend_request(request.backend, dist_cfg.get("backend"))
     with dist_rt.init_distributed(
@@ -207,12 +229,14 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             torch.get_num_threads(),
         )  # fmt: skip
         out_dir = request.output_dir
-        dist_rt.run_on_main(_prepare_outputs, request, training)  # before any work
+        dist_rt.run_on_main(_prepare_outputs, request, training, ensemble)  # before any work
         if runtime.is_main:
             for message in (*one_sided_terms(config["loss"]), *inert_settings(config["model"])):
                 log.warning("%s", message)
         # everything up to the statistics checks the input; nothing in out_dir changes before
-        restart, init_model = _resolve_restart(request, training, out_dir)
+        restart, init_model = _resolve_restart(request, training, out_dir, ensemble)
+        if restart and ensemble > 1:  # a committee continues from member 0's of that step
+            restart = member_checkpoints(restart, ensemble)[0]
         finetune = init_model if init_model and request.finetune else None
         init_model = None if finetune else init_model
         state = load_checkpoint(restart) if restart else None
@@ -250,29 +274,62 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
                 "training.seed is not set: drew %d (written to out.json; set it to repeat "
                 "this run)", training["seed"],
             )  # fmt: skip
+        if ensemble > 1:
+            config = _committee_seeds(config)
         seed_everything(int(training["seed"]))
         keep_freed_memory()
         precision = mode_of(training.get("mixed_precision"))
-        model = build_model(config["model"], runtime.device, precision)
+        sampling, members = None, [config]
+        if ensemble > 1:
+            sampling = _committee_sampling(
+                state if restart else None, init_model or finetune, ensemble
+            )
+            members = [member_config(config, k, sampling) for k in range(ensemble)]
+            model = build_committee([m["model"] for m in members], runtime.device, precision)
+            first = model.members[0]
+        else:
+            model = first = build_model(config["model"], runtime.device, precision)
         if init_model:
-            _load_weights(model, state, init_model)
+            _load_weights(first, state, init_model)
         elif finetune:
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            dist_rt.run_on_main(load_pretrained, model, state, data.train, nbatch)
+            dist_rt.run_on_main(load_pretrained, first, state, data.train, nbatch)
         elif not restart:
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            model_statistics(model, data.train, stat_file, nbatch, stat_mode(config))
+            model_statistics(first, data.train, stat_file, nbatch, stat_mode(config))
+        if ensemble > 1 and not restart:
+            _share_start(model, same_weights=bool(init_model or finetune))
         dist_rt.broadcast_module(model)
-        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
-        if restart:
-            trainer.load_state_dict(state)
-            log.info("continuing from %s at step %d", restart, trainer.step)
+        if ensemble > 1:
+            trainer = CommitteeTrainer(
+                config, model, members, data.train, data.valid, runtime, out_dir, sampling
+            )
+            if restart:
+                paths = member_checkpoints(restart, ensemble)
+                trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
+                log.info("continuing the committee from %s at step %d", restart, trainer.step)
+            else:
+                trainer.check_statistics()
+        else:
+            trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+            if restart:
+                trainer.load_state_dict(state)
+                log.info("continuing from %s at step %d", restart, trainer.step)
         if runtime.is_main:
             dump_config(config, output_path(out_dir, "out.json"))
+            if ensemble > 1:
+                for k, member in enumerate(members):
+                    dump_config(member, output_path(member_dir(out_dir, k), "out.json"))
             with contextlib.suppress(FileNotFoundError):  # a marker of an earlier, shorter run
                 os.remove(_finished_marker(out_dir))
-        nparams = sum(p.numel() for p in model.parameters())
-        log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
+        nparams = sum(p.numel() for p in first.parameters())
+        if ensemble > 1:
+            log.info(
+                "committee of %d models (%s sampling), %d parameters each; training for %d "
+                "steps", ensemble, sampling, nparams, trainer.numb_steps,
+            )  # fmt: skip
+        else:
+            log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
         result = trainer.run(append_lcurve=bool(restart), preemption=preemption.install())
         if result.preempted:
             log.info(
@@ -288,6 +345,49 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
 
 def _random_seed() -> int:
     return secrets.randbits(31)
+
+
+def _committee_seeds(config: dict) -> dict:
+    """``config`` with a model seed for every null one: one base seed drawn (the same on every
+    rank) and logged; member k uses base + k (it is written to out.json)."""
+    model = config["model"]
+    missing = [s for s in ("descriptor", "fitting_net") if model[s].get("seed") is None]
+    if not missing:
+        return config
+    config = copy.deepcopy(config)
+    base = dist_rt.run_on_main(_random_seed)
+    for section in missing:
+        config["model"][section]["seed"] = base
+    log.info(
+        "model %s seed not set: drew %d for the committee (member k uses %d + k; written to "
+        "out.json)", " and ".join(missing), base, base,
+    )  # fmt: skip
+    return config
+
+
+def _committee_sampling(restart_state: dict | None, start_model: str | None, size: int) -> str:
+    """How the members draw their frames: from the checkpoint being continued, else
+    "per-member" when they all start from one model's weights, "shared" otherwise."""
+    if restart_state is not None:
+        saved = restart_state.get("committee")
+        if not saved:
+            raise MDTrainError("--restart: the checkpoint is not a committee member's")
+        if int(saved["size"]) != size:
+            raise MDTrainError(
+                f"--restart: the checkpoints are of a committee of {saved['size']}, not {size}"
+            )
+        return str(saved["sampling"])
+    return PER_MEMBER if start_model else SHARED
+
+
+def _share_start(committee, same_weights: bool) -> None:
+    """Member 0's statistics (or, starting from one model, all its weights) in every member."""
+    if same_weights:
+        state = committee.members[0].state_dict()
+        for member in list(committee.members)[1:]:
+            member.load_state_dict(state)
+    else:
+        committee.share_statistics()
 
 
 def _write_marker(path: str, step: int) -> None:

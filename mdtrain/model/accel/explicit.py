@@ -14,8 +14,10 @@ from torch import Tensor
 
 from mdtrain.model.accel.explicit_descriptor import (
     EmbeddingOps,
+    Environment,
     backward_explicit,
-    forward_explicit,
+    contract_environment,
+    explicit_environment,
 )
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.energy import EnergyModel
@@ -64,7 +66,17 @@ class ExplicitEnergyModel(EnergyModel):
         if box is not None:
             cell = box.detach().to(torch.float64)
         diff = self.pair_vectors(x, cell, nlist, shift)
-        descriptor, cache = forward_explicit(self.descriptor, self.embedding, diff, nlist, atype)
+        env = explicit_environment(self.descriptor, diff, nlist, atype)
+        return self.evaluate_environment(env, diff, nlist, atype)
+
+    def evaluate_environment(
+        self, env: Environment, diff: Tensor, nlist: Tensor, atype: Tensor
+    ) -> dict[str, Tensor]:
+        """``_evaluate`` from the pair vectors ``diff`` and their environment (computed by
+        ``explicit_environment`` with statistics equal to this model's: a committee computes
+        it once for all its members)."""
+        nf, natoms = diff.shape[0], diff.shape[1]
+        descriptor, cache = contract_environment(self.descriptor, self.embedding, env, nf, natoms)
         atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
         atom_energy = atom_energy + self.out_bias[atype]
         if self.has_atom_exclusions:
@@ -72,7 +84,7 @@ class ExplicitEnergyModel(EnergyModel):
             atom_energy = atom_energy * keep
             grad = grad * keep.to(grad.dtype).view(1, -1, 1)
         g = backward_explicit(self.descriptor, self.embedding, grad, cache, atype)
-        nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
+        nnei = nlist.shape[2]
         frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
         target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
         pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)

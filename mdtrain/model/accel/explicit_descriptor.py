@@ -98,11 +98,37 @@ def pull_back_rows(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
     return torch.addcmul(diff * radial, h, q_ang)
 
 
-def forward_explicit(
-    desc: DescriptorSeA, ops: EmbeddingOps, diff: Tensor, nlist: Tensor, atype: Tensor
-) -> tuple[Tensor, ExplicitCache]:
-    """Descriptor D (nf, N, M·axis) like ``desc.forward``, plus what ``backward_explicit``
-    needs; nothing here needs ``diff`` to require grad."""
+class RowGroup(NamedTuple):
+    """Normalised rows of one group of centres (all of them with ``type_one_side``, else those
+    of one centre type) and what the embedding needs of them, the same for every model with
+    this descriptor's settings and statistics."""
+
+    rows: Tensor  # (B, nnei, 4)
+    cols: Tensor  # (B, 4, nnei): the rows' transpose, contiguous (plain bmm operands)
+    mask: Tensor  # (B, nnei) real neighbours
+    types: Tensor | None  # (B,) centre types with ``type_one_side``, else None
+    centre: int  # -1 with ``type_one_side``, else the centre type
+    index: Tensor | None  # the group's atoms (centre type), None with ``type_one_side``
+    widths: list[int]  # per neighbour type: slots up to the last real neighbour of any row
+
+
+class Environment(NamedTuple):
+    """Everything ``forward_explicit`` computes before any network: the environment matrix,
+    its derivative coefficients and the normalised rows per group. It depends on the frames,
+    the descriptor's settings and its davg/dstd only, so a committee whose members share
+    their statistics computes it once (``mdtrain.model.accel.committee``)."""
+
+    diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
+    coef: Tensor  # (nf, N, nnei, 3) derivative coefficients, 0 if padded
+    scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
+    pad: Tensor  # (ntypes, nnei, 4) normalised rows of padded slots, per centre type
+    groups: list[RowGroup]
+
+
+def explicit_environment(
+    desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor
+) -> Environment:
+    """The network-free part of ``forward_explicit`` (see `Environment`)."""
     nf, natoms = diff.shape[0], diff.shape[1]
     mask = nlist >= 0
     diff = diff.to(desc.dtype)
@@ -117,25 +143,66 @@ def forward_explicit(
         scale = scale * keep
     pad = -davg_all / dstd_all  # normalised rows of padded slots, per centre type
     scale = scale.expand_as(rr)
-    tmats: list[Tensor] = []
-    rows_of: list[Tensor] = []
-    blocks: list[EmbeddedBlock] = []
+    groups: list[RowGroup] = []
     if desc.type_one_side:
         rows = rr.view(nf * natoms, desc.nnei, 4)
-        types = atype.repeat(nf)
-        tmat = _contract(desc, ops, rows, mask.view(-1, desc.nnei), pad, types, -1, blocks)
-        cache = ExplicitCache(diff, coef, scale, [tmat], [rows], blocks)
+        groups.append(_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
+    else:
+        for c in range(desc.ntypes):
+            idx = torch.nonzero(atype == c).view(-1)
+            rows = rr.index_select(1, idx).reshape(-1, desc.nnei, 4)
+            mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
+            groups.append(_group(desc, rows, mask_c, None, c, idx))
+    return Environment(diff, coef, scale, pad, groups)
+
+
+def _group(
+    desc: DescriptorSeA,
+    rows: Tensor,
+    mask: Tensor,
+    types: Tensor | None,
+    centre: int,
+    index: Tensor | None,
+) -> RowGroup:
+    widths = []
+    for t in range(desc.ntypes):
+        lo, hi = desc.offsets[t], desc.offsets[t + 1]
+        used = torch.nonzero(mask[:, lo:hi].any(dim=0))
+        widths.append(int(used.max()) + 1 if used.numel() > 0 else 0)
+    cols = rows.transpose(1, 2).contiguous()
+    return RowGroup(rows, cols, mask, types, centre, index, widths)
+
+
+def contract_environment(
+    desc: DescriptorSeA, ops: EmbeddingOps, env: Environment, nf: int, natoms: int
+) -> tuple[Tensor, ExplicitCache]:
+    """Descriptor D (nf, N, M·axis) of ``desc``'s networks on a computed environment, plus
+    what ``backward_explicit`` needs."""
+    blocks: list[EmbeddedBlock] = []
+    if desc.type_one_side:
+        group = env.groups[0]
+        tmat = _contract(desc, ops, group, env.pad, blocks)
+        cache = ExplicitCache(env.diff, env.coef, env.scale, [tmat], [group.rows], blocks)
         return desc.descriptor_of_t(tmat).view(nf, natoms, desc.dim_out), cache
-    out = torch.zeros(nf, natoms, desc.dim_out, dtype=rr.dtype, device=rr.device)
-    for c in range(desc.ntypes):
-        idx = torch.nonzero(atype == c).view(-1)
-        rows = rr.index_select(1, idx).reshape(-1, desc.nnei, 4)
-        mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
-        tmat = _contract(desc, ops, rows, mask_c, pad, None, c, blocks)
-        out = out.index_copy(1, idx, desc.descriptor_of_t(tmat).view(nf, -1, desc.dim_out))
+    tmats: list[Tensor] = []
+    rows_of: list[Tensor] = []
+    out = torch.zeros(nf, natoms, desc.dim_out, dtype=env.diff.dtype, device=env.diff.device)
+    for group in env.groups:
+        tmat = _contract(desc, ops, group, env.pad, blocks)
+        d = desc.descriptor_of_t(tmat).view(nf, -1, desc.dim_out)
+        out = out.index_copy(1, group.index, d)
         tmats.append(tmat)
-        rows_of.append(rows)
-    return out, ExplicitCache(diff, coef, scale, tmats, rows_of, blocks)
+        rows_of.append(group.rows)
+    return out, ExplicitCache(env.diff, env.coef, env.scale, tmats, rows_of, blocks)
+
+
+def forward_explicit(
+    desc: DescriptorSeA, ops: EmbeddingOps, diff: Tensor, nlist: Tensor, atype: Tensor
+) -> tuple[Tensor, ExplicitCache]:
+    """Descriptor D (nf, N, M·axis) like ``desc.forward``, plus what ``backward_explicit``
+    needs; nothing here needs ``diff`` to require grad."""
+    env = explicit_environment(desc, diff, nlist, atype)
+    return contract_environment(desc, ops, env, diff.shape[0], diff.shape[1])
 
 
 def backward_explicit(
@@ -169,20 +236,18 @@ def backward_explicit(
 def _contract(
     desc: DescriptorSeA,
     ops: EmbeddingOps,
-    rr: Tensor,
-    mask: Tensor,
+    group: RowGroup,
     pad: Tensor,
-    types: Tensor | None,
-    centre: int,
     blocks: list[EmbeddedBlock],
 ) -> Tensor:
-    """T/nnei (B, 4, M) for rows rr (B, nnei, 4), appending the embedding blocks to ``blocks``.
+    """T/nnei (B, 4, M) for the rows of ``group``, appending the embedding blocks to
+    ``blocks``.
 
-    ``centre`` -1: one net per neighbour type, rows of any centre type (``types`` (B,));
-    otherwise only rows of that centre type and nets ``centre + t·ntypes``. Each net embeds
-    only the leading columns of its block that hold a real neighbour for some row.
+    A group of centre -1 (``type_one_side``) takes one net per neighbour type, rows of any
+    centre type; otherwise only rows of that centre type and nets ``centre + t·ntypes``. Each
+    net embeds only the leading columns of its block that hold a real neighbour for some row.
     """
-    rr_cols = rr.transpose(1, 2).contiguous()  # (B, 4, nnei): blocks are plain bmm operands
+    centre, rr = group.centre, group.rows
     tmat = torch.zeros(rr.shape[0], 4, desc.neuron_out, dtype=rr.dtype, device=rr.device)
     first, last = (centre, centre + 1) if centre >= 0 else (0, desc.ntypes)
     for k, net in enumerate(desc.networks):
@@ -190,11 +255,9 @@ def _contract(
             continue
         t = k if centre < 0 else k // desc.ntypes
         lo, hi = desc.offsets[t], desc.offsets[t + 1]
-        used = torch.nonzero(mask[:, lo:hi].any(dim=0))
-        n = int(used.max()) + 1 if used.numel() > 0 else 0
         tmat, block = ops.contract(
-            net, rr_cols[:, :, lo:hi], n, pad[first:last, lo:hi], types, tmat,
-            max(centre, 0), lo, mask[:, lo:hi],
+            net, group.cols[:, :, lo:hi], group.widths[t], pad[first:last, lo:hi], group.types,
+            tmat, max(centre, 0), lo, group.mask[:, lo:hi],
         )  # fmt: skip
         if block is not None:
             blocks.append(block)

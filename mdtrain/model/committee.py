@@ -1,0 +1,76 @@
+"""A committee: N energy models of one architecture, differing only in their seeds, evaluated
+on the same frames (active learning trains them together and measures where they disagree).
+
+Member ``k`` is the model a single run builds from the ``model`` section with
+``descriptor.seed`` and ``fitting_net.seed`` increased by ``k`` (`member_model_config`). The
+members share no parameters. Their statistics (davg/dstd, energy bias) come from the data only,
+so they are equal; the accelerated committee (``mdtrain.model.accel.committee``) relies on
+equal davg/dstd to compute the environment matrix once for all members (`stats_shared`).
+
+This reference committee evaluates each member on its own: ``forward`` returns the list of the
+members' outputs, each exactly what the member alone returns.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from mdtrain.model.energy import EnergyModel
+
+SEEDED = ("descriptor", "fitting_net")  # the sections whose ``seed`` differs between members
+
+
+def member_model_config(model_config: dict, k: int) -> dict:
+    """The ``model`` section of member ``k``: the seeds of ``SEEDED`` increased by ``k``
+    (a null seed stays null; the training run draws one first)."""
+    config = copy.deepcopy(model_config)
+    for section in SEEDED:
+        part = config.get(section)
+        if part is not None and part.get("seed") is not None:
+            part["seed"] = int(part["seed"]) + k
+    return config
+
+
+class Committee(nn.Module):
+    """Members evaluated one by one; ``forward`` takes ``EnergyModel``'s inputs and returns
+    one output dict per member."""
+
+    backend: str
+
+    def __init__(self, members: list[EnergyModel]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("a committee needs at least one member")
+        self.members = nn.ModuleList(members)
+        self.backend = members[0].backend
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def forward(self, coord, atype, box, nlist, shift) -> list[dict[str, torch.Tensor]]:
+        return [member(coord, atype, box, nlist, shift) for member in self.members]
+
+    def get_model_config(self) -> dict:
+        """Member 0's model section (the others differ in their seeds only)."""
+        return self.members[0].get_model_config()
+
+    def stats_shared(self) -> bool:
+        """Whether every member has member 0's davg and dstd (exactly)."""
+        first = self.members[0].descriptor
+        return all(
+            torch.equal(m.descriptor.davg, first.davg)
+            and torch.equal(m.descriptor.dstd, first.dstd)
+            for m in self.members
+        )
+
+    @torch.no_grad()
+    def share_statistics(self) -> None:
+        """Copy member 0's davg/dstd and energy bias into every member (statistics depend on
+        the data only, so they are computed once)."""
+        first = self.members[0]
+        for member in list(self.members)[1:]:
+            member.descriptor.set_stats(first.descriptor.davg, first.descriptor.dstd)
+            member.set_out_bias(first.out_bias, first.out_std)
