@@ -44,6 +44,10 @@ TF_NO_ATOM_EXCLUSION = (
     "convert-backend to .pb drops atom_exclude_types for energy models (excluded atoms get "
     "energies): compared with DeePMD's numpy .dp evaluator only"
 )
+TF_NO_CONCAT_SKIP = (
+    "TensorFlow's fitting nets have no skip connection into a layer twice as wide as the one "
+    "before (the numpy and PyTorch backends concatenate the input with itself there)"
+)
 TF_EXCLUSION_PADDING = (
     "TensorFlow zeroes the empty neighbour slots of an excluded type pair; DeePMD's numpy and "
     "PyTorch backends (and mdtrain) keep their -davg/dstd entries: the backends agree only "
@@ -90,6 +94,8 @@ CASES: dict[str, Case] = {
         {"activation_function": "relu6", "type_one_side": False}, {"activation_function": "gelu_tf"}
     ),
     "relu_linear": Case({"activation_function": "relu"}, {"activation_function": "linear"}),
+    # descriptor width 16 x axis 4 = 64 -> fitting 128: a doubling layer
+    "fitting_doubles": Case(fitting={"neuron": [128, 128]}, tf=TF_NO_CONCAT_SKIP),
 }
 TRAINED = "trained"  # `mdtrain train`, 4 steps: tanh, float64, type_one_side
 
