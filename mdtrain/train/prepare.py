@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, fields
@@ -105,6 +106,21 @@ def resolve_model_sel(
     file (checked against rcut, type_map and the data), else a fresh computation (on rank 0,
     or split over the ranks: ``stat_mode``).
     """
+    return resolve_sel_and_min_dist(
+        config, config_path, data, neighbor_stat_file, skip_neighbor_stat
+    )[0]
+
+
+def resolve_sel_and_min_dist(
+    config: dict,
+    config_path: str,
+    data: DataSets,
+    neighbor_stat_file: str | None,
+    skip_neighbor_stat: bool,
+) -> tuple[dict, float | None]:
+    """``resolve_model_sel`` and the data's smallest interatomic distance (None where the
+    statistics are skipped or found no pair): checkpoints keep it for DeePMD-kit's model
+    file (``min_nbor_dist``)."""
     config = copy.deepcopy(config)
     model = config["model"]
     descriptor = model["descriptor"]
@@ -117,7 +133,7 @@ def resolve_model_sel(
                 "--skip-neighbor-stat needs a list sel"
             )
         descriptor["sel"] = parsed
-        return config
+        return config, None
     systems = data.train + data.valid
     stat_path = neighbor_stat_file or config["training"].get("neighbor_stat_file")
     if stat_path:
@@ -146,7 +162,7 @@ def resolve_model_sel(
             )
     descriptor["sel"] = resolve_sel(descriptor["sel"], max_size)
     log.info("sel = %s", descriptor["sel"])
-    return config
+    return config, (float(min_dist) if math.isfinite(min_dist) else None)
 
 
 def output_path(out_dir: str, name: str) -> str:

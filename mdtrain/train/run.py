@@ -47,7 +47,7 @@ from mdtrain.train.prepare import (
     model_statistics,
     open_datasets,
     output_path,
-    resolve_model_sel,
+    resolve_sel_and_min_dist,
     stat_mode,
     validate_datasets,
 )
@@ -257,14 +257,16 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
         stat_file = resolve_path(request.input_path, stat_file) if stat_file else None
         if stat_file and not (restart or init_model):
             dist_rt.run_on_main(_check_stat_file, stat_file)
+        min_nbor_dist = state.get("min_nbor_dist") if state else None
         if not restart:
-            config = resolve_model_sel(
+            config, found = resolve_sel_and_min_dist(
                 config,
                 request.input_path,
                 data,
                 request.neighbor_stat_file,
                 request.skip_neighbor_stat,
             )
+            min_nbor_dist = found if found is not None else min_nbor_dist
         if finetune:
             config = pin_pretrained_sel(config, state)
         training = config["training"]  # resolve_model_sel returns a new config
@@ -304,6 +306,8 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             trainer = CommitteeTrainer(
                 config, model, members, data.train, data.valid, runtime, out_dir, sampling
             )
+            for member in trainer.members:
+                member.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
             if restart:
                 paths = member_checkpoints(restart, ensemble)
                 trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
@@ -312,6 +316,7 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
                 trainer.check_statistics()
         else:
             trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+            trainer.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
             if restart:
                 trainer.load_state_dict(state)
                 log.info("continuing from %s at step %d", restart, trainer.step)

@@ -181,3 +181,20 @@ def test_finetune_errors(pretrained, tmp_path, capsys):
     config["model"]["type_map"] = ["Cu", "Au"]
     with pytest.raises(MDTrainError, match="no element of the input's type_map"):
         finetune_config(config, pre, str(pretrained))
+
+
+def test_checkpoint_and_dp_carry_min_nbor_dist(pretrained, tmp_path):
+    """The data's smallest distance (what ``neighbor-stat`` reports) reaches the checkpoint and
+    the DeePMD-kit file's ``min_nbor_dist``."""
+    from mdtrain.model.deepmd_file import load_dp
+
+    stat = tmp_path / "ns.json"
+    assert (
+        main(["neighbor-stat", str(pretrained.parent.parent / "input.json"), "-o", str(stat)]) == 0
+    )
+    expected = json.loads(stat.read_text())["min_nbor_dist"]
+    state = torch.load(pretrained, weights_only=True)
+    assert state["min_nbor_dist"] == pytest.approx(expected, rel=1e-12)
+    dp = tmp_path / "m.dp"
+    assert main(["freeze", str(pretrained), "-o", str(dp)]) == 0
+    assert load_dp(dp)["min_nbor_dist"] == pytest.approx(expected, rel=1e-12)
