@@ -146,11 +146,6 @@ def tf_conversion_caveats(model: torch.nn.Module) -> list[str]:
         found.append(
             "a fitting layer twice as wide as the one before (TF has no concat skip there)"
         )
-    if "gelu" in (desc["activation_function"], fit["activation_function"]) or "gelu_tf" in (
-        desc["activation_function"],
-        fit["activation_function"],
-    ):
-        found.append("gelu (TF's differs by ~1e-9 relative)")
     return [
         f"DeePMD-kit's TensorFlow backend (.pb) evaluates this model differently: {item}; "
         "the .dp file itself is exact"

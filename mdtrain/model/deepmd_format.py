@@ -34,6 +34,8 @@ def _array(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> np.ndarray
 def _activation_out(name: str, where: str) -> str:
     if name in ("linear", "none"):
         return "none"
+    if name == "gelu_tf":  # the tanh form: DeePMD-kit's "gelu" everywhere (its TensorFlow
+        return "gelu"  # "gelu_tf" is tf.nn.gelu, ~1e-9 away from it)
     if name not in _ACTIVATIONS:
         raise MDTrainError(f"{where}: activation {name!r} has no DeePMD-kit equivalent")
     return name
