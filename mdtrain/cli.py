@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output-dir", default=".", help="where checkpoints and logs go")
 
     p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")
-    p.add_argument("-m", "--model", required=True, help="checkpoint (.pt) or frozen model (.pth)")
+    p.add_argument(
+        "-m", "--model", required=True, help="checkpoint .pt, frozen .pth, DeePMD-kit .dp"
+    )
     p.add_argument("-s", "--system", nargs="+", required=True, help="systems to test on")
     p.add_argument("-n", "--numb-test", type=int, default=0, help="frames per system (0: all)")
     p.add_argument("--json", help="write the figures to this JSON file")
