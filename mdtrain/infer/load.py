@@ -86,6 +86,11 @@ def load_model(
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise MDTrainError(f"model {path}: file not found")
+    if path.endswith((".pb", ".savedmodel")):
+        raise MDTrainError(
+            f"model {path}: a DeePMD-kit TensorFlow model; mdtrain reads DeePMD-kit's "
+            f"backend-independent file: dp convert-backend {path} model.dp"
+        )
     if is_dp_file(path):
         model = model_from_checkpoint(load_dp(path), f"model {path}", device)
     elif is_torchscript(path):

@@ -67,8 +67,9 @@ def write_dp(
         "model": model_to_deepmd(model),
         "model_def_script": model_def_script(model),
     }
-    if min_nbor_dist is not None:
+    if min_nbor_dist is not None:  # where DeePMD-kit's backends and its .dp compressor look
         data["@variables"] = {"min_nbor_dist": np.float64(min_nbor_dist)}
+        data["min_nbor_dist"] = float(min_nbor_dist)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with h5py.File(tmp, "w") as f:

@@ -6,7 +6,7 @@ dict (``mdtrain.model.deepmd_file``). Our se_e2_a model has DeePMD-kit's semanti
 mapping is one to one: layer ``w``/``b``/``idt`` are our ``weight``/``bias``/``idt``, the
 embedding nets are indexed ``centre + neighbour·ntypes`` (or by neighbour with
 ``type_one_side``) in both, davg/dstd have the same shape, and the energy bias is the atomic
-model's ``out_bias`` plus the fitting's ``bias_atom_e`` (zero in models we write).
+model's ``out_bias`` plus the fitting's ``bias_atom_e`` (we write it as ``bias_atom_e``).
 Anything a DeePMD file may hold that this model cannot run is refused by name.
 """
 
@@ -174,7 +174,9 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
             "fitting_network",
         ),
         "@variables": {
-            "bias_atom_e": np.zeros((ntypes, 1)),
+            # the energy bias sits here, as in DeePMD-kit's TensorFlow models: its model
+            # compression (dp compress) keeps the fitting's bias and drops the model's out_bias
+            "bias_atom_e": _array(model.out_bias, torch.float64).reshape(ntypes, 1),
             "case_embd": None,
             "fparam_avg": None,
             "fparam_inv_std": None,
@@ -201,7 +203,7 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
         "descriptor": descriptor,
         "fitting": fitting,
         "@variables": {
-            "out_bias": _array(model.out_bias, torch.float64).reshape(1, ntypes, 1),
+            "out_bias": np.zeros((1, ntypes, 1)),
             # ones: DeePMD-kit's dpmodel/PyTorch energy models never apply out_std, but its
             # TensorFlow backend (the .pb of convert-backend) multiplies atom energies by it
             "out_std": np.ones((1, ntypes, 1)),

@@ -113,22 +113,24 @@ def test_layout_is_deepmd_kits(tmp_path):
     # net 1 = centre type 1 (H), neighbour type 0 (O): our flat index centre + neighbour·ntypes
     w = raw["model"]["descriptor"]["embeddings"]["networks"][1]["layers"][0]["@variables"]["w"]
     assert np.array_equal(w, model.descriptor.networks[1].layers[0].weight.detach().numpy())
+    # the bias as the fitting's bias_atom_e (what DeePMD-kit's compression keeps), out_bias 0
     out_bias = raw["model"]["@variables"]["out_bias"]
-    assert out_bias.shape == (1, 2, 1)
-    assert np.array_equal(out_bias.ravel(), model.out_bias.numpy())
-    assert raw["@variables"]["min_nbor_dist"] == 1.0
+    assert out_bias.shape == (1, 2, 1) and not out_bias.any()
+    bias_atom_e = raw["model"]["fitting"]["@variables"]["bias_atom_e"]
+    assert np.array_equal(bias_atom_e, model.out_bias.numpy().reshape(2, 1))
+    assert raw["@variables"]["min_nbor_dist"] == 1.0 and raw["min_nbor_dist"] == 1.0
 
 
 def test_bias_atom_e_adds_to_out_bias(tmp_path):
-    """A file whose fitting carries ``bias_atom_e`` (DeePMD-kit's TensorFlow models do) gives
-    the sum of both biases."""
+    """A file with both biases (DeePMD-kit's PyTorch models use out_bias, its TensorFlow ones
+    bias_atom_e) gives their sum."""
     model = make_model()
     path = tmp_path / "model.dp"
     write_dp(model, path)
     with h5py.File(path, "r+") as f:
         data = json.loads(f.attrs["json"])
-        name = data["model"]["fitting"]["@variables"]["bias_atom_e"]
-        f[name][...] = np.array([[0.5], [-0.25]])
+        name = data["model"]["@variables"]["out_bias"]
+        f[name][...] = np.array([0.5, -0.25]).reshape(1, 2, 1)
     state = load_dp(path)
     expected = model.out_bias.numpy() + np.array([0.5, -0.25])
     assert np.allclose(state["model_state"]["out_bias"].numpy(), expected, rtol=0, atol=1e-15)
@@ -203,3 +205,10 @@ def test_gelu_erf_has_no_deepmd_equivalent(tmp_path):
     with pytest.raises(MDTrainError, match="no DeePMD-kit equivalent"):
         write_dp(model, tmp_path / "model.dp")
     assert not (tmp_path / "model.dp").exists()
+
+
+def test_tensorflow_graph_gets_the_conversion_hint(tmp_path):
+    path = tmp_path / "frozen_model.pb"
+    path.write_bytes(b"\x0a\x10not really a graph")
+    with pytest.raises(MDTrainError, match="dp convert-backend .*frozen_model.pb model.dp"):
+        load_model(path)
