@@ -425,10 +425,8 @@ def is_collective_failure(exc: BaseException) -> bool:
     if isinstance(exc, torch.distributed.DistError):
         return True
     text = str(exc).lower()
-    return any(
-        marker in text
-        for marker in ("gloo", "nccl", "connection closed", "connection reset", "timed out")
-    )
+    markers = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout")
+    return any(marker in text for marker in markers)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -94,7 +94,9 @@ def test_stalled_rank_makes_the_survivor_give_up_after_the_timeout(tmp_path, cle
     assert code == 1, log
     errors = error_lines(log)
     assert len(errors) == 1 and "Traceback" not in log, log
-    assert "lost contact" in errors[0] and "Timed out" in errors[0], errors[0]
+    # Gloo words it "Timed out ..." or "Application timeout caused pair closure"
+    assert "lost contact" in errors[0], errors[0]
+    assert "Timed out" in errors[0] or "Application timeout" in errors[0], errors[0]
     assert f"training.distributed.timeout ({TIMEOUT_S} s)" in errors[0], errors[0]
     print(f"rank 0 gave up {waited:.1f} s after rank 1 stopped (timeout {TIMEOUT_S} s)")
 
@@ -159,3 +161,18 @@ def test_gloo_collectives_honour_the_timeout(op, tmp_path):
     )
     assert [o.returncode for o in outcomes] == [0, 0], "\n".join(o.describe() for o in outcomes)
     assert os.path.exists(flag)
+
+
+@pytest.mark.parametrize(
+    ("text", "collective"),
+    [
+        ("[../gloo/transport/tcp/pair.cc:538] Connection closed by peer", True),
+        ("Application timeout caused pair closure", True),
+        ("Timed out waiting 5000ms for recv operation to complete", True),
+        ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", False),
+    ],
+)
+def test_collective_failures_are_recognised(text, collective):
+    from mdtrain.train.loop import is_collective_failure
+
+    assert is_collective_failure(RuntimeError(text)) is collective
