@@ -3,7 +3,7 @@ forces, loss, backward, Adam) on a data set given by its input file.
 
     python benchmarks/train_step.py /path/to/water-dft [--steps 300] [--warmup 30]
         [--precision float64 float32] [--threads 2] [--batch-size N] [--uncached]
-        [--json result.json]
+        [--ensemble 1 4] [--repeat 3] [--profile] [--json result.json]
 
 The argument is an ``input.json`` or a directory holding one; its systems are resolved
 relative to it. Nothing is written next to the data: the statistics are computed in memory
@@ -19,6 +19,13 @@ mean) wall and median process CPU time per step (after warm-up) with the 10th/90
 percentiles, the median time of the batch preparation inside the step (frames and
 neighbour lists), the peak RSS, and the load average of the machine around the run
 (others' work inflates the times).
+
+``--ensemble 1 4`` times a single model and a committee of 4 (``mdtrain train --ensemble 4``:
+one joint step of every member on the same batch, ``mdtrain.train.committee``) side by side:
+each round runs every size once, in fresh processes, alternating, and the table gives each
+committee's median step time over the rounds and its ratio to the single model's median of
+the same round (``--repeat`` rounds). ``--profile`` adds the torch profiler's table of the
+operations that took the most time over the timed steps (printed, and in the JSON).
 """
 
 from __future__ import annotations
@@ -39,8 +46,11 @@ def measure(
     threads: int,
     batch_size: int | None = None,
     uncached: bool = False,
+    ensemble: int = 1,
+    profile: bool = False,
 ) -> dict:
-    """Run in the child process: set up a Trainer like ``mdtrain train`` does, then time it."""
+    """Run in the child process: set up a Trainer (or a committee's) like ``mdtrain train``
+    does, then time it."""
     import resource
     import statistics
     import time
@@ -51,8 +61,9 @@ def measure(
     from mdtrain import distributed as dist_rt
     from mdtrain.config import load_config
     from mdtrain.memory import keep_freed_memory
-    from mdtrain.model.backend import build_model
+    from mdtrain.model.backend import build_committee, build_model
     from mdtrain.model.stats import compute_or_load_stats
+    from mdtrain.train.committee import SHARED, CommitteeTrainer, member_config
     from mdtrain.train.loop import Trainer, seed_everything
     from mdtrain.train.prepare import open_datasets, resolve_model_sel
 
@@ -67,16 +78,29 @@ def measure(
         training["training_data"]["batch_size"] = batch_size
     data = open_datasets(config, input_path)
     config = resolve_model_sel(config, input_path, data, None, skip_neighbor_stat=False)
-    seed_everything(int(training.get("seed") or 0))
+    config["training"]["seed"] = int(config["training"].get("seed") or 0)
+    seed_everything(config["training"]["seed"])
     torch.set_num_threads(threads)
     keep_freed_memory()  # as mdtrain train does
-    model = build_model(config["model"])
+    members = [member_config(config, k, SHARED) for k in range(ensemble)]
+    if ensemble > 1:
+        model = build_committee([m["model"] for m in members])
+        first = model.members[0]
+    else:
+        model = first = build_model(config["model"])
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
-    compute_or_load_stats(model, data.train, None, nbatch)
+    compute_or_load_stats(first, data.train, None, nbatch)
+    if ensemble > 1:
+        model.share_statistics()  # computed once, as mdtrain train does
     runtime = dist_rt.init_distributed("gloo", True, 60.0)
     torch.set_num_threads(threads)  # after init_distributed, which sets one per usable core
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+        if ensemble > 1:
+            trainer = CommitteeTrainer(
+                config, model, members, data.train, data.valid, runtime, out_dir, SHARED
+            )
+        else:
+            trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
         trainer.valid_sampler = None  # no validation inside the timing
         batch_times: list[float] = []
         make = trainer._batch
@@ -105,7 +129,11 @@ def measure(
         model.train()
         wall, cpu = [], []
         load_before = os.getloadavg()[0]
+        profiler = None
         for step in range(warmup + steps):
+            if profile and step == warmup:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
             lr = trainer.lr.value(step)
             w0, c0 = time.perf_counter(), time.process_time()
             trainer.train_step(lr)
@@ -113,6 +141,11 @@ def measure(
                 wall.append(time.perf_counter() - w0)
                 cpu.append(time.process_time() - c0)
         load_after = os.getloadavg()[0]
+        table = None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+            print(table, file=sys.stderr)
     natoms = sorted({s.natoms for s in data.train})
     return {
         "precision": precision,
@@ -123,6 +156,7 @@ def measure(
         "sel": list(config["model"]["descriptor"]["sel"]),
         "batch_size": training["training_data"]["batch_size"],
         "uncached": uncached,
+        "ensemble": ensemble,
         "wall_s_per_step": statistics.median(wall),
         "wall_mean_s": statistics.fmean(wall),
         "wall_p10_s": float(np.percentile(wall, 10)),
@@ -133,6 +167,7 @@ def measure(
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "load_average": [round(load_before, 2), round(load_after, 2)],
         "torch": torch.__version__,
+        "profile": table,
     }
 
 
@@ -153,6 +188,8 @@ def run_measure(
     threads: int,
     batch_size: int | None = None,
     uncached: bool = False,
+    ensemble: int = 1,
+    profile: bool = False,
 ) -> dict:
     """`measure` in a fresh process of this interpreter; its result, or RuntimeError with
     the end of the child's output."""
@@ -162,8 +199,11 @@ def run_measure(
         cmd += ["--batch-size", str(batch_size)]
     if uncached:
         cmd.append("--uncached")
+    cmd += ["--ensemble", str(ensemble)] + (["--profile"] if profile else [])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if profile:
+        print(done.stderr, file=sys.stderr)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"exit code {done.returncode}: {' '.join(cmd)}\n{tail}")
@@ -183,6 +223,12 @@ def main() -> None:
     parser.add_argument(
         "--uncached", action="store_true", help="no neighbour-list cache (a first epoch)"
     )
+    parser.add_argument(
+        "--ensemble", type=int, nargs="+", default=[1],
+        help="committee sizes to time side by side (1: a single model; default 1)",
+    )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the sizes (default 1)")
+    parser.add_argument("--profile", action="store_true", help="print the torch profiler table")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,38 +236,70 @@ def main() -> None:
     if args.child:
         result = measure(
             input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size,
-            args.uncached,
+            args.uncached, args.ensemble[0], args.profile,
         )  # fmt: skip
         print(json.dumps(result))
         return
+    results = []
     try:
-        results = [
-            run_measure(input_path, precision, args.steps, args.warmup, args.threads,
-                        args.batch_size, args.uncached)
-            for precision in args.precision
-        ]  # fmt: skip
+        for _ in range(args.repeat):
+            for precision in args.precision:
+                for size in args.ensemble:  # alternating: every size sees the same load
+                    results.append(
+                        run_measure(input_path, precision, args.steps, args.warmup, args.threads,
+                                    args.batch_size, args.uncached, size, args.profile)
+                    )  # fmt: skip
     except RuntimeError as exc:
         sys.exit(f"the timing process failed, {exc}")
     print(f"{input_path}: {results[0]['natoms']} atoms, sel {results[0]['sel']}, "
           f"{args.threads} thread(s), {args.steps} steps after {args.warmup} warm-up, "
+          f"{'uncached' if args.uncached else 'cached'} neighbour lists, "
           f"torch {results[0]['torch']}")  # fmt: skip
     header = (
-        "precision  wall s/step  (p10 - p90)        cpu s/step  batch s/step  (uncached)"
-        "  peak RSS MB  load"
+        "precision  models  wall s/step  (p10 - p90)        cpu s/step  batch s/step"
+        "  (uncached)  peak RSS MB  load"
     )
     print(header)
     for r in results:
         print(
-            f"{r['precision']:<9}  {r['wall_s_per_step']:11.4f}  "
+            f"{r['precision']:<9}  {r['ensemble']:6d}  {r['wall_s_per_step']:11.4f}  "
             f"({r['wall_p10_s']:.4f} - {r['wall_p90_s']:.4f})  {r['cpu_s_per_step']:10.4f}  "
             f"{r['batch_s_per_step']:12.4f}  "
             f"{r['batch_uncached_s'] or float('nan'):10.4f}  {r['peak_rss_mb']:11.0f}  "
             f"{r['load_average'][0]:.1f}/{r['load_average'][1]:.1f}"
         )
-    print(json.dumps(results))
+    for line in ratios(results):
+        print(line)
+    print(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)
+
+
+def ratios(results: list[dict]) -> list[str]:
+    """Per precision and committee size: the median step time over the rounds and the median
+    of each round's ratio to the single model's step (wall and process CPU time)."""
+    import statistics
+
+    lines = []
+    rounds: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        rounds.setdefault((r["precision"], r["ensemble"]), []).append(r)
+    for (precision, size), runs in rounds.items():
+        single = rounds.get((precision, 1))
+        if size == 1 or not single:
+            continue
+        pairs = list(zip(runs, single, strict=False))
+        wall = statistics.median(a["wall_s_per_step"] / b["wall_s_per_step"] for a, b in pairs)
+        cpu = statistics.median(a["cpu_s_per_step"] / b["cpu_s_per_step"] for a, b in pairs)
+        mine = statistics.median(a["wall_s_per_step"] for a in runs)
+        alone = statistics.median(b["wall_s_per_step"] for b in single)
+        lines.append(
+            f"{precision} committee of {size}: median {mine:.4f} s/step against {alone:.4f}: "
+            f"{wall:.2f}x the single model's step (CPU time {cpu:.2f}x), median of "
+            f"{len(pairs)} round(s)"
+        )
+    return lines
 
 
 if __name__ == "__main__":

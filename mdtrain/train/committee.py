@@ -8,11 +8,13 @@ samplers, lcurve.out and checkpoints in ``member-k/``), built from the member's 
 - ``"shared"`` (fresh models): member k's model seeds are the input's + k and its training
   seed the input's, so every member draws the same frames in the same order. The committee
   then takes each step together: one batch (frames, neighbour lists), one forward of the
-  committee model (the accelerated one computes the environment matrix once for all members),
-  the sum of the members' losses and one backward. The members share no parameters, so each
-  gets exactly its own gradient; each then clips it (``training.gradient_max_norm``) and
-  steps its own Adam. One batch-size controller splits the shared batch on out-of-memory
-  errors, and one set of gradient buckets averages every member's gradients over the ranks.
+  committee model (the accelerated one computes the environment matrix once for all members
+  and batches their fitting nets), the sum of the members' losses and one backward. The
+  members share no parameters, so each gets exactly its own gradient; each clips it
+  (``training.gradient_max_norm``), and the members' Adam optimisers take their steps in one
+  fused call (``step_together``). One batch-size controller splits the shared batch on
+  out-of-memory errors, and one set of gradient buckets averages every member's gradients
+  over the ranks.
 - ``"per-member"`` (``--init-model``/``--finetune``: every member starts from the same
   weights): member k's training seed is the input's + k, so the members draw different
   frames; each member's trainer takes its own step in turn (with its own controller and
@@ -47,6 +49,7 @@ from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loop import Trainer, TrainingLoop
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
+from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import mixed_precision
 
 log = logging.getLogger("mdtrain")
@@ -229,7 +232,7 @@ class CommitteeTrainer(TrainingLoop):
                     total = loss if total is None else total + loss
                     parts[j].append((metrics, weight))
                 with self._communicating(last=k == len(slices) - 1):
-                    total.backward()
+                    total.backward()  # each member's parameters get their own loss's gradient
                 del total, loss, pred
             return [merge_metrics(p) for p in parts]
 
@@ -247,7 +250,8 @@ class CommitteeTrainer(TrainingLoop):
         elif buckets is not None:
             buckets.all_reduce(self.rt.world_size)
         for member in self.members:
-            member.apply_gradients()  # each clips its own gradient
+            member.clip_gradients()  # each its own gradient
+        step_together([member.optimizer for member in self.members])
         return metrics
 
     def _communicating(self, last: bool) -> contextlib.AbstractContextManager:

@@ -321,9 +321,12 @@ class Trainer(TrainingLoop):
     def apply_gradients(self) -> None:
         """The optimiser step on the (averaged) gradients, clipped to
         ``training.gradient_max_norm`` first when it is set."""
+        self.clip_gradients()
+        self.optimizer.step()
+
+    def clip_gradients(self) -> None:
         if self.max_norm:
             torch.nn.utils.clip_grad_norm_(self.params, float(self.max_norm))
-        self.optimizer.step()
 
     def _communicating(self, last: bool) -> contextlib.AbstractContextManager:
         """Around a backward: the step's last one (its gradients are then complete) launches

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mdtrain.train.optimizer import make_adam, reserve_state
+from mdtrain.train.optimizer import make_adam, reserve_state, step_together
 
 
 def test_reserved_state_gives_the_same_steps_bit_for_bit():
@@ -40,3 +40,47 @@ def test_reserving_twice_or_after_steps_changes_nothing():
     before = {k: v.clone() for k, v in opt.state[params[0]].items()}
     reserve_state(opt)
     assert all(torch.equal(before[k], opt.state[params[0]][k]) for k in before)
+
+
+def _optimisers(seed: int, count: int = 3) -> tuple[list[list[torch.Tensor]], list]:
+    gen = torch.Generator().manual_seed(seed)
+    groups = [
+        [torch.nn.Parameter(torch.randn(n, 3, generator=gen, dtype=torch.float64)) for n in (4, 7)]
+        for _ in range(count)
+    ]
+    optimisers = [make_adam(params, 1e-2) for params in groups]
+    for opt in optimisers:
+        reserve_state(opt)
+    return groups, optimisers
+
+
+def test_stepping_together_equals_each_step_bit_for_bit():
+    apart, separate = _optimisers(0)
+    joint, together = _optimisers(0)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        for a, b in zip(sum(apart, []), sum(joint, []), strict=True):
+            a.grad = torch.randn(a.shape, generator=gen, dtype=torch.float64)
+            b.grad = a.grad.clone()
+        for opt in separate:
+            opt.step()
+        step_together(together)
+    for a, b in zip(sum(apart, []), sum(joint, []), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(apart[0][0], _optimisers(0)[0][0][0])  # the steps moved them
+    for sep, tog in zip(separate, together, strict=True):
+        for pa, pb in zip(
+            sep.param_groups[0]["params"], tog.param_groups[0]["params"], strict=True
+        ):
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                assert torch.equal(sep.state[pa][key], tog.state[pb][key])
+
+
+def test_stepping_together_falls_back_when_settings_differ():
+    groups, optimisers = _optimisers(2, count=2)
+    optimisers[1].param_groups[0]["eps"] = 1e-6
+    for p in sum(groups, []):
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in sum(groups, [])]
+    step_together(optimisers)
+    assert all(not torch.equal(a, p) for a, p in zip(before, sum(groups, []), strict=True))

@@ -60,11 +60,14 @@ class TorchEmbedding:
         group: int,
         lo: int,
         mask: Tensor,
+        memo: dict | None = None,
     ) -> tuple[Tensor, EmbeddedBlock | None]:
         """``tmat`` plus Σ R̃ᵀG over one block of slot columns from ``lo``: rows (B, 4, w) of
         which the first ``n`` hold a real neighbour for some row (``mask`` (B, w)); the other
         columns are padding for every row, so their share is computed once per centre type
-        (``types`` (B,), or None for one centre) from the padded rows ``pad`` (types, w, 4)."""
+        (``types`` (B,), or None for one centre) from the padded rows ``pad`` (types, w, 4).
+        ``memo``: what an implementation keeps for the next net on the same rows (unused
+        here)."""
         block = None
         if n > 0:
             t_k, value, slope = _EmbedContract.apply(

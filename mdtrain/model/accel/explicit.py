@@ -15,9 +15,10 @@ from torch import Tensor
 from mdtrain.model.accel.explicit_descriptor import (
     EmbeddingOps,
     Environment,
-    backward_explicit,
     contract_environment,
     explicit_environment,
+    pull_back_rows,
+    row_gradients,
 )
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.energy import EnergyModel
@@ -73,25 +74,45 @@ class ExplicitEnergyModel(EnergyModel):
         self, env: Environment, diff: Tensor, nlist: Tensor, atype: Tensor
     ) -> dict[str, Tensor]:
         """``_evaluate`` from the pair vectors ``diff`` and their environment (computed by
-        ``explicit_environment`` with statistics equal to this model's: a committee computes
-        it once for all its members)."""
-        nf, natoms = diff.shape[0], diff.shape[1]
+        ``explicit_environment`` with statistics equal to this model's)."""
+        atom_energy, rbar = self.energy_and_row_grad(env, atype)
+        g = pull_back_rows(rbar * env.scale, env.diff, env.coef).to(torch.float64)
+        return explicit_outputs(atom_energy, g, diff, nlist)
+
+    def energy_and_row_grad(self, env: Environment, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """Atomic energies (nf, N) float64 and dE/dR̃ (nf, N, nnei, 4): everything this
+        model's own networks compute on an environment (a committee shares the rest)."""
+        nf, natoms = env.diff.shape[0], env.diff.shape[1]
         descriptor, cache = contract_environment(self.descriptor, self.embedding, env, nf, natoms)
         atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
+        atom_energy, grad = self.biased(atom_energy, grad, atype)
+        return atom_energy, row_gradients(self.descriptor, self.embedding, grad, cache, atype)
+
+    def biased(self, atom_energy: Tensor, grad: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """The fitting net's atomic energies (nf, N) and dE/dD with the energy bias added and
+        the excluded atom types (``atom_exclude_types``) set to zero."""
         atom_energy = atom_energy + self.out_bias[atype]
         if self.has_atom_exclusions:
             keep = self.atom_keep[atype]
             atom_energy = atom_energy * keep
             grad = grad * keep.to(grad.dtype).view(1, -1, 1)
-        g = backward_explicit(self.descriptor, self.embedding, grad, cache, atype)
-        nnei = nlist.shape[2]
-        frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
-        target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
-        pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)
-        pulled = pulled.index_add(0, target, g.reshape(-1, 3))
-        force = g.sum(dim=2) - pulled.view(nf, natoms, 3)
-        virial = -torch.bmm(
-            g.reshape(nf, natoms * nnei, 3).transpose(1, 2), diff.reshape(nf, natoms * nnei, 3)
-        )
-        energy = atom_energy.sum(dim=-1)
-        return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}
+        return atom_energy, grad
+
+
+def explicit_outputs(
+    atom_energy: Tensor, g: Tensor, diff: Tensor, nlist: Tensor
+) -> dict[str, Tensor]:
+    """Energy, forces and virial from atomic energies (nf, N) and ``g = dE/dd`` (nf, N,
+    nnei, 3) over the pairs (``d = r_j − r_i + shift``): ``F_i = Σ_j g_ij − Σ_(k,j)→i g_kj``;
+    ``virial = −Σ g ⊗ d``. A committee passes its members as extra frames."""
+    nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
+    frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
+    target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
+    pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)
+    pulled = pulled.index_add(0, target, g.reshape(-1, 3))
+    force = g.sum(dim=2) - pulled.view(nf, natoms, 3)
+    virial = -torch.bmm(
+        g.reshape(nf, natoms * nnei, 3).transpose(1, 2), diff.reshape(nf, natoms * nnei, 3)
+    )
+    energy = atom_energy.sum(dim=-1)
+    return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

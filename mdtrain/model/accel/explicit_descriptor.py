@@ -38,8 +38,11 @@ class EmbeddingOps(Protocol):
         group: int,
         lo: int,
         mask: Tensor,
+        memo: dict | None = None,
     ) -> tuple[Tensor, EmbeddedBlock | None]:
-        """``tmat`` plus Σ R̃ᵀG over one block of slot columns (see ``TorchEmbedding``)."""
+        """``tmat`` plus Σ R̃ᵀG over one block of slot columns (see ``TorchEmbedding``);
+        ``memo``: a dict kept with the rows, for what the backend can reuse between the nets
+        evaluated on them (a committee's members)."""
         ...
 
     def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
@@ -110,6 +113,7 @@ class RowGroup(NamedTuple):
     centre: int  # -1 with ``type_one_side``, else the centre type
     index: Tensor | None  # the group's atoms (centre type), None with ``type_one_side``
     widths: list[int]  # per neighbour type: slots up to the last real neighbour of any row
+    memo: dict  # the embedding backend's reusable work on these rows (block plans)
 
 
 class Environment(NamedTuple):
@@ -170,7 +174,7 @@ def _group(
         used = torch.nonzero(mask[:, lo:hi].any(dim=0))
         widths.append(int(used.max()) + 1 if used.numel() > 0 else 0)
     cols = rows.transpose(1, 2).contiguous()
-    return RowGroup(rows, cols, mask, types, centre, index, widths)
+    return RowGroup(rows, cols, mask, types, centre, index, widths, {})
 
 
 def contract_environment(
@@ -212,7 +216,21 @@ def backward_explicit(
     cache: ExplicitCache,
     atype: Tensor,
 ) -> Tensor:
-    """dE/d(diff) (nf, N, nnei, 3) float64 from dE/dD ``grad`` (nf, N, M·axis).
+    """dE/d(diff) (nf, N, nnei, 3) float64 from dE/dD ``grad`` (nf, N, M·axis)."""
+    rbar = row_gradients(desc, ops, grad, cache, atype)
+    return pull_back_rows(rbar * cache.scale, cache.diff, cache.coef).to(torch.float64)
+
+
+def row_gradients(
+    desc: DescriptorSeA,
+    ops: EmbeddingOps,
+    grad: Tensor,
+    cache: ExplicitCache,
+    atype: Tensor,
+) -> Tensor:
+    """dE/dR̃ (nf, N, nnei, 4) in the descriptor dtype from dE/dD ``grad`` (nf, N, M·axis):
+    ``backward_explicit`` before the pull-back through the environment matrix (a committee
+    pulls every member's back at once).
 
     ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
     through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
@@ -229,8 +247,7 @@ def backward_explicit(
             g_c = grad.index_select(1, idx).reshape(-1, desc.dim_out)
             rbar_c = _row_grad(desc, ops, g_c, c, cache).view(nf, -1, desc.nnei, 4)
             rbar = rbar.index_copy(1, idx, rbar_c)
-    grad_diff = pull_back_rows(rbar * cache.scale, cache.diff, cache.coef)
-    return grad_diff.to(torch.float64)
+    return rbar
 
 
 def _contract(
@@ -257,7 +274,7 @@ def _contract(
         lo, hi = desc.offsets[t], desc.offsets[t + 1]
         tmat, block = ops.contract(
             net, group.cols[:, :, lo:hi], group.widths[t], pad[first:last, lo:hi], group.types,
-            tmat, max(centre, 0), lo, group.mask[:, lo:hi],
+            tmat, max(centre, 0), lo, group.mask[:, lo:hi], group.memo,
         )  # fmt: skip
         if block is not None:
             blocks.append(block)

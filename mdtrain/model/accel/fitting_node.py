@@ -14,19 +14,53 @@ fold(g_(k+1))``. Its reverse (cotangent ``ḡ`` of ``g_0``) gives ``p̄ = ḡW``
 ``−2t·p̄·g·idt`` to ``t̄``; the reverse of the forward then runs as usual with that extra ``t̄``.
 """
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.layout import Layout, layer_layout, layer_params, skip_fold, tanh_grad
+from mdtrain.model.accel.layout import Layout, layer_layout, layer_params, tanh_grad
 from mdtrain.model.fitting import EnergyFitting
 
 
 def _unfold(grad: Tensor, skip: int) -> Tensor | None:
-    """The reverse of ``skip_fold``: a cotangent of the input side, carried to the output side."""
+    """The reverse of `_fold`: a cotangent of the input side, carried to the output side."""
     if skip == 1:
         return grad
     if skip == 2:
-        return torch.cat([grad, grad], dim=1)
+        return torch.cat([grad, grad], dim=-1)
+    return None
+
+
+# The node runs on one net, x (rows, n) with the parameters as the layers hold them, or on K
+# nets of one layout at once (a committee's members), x (K, rows, n) with the parameters
+# stacked: W (K, n_in, n_out), b and idt (K, 1, n_out). These helpers take either form; on
+# the first they are exactly the plain two-dimensional operations.
+
+
+def _addmm(b: Tensor, x: Tensor, w: Tensor) -> Tensor:
+    return torch.addmm(b, x, w) if x.dim() == 2 else torch.baddbmm(b, x, w)
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    return torch.mm(a, b) if a.dim() == 2 else torch.bmm(a, b)
+
+
+def _tr(a: Tensor) -> Tensor:
+    return a.t() if a.dim() == 2 else a.transpose(1, 2)
+
+
+def _rowsum(a: Tensor) -> Tensor:
+    """The sum over rows, in the shape of a bias: (n,) or (K, 1, n)."""
+    return a.sum(dim=0) if a.dim() == 2 else a.sum(dim=1, keepdim=True)
+
+
+def _fold(grad: Tensor, skip: int, n_in: int) -> Tensor | None:
+    """Gradient reaching a layer's input through its skip connection."""
+    if skip == 1:
+        return grad
+    if skip == 2:
+        return torch.add(grad[..., :n_in], grad[..., n_in:])
     return None
 
 
@@ -63,32 +97,62 @@ def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor)
     return out, grad
 
 
+def members_fitting_with_grad(
+    fittings: Sequence[EnergyFitting], descriptors: Tensor, atype: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``fitting_with_grad`` of K fitting nets of one architecture (a committee's members),
+    each on its own descriptor, ``descriptors`` (K, nf, N, dim_in): energies (K, nf, N) and
+    gradients (K, nf, N, dim_in), with one node per type for all K (batched products) instead
+    of K nodes of small products."""
+    first = fittings[0]
+    k, nf, natoms, dim_in = descriptors.shape
+    out = torch.zeros(k, nf, natoms, dtype=torch.float64, device=descriptors.device)
+    grad = torch.zeros(k, nf, natoms, dim_in, dtype=first.dtype, device=descriptors.device)
+    for c in range(first.ntypes):
+        idx = torch.nonzero(atype == c).view(-1)
+        d_c = descriptors.index_select(2, idx).reshape(k, -1, dim_in).to(first.dtype)
+        nets = [f.networks[c] for f in fittings]
+        layout = layer_layout(nets[0].layers[:-1])
+        params = [_stacked(p) for p in zip(*(layer_params(n.layers) for n in nets), strict=True)]
+        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *params)
+        out = out.index_copy(2, idx, e_c.view(k, nf, -1).to(torch.float64))
+        grad = grad.index_copy(2, idx, g_c.reshape(k, nf, -1, dim_in))
+    return out, grad
+
+
+def _stacked(params: Sequence[Tensor]) -> Tensor:
+    """One parameter of K nets stacked: matrices (K, n, m), vectors (K, 1, n)."""
+    stacked = torch.stack(list(params))
+    return stacked.unsqueeze(1) if stacked.dim() == 2 else stacked
+
+
 class _ValueAndInputGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, layout: Layout, *params: Tensor) -> tuple[Tensor, Tensor]:
         layers = _split(layout, params)
         inputs, ts = [x], []
         for (n_in, skip, _), (w, b, *idt) in zip(layout, layers[:-1], strict=True):
-            t = torch.addmm(b, x, w).tanh_()
+            t = _addmm(b, x, w).tanh_()
             y = t * idt[0] if idt else t
             if skip == 1:
                 y = y + x
             elif skip == 2:
-                y = (y.view(-1, 2, n_in) + x.unsqueeze(1)).view(-1, 2 * n_in)
+                lead = x.shape[:-1]
+                y = (y.view(*lead, 2, n_in) + x.unsqueeze(-2)).view(*lead, 2 * n_in)
             ts.append(t)
             x = y
             inputs.append(x)
         w_out, b_out = layers[-1]
-        energy = torch.addmm(b_out, x, w_out)
-        g = w_out.t().expand(x.shape[0], w_out.shape[0])
+        energy = _addmm(b_out, x, w_out)
+        g = _tr(w_out).expand(*x.shape[:-1], w_out.shape[-2])
         upper, slopes = [], []  # per hidden layer: g_(k+1) and p
         for k in range(len(layout) - 1, -1, -1):
             (n_in, skip, _), (w, _, *idt) = layout[k], layers[k]
             p = tanh_grad(g * idt[0] if idt else g, ts[k])
-            fold = skip_fold(g, skip, n_in)
+            fold = _fold(g, skip, n_in)
             upper.append(g)
             slopes.append(p)
-            g = torch.mm(p, w.t()) if fold is None else torch.addmm(fold, p, w.t())
+            g = _mm(p, _tr(w)) if fold is None else _addmm(fold, p, _tr(w))
         upper.reverse()
         slopes.reverse()
         ctx.layout = layout
@@ -117,44 +181,48 @@ class _ValueAndInputGrad(torch.autograd.Function):
 
         def accumulate_product(i: int, left: Tensor, right: Tensor) -> None:
             current = grads[i]
-            grads[i] = torch.mm(left, right) if current is None else current.addmm_(left, right)
+            if current is None:
+                grads[i] = _mm(left, right)
+            elif left.dim() == 2:
+                current.addmm_(left, right)
+            else:
+                current.baddbmm_(left, right)
 
-        rows = inputs[0].shape[0]
         t_extra: list[Tensor | None] = [None] * nlayers
         if g_bar is not None:  # reverse of the sweep, bottom layer first
             gb = g_bar
             for k in range(nlayers):
                 (n_in, skip, _), (w, _, *idt), o = layout[k], layers[k], offsets[k]
-                p_bar = torch.mm(gb, w)
-                accumulate_product(o, gb.t(), slopes[k])
+                p_bar = _mm(gb, w)
+                accumulate_product(o, _tr(gb), slopes[k])
                 r = tanh_grad(p_bar, ts[k])
                 q = upper[k] * idt[0] if idt else upper[k]
                 if idt:
-                    accumulate(o + 2, (r * upper[k]).sum(dim=0))
+                    accumulate(o + 2, _rowsum(r * upper[k]))
                     r = r * idt[0]
                 t_extra[k] = torch.mul(ts[k], p_bar).mul_(q).mul_(-2.0)
                 nxt = _unfold(gb, skip)
                 gb = r if nxt is None else nxt + r
-            accumulate(offsets[-2], gb.sum(dim=0).view(-1, 1))
+            accumulate(offsets[-2], _rowsum(gb).view(layers[-1][0].shape))
         o = offsets[-2]  # the output layer
         w_out = layers[-1][0]
         if energy_bar is not None:
-            accumulate_product(o, inputs[-1].t(), energy_bar)
-            accumulate(o + 1, energy_bar.sum(dim=0))
-            y_bar = energy_bar * w_out.view(1, -1)
+            accumulate_product(o, _tr(inputs[-1]), energy_bar)
+            accumulate(o + 1, _rowsum(energy_bar))
+            y_bar = energy_bar * _tr(w_out)
         else:
-            y_bar = inputs[-1].new_zeros(rows, w_out.shape[0])
+            y_bar = inputs[-1].new_zeros(*inputs[-1].shape[:-1], w_out.shape[-2])
         for k in range(nlayers - 1, -1, -1):
             (n_in, skip, _), (w, _, *idt), o = layout[k], layers[k], offsets[k]
             t_bar = y_bar * idt[0] if idt else y_bar
             if idt:
-                accumulate(o + 2, (y_bar * ts[k]).sum(dim=0))
+                accumulate(o + 2, _rowsum(y_bar * ts[k]))
             if t_extra[k] is not None:
                 t_bar = t_bar + t_extra[k]
             a_bar = tanh_grad(t_bar, ts[k])
-            accumulate_product(o, inputs[k].t(), a_bar)
-            accumulate(o + 1, a_bar.sum(dim=0))
-            fold = skip_fold(y_bar, skip, n_in)
-            y_bar = torch.mm(a_bar, w.t()) if fold is None else torch.addmm(fold, a_bar, w.t())
+            accumulate_product(o, _tr(inputs[k]), a_bar)
+            accumulate(o + 1, _rowsum(a_bar))
+            fold = _fold(y_bar, skip, n_in)
+            y_bar = _mm(a_bar, _tr(w)) if fold is None else _addmm(fold, a_bar, _tr(w))
         x_bar = y_bar if ctx.needs_input_grad[0] else None
         return (x_bar, None, *grads)

@@ -100,10 +100,12 @@ class KernelEmbedding:
         group: int,
         lo: int,
         mask: Tensor,
+        memo: dict | None = None,
     ) -> tuple[Tensor, EmbeddedBlock | None]:
         """As ``TorchEmbedding.contract``; ``mask`` (B, w) marks real neighbours, so that each
         row evaluates only up to its own last one and its padded columns are added from
-        ``pad`` per centre type."""
+        ``pad`` per centre type. ``memo`` keeps the block plan of these rows for the next net
+        on the same rows."""
         if rows.device.type != "cpu":
             raise RuntimeError(
                 "the compiled kernels take CPU tensors: build the model for its device"
@@ -112,9 +114,13 @@ class KernelEmbedding:
             if rows.shape[2] > 0:
                 tmat = tmat + padded_tail(pad, net(pad[:, :, 0].reshape(-1, 1)), types)
             return tmat, None
-        col = torch.arange(1, n + 1, device=mask.device)
-        used = (mask[:, :n] * col).amax(dim=1)
-        plan = plan_blocks(used, rows.shape[0], n)
+        plan = memo.get(lo) if memo is not None else None
+        if plan is None:  # the same for every net on these rows (a committee's members)
+            col = torch.arange(1, n + 1, device=mask.device)
+            used = (mask[:, :n] * col).amax(dim=1)
+            plan = plan_blocks(used, rows.shape[0], n)
+            if memo is not None:
+                memo[lo] = plan
         t_k, value, slope = _KernelEmbedContract.apply(
             rows[:, :, :n], self.kernels, plan, layer_layout(net.layers), *layer_params(net.layers)
         )
