@@ -4,11 +4,15 @@ A file name of the npy layout is a dataset key here (``/water/set.000/coord.npy`
 handles are opened on demand and cached per process; the cache is keyed by the process id so
 that a forked DataLoader worker opens its own handles instead of sharing the parent's, and a
 handle is reopened when the file changed on disk (rewritten by a test or a converter).
+Files are read without a chunk cache, and only the ``MAX_OPEN_OBJECTS`` most recently used
+groups and datasets stay open, so that memory does not grow with the number of systems and
+sets read (both grew by gigabytes on large data sets).
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,11 +69,34 @@ def open_h5(file: str) -> h5py.File:
             return cached[1]
         close_h5(file)
     try:
-        handle = h5py.File(key, "r")
+        handle = h5py.File(h5py.h5f.open(key.encode(), h5py.h5f.ACC_RDONLY, _access_list()))
     except OSError as exc:
         raise MDTrainError(f"{file}: not a readable HDF5 file ({exc})") from None
     _handles[key] = (signature, handle)
     return handle
+
+
+METADATA_CACHE_BYTES = 4 << 20
+
+
+def _access_list():
+    """How mdtrain opens files: without a chunk cache (h5py's grows with every chunked
+    dataset read: 2 GB after a scan of the 640 datasets of a 4 GB file, kept while training
+    runs; frames of an uncompressed file read as fast without it, and ``--pack`` cuts
+    compressed data into small chunks), and a metadata cache of at most
+    ``METADATA_CACHE_BYTES`` (the library's own limit let it reach 200 MB on a file of 5000
+    systems)."""
+    import h5py
+
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    access.set_cache(0, 521, 0, 0.75)  # metadata slots (unused), chunk slots, bytes, w0
+    config = access.get_mdc_config()
+    config.set_initial_size = True
+    config.initial_size = min(config.initial_size, METADATA_CACHE_BYTES)
+    config.min_size = min(config.min_size, METADATA_CACHE_BYTES)
+    config.max_size = METADATA_CACHE_BYTES
+    access.set_mdc_config(config)
+    return access
 
 
 def close_h5(file: str | None = None) -> None:
@@ -89,16 +116,48 @@ def find_h5_systems(file: str, group: str = "/") -> list[str]:
     if group not in root or not isinstance(root[group], h5py.Group):
         raise MDTrainError(f"{join_h5_path(file, group)}: no such group in {file}")
     found = []
-    start = root[group]
-    if "type.raw" in start:
-        found.append(start.name)
 
-    def visit(name: str, obj: object) -> None:
-        if isinstance(obj, h5py.Group) and "type.raw" in obj:
-            found.append(obj.name)
+    def walk(node: h5py.Group) -> None:
+        # set.* groups never hold systems: skip them and every dataset (a file of thousands
+        # of systems holds tens of thousands of them, and each one opened costs time and
+        # memory of the library)
+        if "type.raw" in node:
+            found.append(node.name)
+        for name in node:
+            if not name.startswith("set.") and node.get(name, getclass=True) is h5py.Group:
+                walk(node[name])
 
-    start.visititems(visit)
+    walk(root[group])
     return sorted(set(found))
+
+
+# Groups and datasets open in this process, least recently used first, with the file handle
+# they were opened from. An open HDF5 object keeps its header in the library's memory: 5000
+# systems with every dataset kept open held 850 MB before any frame was read.
+_OBJECTS: OrderedDict[tuple[str, str], tuple[h5py.File, object]] = OrderedDict()
+_objects_pid = os.getpid()
+_inherited: list = []  # objects opened by a parent process: never closed here
+MAX_OPEN_OBJECTS = 512
+
+
+def _lookup(root: h5py.File, path: str) -> object | None:
+    """``root.get(path)`` (None when absent), kept open among the recently used."""
+    global _objects_pid
+    if os.getpid() != _objects_pid:
+        _inherited.extend(_OBJECTS.values())
+        _OBJECTS.clear()
+        _objects_pid = os.getpid()
+    key = (root.filename, path)
+    cached = _OBJECTS.get(key)
+    if cached is not None and cached[0] is root:
+        _OBJECTS.move_to_end(key)
+        return cached[1]
+    obj = root.get(path)
+    _OBJECTS[key] = (root, obj)
+    _OBJECTS.move_to_end(key)
+    while len(_OBJECTS) > MAX_OPEN_OBJECTS:
+        _OBJECTS.popitem(last=False)
+    return obj
 
 
 class H5Store:
@@ -110,9 +169,6 @@ class H5Store:
         self.file = file
         self.group = "/" + group.strip("/")
         self.path = join_h5_path(file, self.group)
-        self._root: h5py.File | None = None
-        self._cached_group: h5py.Group | None = None
-        self._datasets: dict[str, h5py.Dataset | None] = {}
         self._group()  # fail now on a missing file or group
 
     def __getstate__(self) -> dict:
@@ -122,20 +178,14 @@ class H5Store:
         self.__init__(state["file"], state["group"])
 
     def _group(self) -> h5py.Group:
-        """The system group, looked up again only when the file handle changed."""
+        """The system group (looked up again after the file was reopened or evicted)."""
         import h5py
 
-        root = open_h5(self.file)
-        if root is self._root:
-            return self._cached_group
-        try:
-            group = root[self.group]
-        except KeyError:
-            raise MDTrainError(f"{self.path}: no such group in {self.file}") from None
+        group = _lookup(open_h5(self.file), self.group)
+        if group is None:
+            raise MDTrainError(f"{self.path}: no such group in {self.file}")
         if not isinstance(group, h5py.Group):
             raise MDTrainError(f"{self.path}: is a dataset, not a group")
-        # first use, a reopened file, or a forked process: forget the old objects
-        self._root, self._cached_group, self._datasets = root, group, {}
         return group
 
     def where(self, set_name: str | None = None, name: str | None = None) -> str:
@@ -143,16 +193,15 @@ class H5Store:
         return self.path.rstrip("/") + ("/" + "/".join(parts) if parts else "")
 
     def _dataset(self, name: str) -> h5py.Dataset | None:
-        """The dataset ``name`` of the system group (None when absent), cached per handle."""
+        """The dataset ``name`` of the system group (None when absent)."""
         import h5py
 
-        group = self._group()
-        if name in self._datasets:
-            return self._datasets[name]
-        obj = group.get(name)
+        root = open_h5(self.file)
+        if _lookup(root, self.group) is None:
+            self._group()  # raises the missing-group error
+        obj = _lookup(root, f"{self.group.rstrip('/')}/{name}")
         if obj is not None and not isinstance(obj, h5py.Dataset):
             raise MDTrainError(f"{self.where(name=name)}: expected a dataset")
-        self._datasets[name] = obj
         return obj
 
     def _read(self, dataset: h5py.Dataset, name: str) -> np.ndarray:

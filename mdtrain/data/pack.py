@@ -32,7 +32,10 @@ from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
 
 COMPRESSIONS = ("none", "lzf", "gzip")
-DEFAULT_CHUNK_BYTES = 64 << 10  # frames per chunk: about this many bytes per array
+# frames per chunk: about this many bytes per array. mdtrain reads HDF5 without a chunk
+# cache (hdf5.py), so a frame read from a compressed file decompresses its whole chunk:
+# 16 KiB chunks read a random frame 3-4 times faster than 64 KiB ones, for 1-4 % more bytes
+CHUNK_BYTES = {"none": 64 << 10, "lzf": 16 << 10, "gzip": 16 << 10}
 DEFAULT_BUFFER_BYTES = 16 << 20  # frames copied at a time: about this many bytes per array
 
 
@@ -97,18 +100,20 @@ def pack(
     output: str,
     compression: str = "none",
     set_size: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
 ) -> list[PackedSystem]:
     """Write the systems named by ``entries`` to the new HDF5 file ``output``.
 
     ``set_size`` None keeps each system's ``set.*`` as they are; a number re-cuts the frames
-    into sets of that many. The file appears under its name only when complete.
+    into sets of that many. ``chunk_bytes`` defaults to ``CHUNK_BYTES`` of the compression.
+    The file appears under its name only when complete.
     """
     import h5py
 
     if compression not in COMPRESSIONS:
         raise MDTrainError(f"--compression {compression}: use one of {', '.join(COMPRESSIONS)}")
+    chunk_bytes = chunk_bytes or CHUNK_BYTES[compression]
     if os.path.exists(output):
         raise MDTrainError(f"-o {output}: already exists; remove it or choose another name")
     pairs = group_names(entries)
