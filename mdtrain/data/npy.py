@@ -1,31 +1,77 @@
 """deepmd/npy storage: a system directory with ``type.raw`` and ``set.*/`` of ``.npy`` files.
 
 Arrays are memory-mapped on first use and frame counts come from the ``.npy`` headers, so
-opening a system reads a few bytes per file. Memory maps are dropped when a store is pickled
-(DataLoader workers, object broadcast) and re-opened on demand in the receiving process.
+opening a system reads a few bytes per file (each header parsed once). At most
+``MAX_OPEN_MAPS`` maps stay open per process, the least recently used closed first. A store
+pickles as its path (DataLoader workers, object broadcast); the receiving process maps the
+arrays again on demand.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
 from mdtrain.errors import MDTrainError
 
+# numpy's own header layout; anything else goes through numpy's (slower) parser
+_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+    r"'shape': \(((?:\d+, )*\d*,?)\), \} *\n?$"
+)
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What the header of an ``.npy`` file says: where the data start and how they lie."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int  # bytes before the data
+
+
+def parse_npy_header(path: str) -> NpyHeader:
+    """The header of an ``.npy`` file. numpy's own files are parsed by a regular expression
+    (numpy evaluates the header as a Python literal, about 50 µs a file, which thousands of
+    small systems multiply); any other header by numpy."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(10)
+            if len(start) == 10 and start[:6] == b"\x93NUMPY" and start[6] == 1:
+                length = int.from_bytes(start[8:10], "little")
+                match = _HEADER.match(handle.read(length).decode("latin1"))
+                if match:
+                    shape = tuple(int(n) for n in match.group(3).split(",") if n.strip())
+                    fortran = match.group(2) == "True"
+                    return NpyHeader(shape, np.dtype(match.group(1)), fortran, 10 + length)
+            handle.seek(0)
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            return NpyHeader(tuple(shape), dtype, bool(fortran), handle.tell())
+    except (OSError, ValueError, TypeError) as exc:
+        raise MDTrainError(f"{path}: not a readable .npy file ({exc})") from None
+
 
 def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of an ``.npy`` file, from its header only."""
-    try:
-        with open(path, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-            else:
-                shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    except (OSError, ValueError) as exc:
-        raise MDTrainError(f"{path}: not a readable .npy file ({exc})") from None
-    return tuple(shape), dtype
+    header = parse_npy_header(path)
+    return header.shape, header.dtype
+
+
+# Memory maps open in this process, least recently used first. A map holds a file
+# descriptor (Python's mmap keeps a duplicate), so keeping every array of thousands of
+# systems mapped ran out of descriptors ("Too many open files" at 4000 systems with a limit
+# of 20000; clusters often allow 1024). Reopening an evicted map costs tens of µs.
+_MAPS: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
+MAX_OPEN_MAPS = 256
 
 
 class NpyStore:
@@ -35,7 +81,7 @@ class NpyStore:
 
     def __init__(self, path: str):
         self.path = path
-        self._maps: dict[tuple[str, str], np.ndarray] = {}
+        self._headers: dict[tuple[str, str], NpyHeader] = {}
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
@@ -99,19 +145,31 @@ class NpyStore:
         file = os.path.join(self.path, set_name, name + ".npy")
         if not os.path.isfile(file):
             return None
-        return read_npy_header(file)
+        header = parse_npy_header(file)
+        self._headers[(set_name, name)] = header  # the memory map needs it again
+        return header.shape, header.dtype
 
     def array(self, set_name: str, name: str) -> np.ndarray:
-        """The whole array, memory-mapped (no copy)."""
-        key = (set_name, name)
-        mapped = self._maps.get(key)
-        if mapped is None:
+        """The whole array, memory-mapped (no copy); see ``_MAPS`` for how many stay open."""
+        key = (self.path, set_name, name)
+        mapped = _MAPS.get(key)
+        if mapped is not None:
+            _MAPS.move_to_end(key)
+        else:
             file = os.path.join(self.path, set_name, name + ".npy")
+            header = self._headers.get((set_name, name))
             try:
-                mapped = np.load(file, mmap_mode="r", allow_pickle=False)
+                if header is None or header.fortran_order or header.dtype.hasobject:
+                    mapped = np.load(file, mmap_mode="r", allow_pickle=False)
+                elif 0 in header.shape:  # nothing to map
+                    mapped = np.empty(header.shape, header.dtype)
+                else:  # the header read when the system was opened, not parsed again
+                    mapped = np.memmap(file, header.dtype, "r", header.offset, header.shape)
             except (OSError, ValueError) as exc:
                 raise MDTrainError(f"{file}: cannot read ({exc})") from None
-            self._maps[key] = mapped
+            _MAPS[key] = mapped
+            while len(_MAPS) > MAX_OPEN_MAPS:
+                _MAPS.popitem(last=False)  # the least recently used; its descriptor closes
         return mapped
 
     def rows(self, set_name: str, name: str, rows: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ from mdtrain.model.stat_file import (
     read_stat_file_and_attrs,
     write_stat_file,
 )
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.nlist import NeighborSearch, build_nlist
 
 log = logging.getLogger("mdtrain.model.stats")
 
@@ -136,6 +136,33 @@ def stat_batch_plan(
     return plan
 
 
+def my_stat_plan(
+    systems: Sequence[Any],
+    nbatch: int,
+    batch_size: int | None = None,
+    share: StatShare | None = None,
+) -> list[tuple[int, int, int]]:
+    """``stat_batch_plan``, or this rank's contiguous share of it when ``share`` splits the
+    work (balanced by atoms)."""
+    plan = stat_batch_plan(systems, nbatch, batch_size)
+    if share is not None and share.world > 1:
+        natoms = [int(systems[index].natoms) for index, _, _ in plan]
+        groups = [(1, (stop - start) * n) for (_, start, stop), n in zip(plan, natoms)]
+        mine = share_ranges(groups, share.rank, share.world)
+        plan = [item for item, taken in zip(plan, mine, strict=True) if len(taken)]
+    return plan
+
+
+def stat_frames(systems: Sequence[Any], plan: list[tuple[int, int, int]]):
+    """``(system, first frame, frames)`` for every system of ``plan``: the frames its
+    batches use (consecutive), read once per system."""
+    for index, items in itertools.groupby(plan, key=lambda item: item[0]):
+        system = systems[index]
+        spans = [(start, stop) for _, start, stop in items]
+        first = spans[0][0]
+        yield system, first, system.frames(np.arange(first, spans[-1][1]))
+
+
 def collect_stat_batches(
     systems: Sequence[Any],
     model_config: dict,
@@ -153,12 +180,7 @@ def collect_stat_batches(
     cfg = normalize_model_config(model_config)
     desc = cfg["descriptor"]
     rcut, sel, ntypes = float(desc["rcut"]), list(desc["sel"]), len(cfg["type_map"])
-    plan = stat_batch_plan(systems, nbatch, batch_size)
-    if share is not None and share.world > 1:
-        natoms = [int(systems[index].natoms) for index, _, _ in plan]
-        groups = [(1, (stop - start) * n) for (_, start, stop), n in zip(plan, natoms)]
-        mine = share_ranges(groups, share.rank, share.world)
-        plan = [item for item, taken in zip(plan, mine, strict=True) if len(taken)]
+    plan = my_stat_plan(systems, nbatch, batch_size, share)
     batches = []
     for index, items in itertools.groupby(plan, key=lambda item: item[0]):
         system = systems[index]
@@ -297,6 +319,152 @@ def descriptor_stat_items(
     return items
 
 
+def frame_pairs(
+    search: NeighborSearch,
+    coord: np.ndarray,
+    box: np.ndarray | None,
+    atype: np.ndarray,
+    sel: list[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The entries of one frame's neighbour list as pairs: centre and neighbour indices
+    (P,), neighbour-minus-centre vectors (P, 3), and whether each pair stands for both
+    directions (centre j with the opposite vector too).
+
+    The entries are those ``build_nlist`` keeps at the search's cutoff: every pair within
+    it, given once for both directions, or, where a centre has more neighbours of a type
+    than ``sel`` holds (then it is asked), the nearest ones, one entry per direction.
+    Vectors are formed as ``pair_vectors`` forms them: (neighbour - centre) + shift · cell.
+    """
+    ntypes, natoms = len(sel), len(atype)
+    i, j, shift, _ = search.compute(coord, box, full=False, shifts=True)
+    counts = np.bincount(i * ntypes + atype[j], minlength=natoms * ntypes)
+    counts += np.bincount(j * ntypes + atype[i], minlength=natoms * ntypes)
+    both = not (counts.reshape(natoms, ntypes) > np.asarray(sel)).any()
+    if not both:
+        nlist, shift_all, _ = build_nlist(coord, box, atype, search.rcut, sel)
+        i, slot = np.nonzero(nlist >= 0)
+        j, shift = nlist[i, slot], shift_all[i, slot]
+    diff = coord[j] - coord[i]
+    if box is not None:
+        diff += shift.astype(np.float64) @ box
+    return i, j, diff, both
+
+
+class PairStatSums:
+    """Descriptor statistics accumulated from neighbour pairs, frame by frame.
+
+    Equal to ``descriptor_stat_sums`` over the padded lists of the same frames (up to the
+    order of float64 additions): a padded slot adds 0 to the sums and 1 to the count, so
+    the sums need the real pairs only and the counts are ``centres · frames · sum(sel)``;
+    a pair seen from its other end has the same radial entry and opposite angular ones, so
+    each pair is evaluated once. Pairs go through the model's own ``env_matrix`` in chunks
+    of up to ``chunk_pairs`` on the model's device, whatever the systems: thousands of
+    small systems cost a few large evaluations instead of one small evaluation per batch,
+    and memory stays bounded (the chunk halves on an out-of-memory error).
+    """
+
+    def __init__(self, model, chunk_pairs: int = 1 << 18) -> None:
+        from mdtrain.memory import InferenceChunker
+
+        self.desc = model.descriptor
+        self.device = model_device(model)
+        self.search = NeighborSearch(self.desc.rcut)
+        ntypes = self.desc.ntypes
+        self.number = np.zeros(ntypes)
+        self.sums = torch.zeros(ntypes, 4, dtype=torch.float64, device=self.device)
+        self.chunk_pairs = int(chunk_pairs)
+        self.chunker = InferenceChunker(self.chunk_pairs, self.chunk_pairs, self.device)
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._npending = 0
+
+    def add_frame(self, coord: np.ndarray, box: np.ndarray | None, atype: np.ndarray) -> None:
+        """One frame: coordinates (N, 3), cell or None, model types (N,)."""
+        desc = self.desc
+        self.number += np.bincount(atype, minlength=desc.ntypes) * float(desc.nnei)
+        i, j, diff, both = frame_pairs(self.search, coord, box, atype, desc.sel)
+        mirror = np.full(len(i), 1.0 if both else 0.0)
+        self._pending.append((atype[i], atype[j], diff, mirror))
+        self._npending += len(i)
+        if self._npending >= self.chunk_pairs:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._npending:
+            return
+        ti, tj, diff, mirror = (np.concatenate(p) for p in zip(*self._pending, strict=True))
+        self._pending, self._npending = [], 0
+
+        def run(a: int, b: int) -> None:
+            self.sums += self._chunk(ti[a:b], tj[a:b], diff[a:b], mirror[a:b])
+
+        with torch.no_grad():
+            self.chunker.run_all(run, len(ti), 1, "data statistics")
+
+    def _chunk(self, ti, tj, diff, mirror) -> torch.Tensor:
+        desc, device = self.desc, self.device
+        centre = torch.as_tensor(ti, device=device)
+        neighbour = torch.as_tensor(tj, device=device)
+        vectors = torch.as_tensor(diff, dtype=torch.float64, device=device)
+        raw = desc.env_matrix(vectors, torch.ones_like(centre, dtype=torch.bool))
+        raw = raw * desc.pair_keep[centre, neighbour].unsqueeze(-1).to(raw.dtype)
+        r, a = raw[:, 0], raw[:, 1:]
+        sa, sa2 = a.sum(dim=1), (a * a).sum(dim=1)
+        out = torch.zeros_like(self.sums)
+        out.index_add_(0, centre, torch.stack([r, r * r, sa, sa2], dim=1))
+        seen_back = torch.stack([r, r * r, -sa, sa2], dim=1)  # from the neighbour's side
+        weight = torch.as_tensor(mirror, dtype=torch.float64, device=device).unsqueeze(-1)
+        return out.index_add_(0, neighbour, seen_back * weight)
+
+    def items(self) -> dict[str, StatItem]:
+        """The ``r_t``/``a_t`` items, as `descriptor_stat_items` returns them."""
+        self.flush()
+        sums = self.sums.cpu().tolist()
+        items = {}
+        for t in range(self.desc.ntypes):
+            items[f"r_{t}"] = StatItem(float(self.number[t]), sums[t][0], sums[t][1])
+            items[f"a_{t}"] = StatItem(3.0 * float(self.number[t]), sums[t][2], sums[t][3])
+        return items
+
+
+def stream_stat_inputs(
+    systems: Sequence[Any],
+    model,
+    plan: list[tuple[int, int, int]],
+    descriptor: bool = True,
+    show_progress: bool = True,
+) -> tuple[dict[str, StatItem] | None, np.ndarray, np.ndarray]:
+    """One pass over the frames of ``plan``: the descriptor items (when ``descriptor``) and
+    the energy bias's inputs (atoms per type and energy of every frame with an energy).
+
+    Nothing proportional to the number of systems is kept but those two small arrays: each
+    system's frames are read, turned into pairs and added up, then dropped.
+    """
+    from mdtrain.progress import progress
+
+    ntypes = model.descriptor.ntypes
+    sums = PairStatSums(model) if descriptor else None
+    rows: list[np.ndarray] = []
+    energies: list[np.ndarray] = []
+    nsystems = len({index for index, _, _ in plan})
+    for system, _, data in progress(
+        stat_frames(systems, plan), nsystems, "data statistics", show_progress
+    ):
+        atype = np.asarray(system.atype, dtype=np.int64)
+        per_type = np.bincount(atype, minlength=ntypes)[:ntypes]
+        nf = len(data["coord"])
+        if sums is not None:
+            coord = np.asarray(data["coord"], dtype=np.float64)
+            box = data.get("box")
+            for f in range(nf):
+                sums.add_frame(coord[f], None if box is None else box[f], atype)
+        if "energy" in data and (not hasattr(system, "has") or system.has("energy")):
+            rows.append(np.tile(per_type, (nf, 1)))
+            energies.append(np.asarray(data["energy"], dtype=np.float64))
+    counts = np.concatenate(rows).astype(np.float64) if rows else np.zeros((0, ntypes))
+    energy = np.concatenate(energies) if energies else np.zeros(0)
+    return (None if sums is None else sums.items()), counts, energy
+
+
 def davg_dstd_from_items(
     items: dict[str, StatItem], ntypes: int, nnei: int, set_davg_zero: bool
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -382,19 +550,6 @@ def compute_energy_bias(
     return bias, np.full(ntypes, math.sqrt(squares / nrows))
 
 
-def _bias_inputs(batches: Iterable[dict[str, Any]], ntypes: int) -> tuple[np.ndarray, np.ndarray]:
-    rows, energies = [], []
-    for batch in batches:
-        if "energy" not in batch:
-            continue
-        nf = len(batch["energy"])
-        rows.append(np.tile(np.asarray(batch["natoms_per_type"])[:ntypes], (nf, 1)))
-        energies.append(np.asarray(batch["energy"], dtype=np.float64))
-    if not rows:
-        return np.zeros((0, ntypes)), np.zeros(0)
-    return np.concatenate(rows).astype(np.float64), np.concatenate(energies)
-
-
 def compute_or_load_stats(
     model,
     systems: Sequence[Any],
@@ -405,8 +560,9 @@ def compute_or_load_stats(
 ) -> None:
     """Set the model's davg/dstd and energy bias, from the stat file where possible.
 
-    Missing entries are computed from ``collect_stat_batches`` (first ``nbatch`` batches of
-    every system) and, when ``stat_file`` is given, written back to it. With a ``share`` of
+    Missing entries are computed in one streamed pass (``stream_stat_inputs``) over the
+    first ``nbatch`` batches of every system (``stat_batch_plan``) and, when ``stat_file``
+    is given, written back to it. With a ``share`` of
     several ranks every rank calls this: each computes its share of the batches, the sums
     are combined, and every rank's model gets the same statistics; rank 0 alone reads and
     writes the file.
@@ -425,34 +581,29 @@ def compute_or_load_stats(
             stat_file,
         )
     new: dict[str, np.ndarray] = {}
-    cached_batches: list[dict[str, Any]] | None = None
-
-    def batches() -> list[dict[str, Any]]:
-        nonlocal cached_batches
-        if cached_batches is None:
-            cached_batches = collect_stat_batches(
-                systems, model.get_model_config(), nbatch, batch_size, share
-            )
-        return cached_batches
-
     names = [f"{k}_{t}" for t in range(ntypes) for k in ("r", "a")]
-    if all(f"{dkey}/{n}" in stored for n in names):
+    bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
+    have_items = all(f"{dkey}/{n}" in stored for n in names)
+    have_bias = bkey in stored and skey in stored
+    if not (have_items and have_bias):  # one pass over the sampled frames for both
+        plan = my_stat_plan(systems, nbatch, batch_size, share)
+        mine, counts, energies = stream_stat_inputs(
+            systems, model, plan, descriptor=not have_items, show_progress=report
+        )
+    if have_items:
         items = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
         log.info("descriptor statistics loaded from %s", stat_file)
     else:
-        mine = descriptor_stat_items(batches(), model, show_progress=report)
         sums = share.total(np.stack([mine[n].to_array() for n in names]))
         items = {n: StatItem.from_array(row) for n, row in zip(names, sums, strict=True)}
         new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
     davg, dstd = davg_dstd_from_items(items, ntypes, desc.nnei, desc.set_davg_zero)
     desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
 
-    bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
-    if bkey in stored and skey in stored:
+    if have_bias:
         bias, std = stored[bkey].ravel(), stored[skey].ravel()
         log.info("energy bias loaded from %s", stat_file)
     else:
-        counts, energies = _bias_inputs(batches(), ntypes)
         if share.total(np.array([float(len(energies))]))[0] == 0:
             if report:
                 log.warning("no sampled frame has an energy label: the energy bias stays 0")

@@ -114,12 +114,25 @@ def _min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None)
         cutoff *= 2.0
 
 
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cross products (n, 3): ``np.cross``'s arithmetic without its axis handling,
+    which cost more than the search itself for frames of a few atoms."""
+    return np.stack(
+        [
+            a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1],
+            a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
+            a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0],
+        ],
+        axis=-1,
+    )
+
+
 def _plane_spacing(boxes: np.ndarray) -> np.ndarray:
     """Smallest distance between lattice planes of each cell (n, 3, 3) -> (n,)."""
     volume = np.abs(np.linalg.det(boxes))
     areas = np.stack(
         [
-            np.linalg.norm(np.cross(boxes[:, a], boxes[:, b]), axis=-1)
+            np.linalg.norm(_cross(boxes[:, a], boxes[:, b]), axis=-1)
             for a, b in ((1, 2), (2, 0), (0, 1))
         ],
         axis=-1,

@@ -88,12 +88,31 @@ def test_energy_as_column_and_float32_files(tmp_path, water_data):
 
 
 def test_reading_is_lazy_and_memory_mapped(water_system):
+    from mdtrain.data.npy import _MAPS
+
     system = open_system(water_system)
-    store = system._store
-    assert store._maps == {}  # opening read headers only
+    mine = [key for key in _MAPS if key[0] == system.path]
+    assert mine == []  # opening read headers only
     system.frames([1])
-    assert isinstance(store._maps[("set.000", "coord")], np.memmap)
-    assert ("set.001", "coord") not in store._maps  # the other set was never touched
+    assert isinstance(_MAPS[(system.path, "set.000", "coord")], np.memmap)
+    assert (system.path, "set.001", "coord") not in _MAPS  # the other set was never touched
+
+
+def test_open_memory_maps_are_bounded(tmp_path, water_data, monkeypatch):
+    """Each memory map holds a file descriptor: thousands of systems must not keep one per
+    array open (the process limit is often 1024)."""
+    import mdtrain.data.npy as npy
+
+    monkeypatch.setattr(npy, "MAX_OPEN_MAPS", 4)
+    paths = [write_npy_system(tmp_path / f"s{k}", **water_data) for k in range(6)]
+    systems = [open_system(p) for p in paths]
+    descriptors = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        for system in systems:
+            frames = system.frames([0, 3])
+            np.testing.assert_array_equal(frames["energy"], water_data["energy"][[0, 3]])
+            assert len(npy._MAPS) <= 4
+    assert len(os.listdir("/proc/self/fd")) <= descriptors + 4
 
 
 def test_frame_count_comes_from_the_header(tmp_path, water_data):

@@ -12,10 +12,14 @@ import torch
 from mdtrain.model import EnergyModel
 from mdtrain.model.stat_file import descriptor_stat_hash
 from mdtrain.model.stats import (
+    PairStatSums,
     collect_stat_batches,
     compute_descriptor_stats,
     compute_energy_bias,
     compute_or_load_stats,
+    descriptor_stat_items,
+    stat_batch_plan,
+    stream_stat_inputs,
 )
 from tests.helpers.models import small_config, triclinic, water_like
 from tests.helpers.reference import ref_neighbours, ref_switch
@@ -100,6 +104,79 @@ def test_davg_dstd_match_numpy():
     np.testing.assert_allclose(davg, ref_davg, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(dstd, ref_dstd, rtol=1e-10)
     assert davg[0, 0, 0] > 0 and np.all(davg[..., 1:] == 0)
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [
+        {},  # every neighbour fits: each pair evaluated once for both ends
+        {"sel": [2, 3]},  # fewer slots than neighbours: the nearest of each type, per centre
+        {"exclude_types": [[0, 1]]},
+    ],
+    ids=["fits", "truncated", "excluded"],
+)
+def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch):
+    """The streamed pass (pairs, chunks across systems) gives the items of the per-batch
+    padded lists; small periodic cells (atoms see their own images) and no cell included."""
+    import mdtrain.model.stats as stats
+
+    padded_frames = []
+    build = stats.build_nlist
+    monkeypatch.setattr(stats, "build_nlist", lambda *a: padded_frames.append(1) or build(*a))
+    systems = [
+        make_system(3, True, 5, seed=1),
+        make_system(2, False, 3, seed=2),
+        make_system(1, True, 4, seed=4),  # a 4.3 Å cell, rcut 3.5: images of itself
+        make_system(4, True, 2, seed=5, retype=2),
+    ]
+    cfg = small_config(descriptor)
+    model = EnergyModel(cfg)
+    expected = descriptor_stat_items(collect_stat_batches(systems, cfg, 3), model, False)
+    plan = stat_batch_plan(systems, 3)
+    padded_frames.clear()
+    got, counts, energies = stream_stat_inputs(systems, model, plan, show_progress=False)
+    assert (len(padded_frames) > 0) == ("sel" in descriptor)  # the truncated frames only
+    assert got.keys() == expected.keys()
+    for key, item in expected.items():
+        assert got[key].number == item.number, key
+        assert got[key].sum == pytest.approx(item.sum, rel=1e-12, abs=1e-13), key
+        assert got[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12), key
+    assert expected["r_0"].sum > 0 and expected["a_1"].squared_sum > 0
+    frames = [min(3 * max(1, -(-32 // s.natoms)), s.nframes) for s in systems]
+    assert len(energies) == len(counts) == sum(frames)
+    np.testing.assert_array_equal(energies, np.concatenate([s.energy[:n] for s, n in
+                                                            zip(systems, frames)]))  # fmt: skip
+
+
+def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
+    from mdtrain.memory import simulated_oom
+
+    systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
+    model = EnergyModel(small_config())
+    plan = stat_batch_plan(systems, 10)
+    expected = stream_stat_inputs(systems, model, plan, show_progress=False)[0]
+    original = model.descriptor.env_matrix
+    sizes = []
+
+    def small_memory(diff, mask):
+        sizes.append(diff.shape[0])
+        if diff.shape[0] > 40:
+            raise simulated_oom("CUDA out of memory. (test)")
+        return original(diff, mask)
+
+    monkeypatch.setattr(model.descriptor, "env_matrix", small_memory)
+    sums = PairStatSums(model, chunk_pairs=1000)
+    for system in systems:
+        frames = system.frames(np.arange(system.nframes))
+        for f in range(system.nframes):
+            box = None if system.box is None else frames["box"][f]
+            sums.add_frame(frames["coord"][f], box, system.atype)
+    got = sums.items()
+    assert max(sizes) > 40 and max(s for s in sizes if s <= 40) <= 40
+    for key, item in expected.items():
+        assert got[key].number == item.number
+        assert got[key].sum == pytest.approx(item.sum, rel=1e-12)
+        assert got[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12)
 
 
 def test_statistics_back_off_on_out_of_memory(monkeypatch):
