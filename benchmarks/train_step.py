@@ -24,8 +24,12 @@ neighbour lists), the peak RSS, and the load average of the machine around the r
 one joint step of every member on the same batch, ``mdtrain.train.committee``) side by side:
 each round runs every size once, in fresh processes, alternating, and the table gives each
 committee's median step time over the rounds and its ratio to the single model's median of
-the same round (``--repeat`` rounds). ``--profile`` adds the torch profiler's table of the
-operations that took the most time over the timed steps (printed, and in the JSON).
+the same round (``--repeat`` rounds). With ``--paired`` every size is built in one process
+and their steps are taken in turn, each committee step divided by the single step just
+before it (the same batch, the same moment's load); the medians of these ratios are the
+figure least disturbed by other work on the machine. ``--profile`` adds the torch profiler's
+table of the operations that took the most time over the timed steps (printed, and in the
+JSON).
 """
 
 from __future__ import annotations
@@ -33,38 +37,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 
 
-def measure(
+def _prepared(
     input_path: str,
     precision: str,
     steps: int,
     warmup: int,
     threads: int,
-    batch_size: int | None = None,
-    uncached: bool = False,
-    ensemble: int = 1,
-    profile: bool = False,
-) -> dict:
-    """Run in the child process: set up a Trainer (or a committee's) like ``mdtrain train``
-    does, then time it."""
-    import resource
-    import statistics
-    import time
-
-    import numpy as np
+    batch_size: int | None,
+):
+    """The input (precision, step count, no display or checkpoints), its data and sel, and a
+    runtime of one rank, as ``mdtrain train`` sets them up."""
     import torch
 
     from mdtrain import distributed as dist_rt
     from mdtrain.config import load_config
     from mdtrain.memory import keep_freed_memory
-    from mdtrain.model.backend import build_committee, build_model
-    from mdtrain.model.stats import compute_or_load_stats
-    from mdtrain.train.committee import SHARED, CommitteeTrainer, member_config
-    from mdtrain.train.loop import Trainer, seed_everything
+    from mdtrain.train.loop import seed_everything
     from mdtrain.train.prepare import open_datasets, resolve_model_sel
 
     config = load_config(input_path)
@@ -82,51 +76,91 @@ def measure(
     seed_everything(config["training"]["seed"])
     torch.set_num_threads(threads)
     keep_freed_memory()  # as mdtrain train does
-    members = [member_config(config, k, SHARED) for k in range(ensemble)]
-    if ensemble > 1:
+    runtime = dist_rt.init_distributed("gloo", True, 60.0)
+    torch.set_num_threads(threads)  # after init_distributed, which sets one per usable core
+    return config, data, runtime
+
+
+def _trainer(config: dict, data, runtime, size: int, out_dir: str, uncached: bool):
+    """A Trainer (size 1) or a committee's trainer (``mdtrain train --ensemble size``) with
+    the statistics computed in memory, validation off, its batch preparation timed, and its
+    neighbour-list cache filled with every training frame (unless ``uncached``). Returns the
+    trainer, the times of its batches and of the uncached batches made to fill the cache."""
+    import time
+
+    from mdtrain.batching import make_batch
+    from mdtrain.model.backend import build_committee, build_model
+    from mdtrain.model.stats import compute_or_load_stats
+    from mdtrain.train.committee import SHARED, CommitteeTrainer, member_config
+    from mdtrain.train.loop import Trainer
+
+    members = [member_config(config, k, SHARED) for k in range(size)]
+    if size > 1:
         model = build_committee([m["model"] for m in members])
         first = model.members[0]
     else:
         model = first = build_model(config["model"])
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
     compute_or_load_stats(first, data.train, None, nbatch)
-    if ensemble > 1:
+    if size > 1:
         model.share_statistics()  # computed once, as mdtrain train does
-    runtime = dist_rt.init_distributed("gloo", True, 60.0)
-    torch.set_num_threads(threads)  # after init_distributed, which sets one per usable core
+        trainer = CommitteeTrainer(
+            config, model, members, data.train, data.valid, runtime, out_dir, SHARED
+        )
+    else:
+        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+    trainer.valid_sampler = None  # no validation inside the timing
+    batch_times: list[float] = []
+    make = trainer._batch
+
+    def timed_batch(*args, **kwargs):
+        t0 = time.perf_counter()
+        batch = make(*args, **kwargs)
+        batch_times.append(time.perf_counter() - t0)
+        return batch
+
+    trainer._batch = timed_batch
+    if uncached:
+        trainer.nlist_cache = None
+    cache = getattr(trainer, "nlist_cache", None)
+    fresh_times: list[float] = []
+    if cache is not None:
+        # steady state of a long run: every training frame has been drawn before
+        d = config["model"]["descriptor"]
+        for system in data.train:
+            for frame in range(system.nframes):
+                t0 = time.perf_counter()
+                make_batch(system, [frame], d["rcut"], d["sel"], "cpu", cache)
+                fresh_times.append(time.perf_counter() - t0)
+    model.train()
+    return trainer, batch_times, fresh_times
+
+
+def measure(
+    input_path: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    batch_size: int | None = None,
+    uncached: bool = False,
+    ensemble: int = 1,
+    profile: bool = False,
+) -> dict:
+    """Run in the child process: set up a Trainer (or a committee's) like ``mdtrain train``
+    does, then time it."""
+    import resource
+    import time
+
+    import numpy as np
+    import torch
+
+    config, data, runtime = _prepared(input_path, precision, steps, warmup, threads, batch_size)
+    training = config["training"]
     with tempfile.TemporaryDirectory() as out_dir:
-        if ensemble > 1:
-            trainer = CommitteeTrainer(
-                config, model, members, data.train, data.valid, runtime, out_dir, SHARED
-            )
-        else:
-            trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
-        trainer.valid_sampler = None  # no validation inside the timing
-        batch_times: list[float] = []
-        make = trainer._batch
-
-        def timed_batch(*args, **kwargs):
-            t0 = time.perf_counter()
-            batch = make(*args, **kwargs)
-            batch_times.append(time.perf_counter() - t0)
-            return batch
-
-        trainer._batch = timed_batch
-        if uncached:
-            trainer.nlist_cache = None
-        cache = getattr(trainer, "nlist_cache", None)
-        fresh_times: list[float] = []
-        if cache is not None:
-            # steady state of a long run: every training frame has been drawn before
-            from mdtrain.batching import make_batch
-
-            d = config["model"]["descriptor"]
-            for system in data.train:
-                for frame in range(system.nframes):
-                    t0 = time.perf_counter()
-                    make_batch(system, [frame], d["rcut"], d["sel"], "cpu", cache)
-                    fresh_times.append(time.perf_counter() - t0)
-        model.train()
+        trainer, batch_times, fresh_times = _trainer(
+            config, data, runtime, ensemble, out_dir, uncached
+        )
         wall, cpu = [], []
         load_before = os.getloadavg()[0]
         profiler = None
@@ -171,6 +205,63 @@ def measure(
     }
 
 
+def measure_paired(
+    input_path: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    batch_size: int | None,
+    uncached: bool,
+    sizes: list[int],
+) -> dict:
+    """Run in the child process: trainers of every size in one process, their steps taken in
+    turn (the same batch for each: they share the sampler seed), each step's time divided by
+    the single model's step just before it. On a machine shared with other work this pairs
+    every committee step with a single step taken under the same load."""
+    import time
+
+    import torch
+
+    config, data, runtime = _prepared(input_path, precision, steps, warmup, threads, batch_size)
+    sizes = [1, *[s for s in sizes if s != 1]]
+    times: dict[int, list[tuple[float, float]]] = {s: [] for s in sizes}
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainers = [
+            _trainer(config, data, runtime, s, os.path.join(out_dir, str(s)), uncached)[0]
+            for s in sizes
+        ]
+        load_before = os.getloadavg()[0]
+        for step in range(warmup + steps):
+            lr = trainers[0].lr.value(step)
+            for size, trainer in zip(sizes, trainers, strict=True):
+                w0, c0 = time.perf_counter(), time.process_time()
+                trainer.train_step(lr)
+                if step >= warmup:
+                    times[size].append((time.perf_counter() - w0, time.process_time() - c0))
+        load_after = os.getloadavg()[0]
+    single = times[1]
+    out = {
+        "precision": precision,
+        "threads": threads,
+        "steps": steps,
+        "uncached": uncached,
+        "paired": True,
+        "load_average": [round(load_before, 2), round(load_after, 2)],
+        "torch": torch.__version__,
+        "sizes": {},
+    }
+    for size in sizes:
+        runs = times[size]
+        out["sizes"][str(size)] = {
+            "wall_s_per_step": statistics.median(w for w, _ in runs),
+            "cpu_s_per_step": statistics.median(c for _, c in runs),
+            "paired_wall_ratio": statistics.median(a[0] / b[0] for a, b in zip(runs, single)),
+            "paired_cpu_ratio": statistics.median(a[1] / b[1] for a, b in zip(runs, single)),
+        }
+    return out
+
+
 def find_input(path: str) -> str:
     """The absolute path of ``path`` (an input file, or a directory holding input.json)."""
     if os.path.isdir(path):
@@ -188,18 +279,20 @@ def run_measure(
     threads: int,
     batch_size: int | None = None,
     uncached: bool = False,
-    ensemble: int = 1,
+    ensemble: int | list[int] = 1,
     profile: bool = False,
 ) -> dict:
-    """`measure` in a fresh process of this interpreter; its result, or RuntimeError with
-    the end of the child's output."""
+    """`measure` (or, for a list of sizes, `measure_paired`) in a fresh process of this
+    interpreter; its result, or RuntimeError with the end of the child's output."""
     cmd = [sys.executable, os.path.abspath(__file__), input_path, "--child", precision]
     cmd += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
     if uncached:
         cmd.append("--uncached")
-    cmd += ["--ensemble", str(ensemble)] + (["--profile"] if profile else [])
+    paired = isinstance(ensemble, list)
+    cmd += ["--ensemble", *map(str, ensemble if paired else [ensemble])]
+    cmd += (["--paired"] if paired else []) + (["--profile"] if profile else [])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if profile:
@@ -228,17 +321,32 @@ def main() -> None:
         help="committee sizes to time side by side (1: a single model; default 1)",
     )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the sizes (default 1)")
+    parser.add_argument(
+        "--paired", action="store_true",
+        help="time the sizes in one process, their steps in turn, each against the single "
+        "model's step just before it (robust on a busy machine)",
+    )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="print the torch profiler table")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     input_path = find_input(args.data)
+    if args.child and args.paired:
+        result = measure_paired(
+            input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size,
+            args.uncached, args.ensemble,
+        )  # fmt: skip
+        print(json.dumps(result))
+        return
     if args.child:
         result = measure(
             input_path, args.child, args.steps, args.warmup, args.threads, args.batch_size,
             args.uncached, args.ensemble[0], args.profile,
         )  # fmt: skip
         print(json.dumps(result))
+        return
+    if args.paired:
+        paired_main(args, input_path)
         return
     results = []
     try:
@@ -276,11 +384,50 @@ def main() -> None:
             json.dump(results, handle, indent=1)
 
 
+def paired_main(args: argparse.Namespace, input_path: str) -> None:
+    """``--paired``: one child per precision and round, every size timed in it."""
+    results = []
+    try:
+        for _ in range(args.repeat):
+            for precision in args.precision:
+                results.append(
+                    run_measure(input_path, precision, args.steps, args.warmup, args.threads,
+                                args.batch_size, args.uncached, list(args.ensemble))
+                )  # fmt: skip
+    except RuntimeError as exc:
+        sys.exit(f"the timing process failed, {exc}")
+    print(f"{input_path}: {args.threads} thread(s), {args.steps} steps after {args.warmup} "
+          f"warm-up, {'uncached' if args.uncached else 'cached'} neighbour lists, sizes taken "
+          f"in turn in one process")  # fmt: skip
+    print("precision  models  wall s/step  cpu s/step  paired ratio wall  cpu  load")
+    for r in results:
+        for size, f in r["sizes"].items():
+            print(
+                f"{r['precision']:<9}  {size:>6}  {f['wall_s_per_step']:11.4f}  "
+                f"{f['cpu_s_per_step']:10.4f}  {f['paired_wall_ratio']:17.2f}  "
+                f"{f['paired_cpu_ratio']:4.2f}  "
+                f"{r['load_average'][0]:.1f}/{r['load_average'][1]:.1f}"
+            )
+    for precision in args.precision:
+        mine = [r for r in results if r["precision"] == precision]
+        for size in mine[0]["sizes"]:
+            if size == "1":
+                continue
+            wall = statistics.median(r["sizes"][size]["paired_wall_ratio"] for r in mine)
+            cpu = statistics.median(r["sizes"][size]["paired_cpu_ratio"] for r in mine)
+            print(
+                f"{precision} committee of {size}: {wall:.2f}x the single model's step "
+                f"(CPU time {cpu:.2f}x), median over {len(mine)} round(s) of the paired ratios"
+            )
+    print(json.dumps(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+
+
 def ratios(results: list[dict]) -> list[str]:
     """Per precision and committee size: the median step time over the rounds and the median
     of each round's ratio to the single model's step (wall and process CPU time)."""
-    import statistics
-
     lines = []
     rounds: dict[tuple[str, int], list[dict]] = {}
     for r in results:

@@ -130,3 +130,19 @@ def test_quick_all_parts(tmp_path):
     })  # fmt: skip
     assert report["parts"]["test"]["frames"] == 2
     assert report["parts"]["ranks"]["speedup_2_ranks"] > 0
+
+
+def test_train_step_times_a_committee_beside_the_single_model(tmp_path):
+    """benchmarks/train_step.py --ensemble 1 2 --paired: both sizes timed in one process."""
+    inp = make_project(tmp_path, numb_steps=1)
+    out = tmp_path / "paired.json"
+    cmd = [sys.executable, str(BENCHMARKS / "train_step.py"), str(inp), "--precision", "float64"]
+    cmd += ["--threads", "1", "--steps", "2", "--warmup", "1", "--ensemble", "1", "2"]
+    cmd += ["--paired", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (result,) = json.loads(out.read_text())
+    assert set(result["sizes"]) == {"1", "2"}
+    assert result["sizes"]["1"]["paired_wall_ratio"] == 1.0
+    assert result["sizes"]["2"]["wall_s_per_step"] > 0
+    assert "committee of 2" in done.stdout

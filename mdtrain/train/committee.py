@@ -216,7 +216,10 @@ class CommitteeTrainer(TrainingLoop):
         draws = [member.sampler.next_batch(growth) for member in self.members]
         index, frames = draws[0]
         if any(i != index or not np.array_equal(f, frames) for i, f in draws[1:]):
-            raise AssertionError("committee members drew different batches in shared sampling")
+            raise MDTrainError(
+                "committee members drew different batches in shared sampling: their "
+                "checkpoints are not of one committee run"
+            )
         system = self.train_systems[index]
         for member in self.members:
             member.set_lr(lr)

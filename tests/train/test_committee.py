@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from mdtrain import memory
 from mdtrain.cli import main
 from tests.helpers.training import lcurve_rows, load_params, make_project, max_param_diff
 
@@ -154,3 +155,32 @@ def test_bad_ensemble_is_one_line(tmp_path, capsys, value):
     assert train(inp, tmp_path / "out", "--ensemble", value) == 1
     err = capsys.readouterr().err
     assert "ensemble" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_member_checkpoint_continues_as_a_single_run(tmp_path):
+    """A member's checkpoint holds what a single run's does: continued alone it gives the
+    member's next steps."""
+    inp = make_project(tmp_path, numb_steps=4, save_freq=2)
+    assert train(inp, tmp_path / "committee", "--ensemble", "2") == 0
+    member = tmp_path / "committee" / "member-1"
+    alone = tmp_path / "alone"
+    assert train(inp, alone, "--restart", str(member / "model.ckpt-2.pt")) == 0
+    a, b = load_params(alone / "model.ckpt-4.pt"), load_params(member / "model.ckpt-4.pt")
+    assert max_param_diff(a, b) < TOL
+
+
+def test_out_of_memory_splits_the_shared_batch_without_changing_the_members(tmp_path, monkeypatch):
+    """The batch controller splits a committee's shared batch into micro-batches (train_b's
+    2 frames x 24 atoms do not fit, train_a's 2 x 18 do) and every member's result stays
+    the unsplit committee's; every member's checkpoint records the split."""
+    inp = make_project(tmp_path, numb_steps=4, save_freq=4, ensemble=2)
+    assert train(inp, tmp_path / "plain") == 0
+    monkeypatch.setenv(memory.SIMULATE_ATOMS_ENV, "40")
+    monkeypatch.delenv(memory.SIMULATE_RANKS_ENV, raising=False)
+    assert train(inp, tmp_path / "split") == 0
+    for k in (0, 1):
+        assert_same_run(tmp_path / "split" / f"member-{k}", tmp_path / "plain" / f"member-{k}", 4)
+        state = torch.load(
+            tmp_path / "split" / f"member-{k}" / "model.ckpt-4.pt", weights_only=True
+        )
+        assert [(e["size"], e["nsplit"]) for e in state["controller_state"]["sizes"]] == [(48, 2)]
