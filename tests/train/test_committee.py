@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+import mdtrain.distributed.runtime as runtime_module
 from mdtrain import memory
 from mdtrain.cli import main
+from tests.helpers.placement import OTHER, OtherDevice
 from tests.helpers.training import lcurve_rows, load_params, make_project, max_param_diff
 
 TOL = 1e-10
@@ -84,6 +86,20 @@ def test_init_model_members_sample_with_training_seed_plus_k(tmp_path):
         assert member["training"]["seed"] == 7 + k
     a = load_params(out / "member-0" / "model.ckpt-3.pt")
     assert max_param_diff(a, load_params(out / "member-1" / "model.ckpt-3.pt")) > 1e-8
+
+
+def test_finetune_members_sample_with_training_seed_plus_k(tmp_path):
+    """--finetune with --ensemble: the pretrained weights and refitted bias in every member,
+    member k the single fine-tuning run with the training seed + k."""
+    inp = make_project(tmp_path, numb_steps=1, save_freq=1)
+    assert train(inp, tmp_path / "base") == 0
+    start = str(tmp_path / "base" / "model.ckpt-1.pt")
+    steps = {"numb_steps": 2, "save_freq": 2}
+    committee = with_changes(inp, "committee.json", **steps)
+    assert train(committee, tmp_path / "committee", "--finetune", start, "--ensemble", "2") == 0
+    single = with_changes(inp, "single_1.json", training_seed=1, **steps)
+    assert train(single, tmp_path / "single_1", "--finetune", start) == 0
+    assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 2)
 
 
 def test_restart_auto_resumes_every_member_exactly(tmp_path):
@@ -184,3 +200,24 @@ def test_out_of_memory_splits_the_shared_batch_without_changing_the_members(tmp_
             tmp_path / "split" / f"member-{k}" / "model.ckpt-4.pt", weights_only=True
         )
         assert [(e["size"], e["nsplit"]) for e in state["controller_state"]["sizes"]] == [(48, 2)]
+
+
+def test_committee_training_on_another_device_equals_the_cpu(tmp_path, monkeypatch):
+    """The committee's step, validation and checkpoints with the models on another device
+    (``OtherDevice``, as tests/train/test_placement.py does for one model): every tensor
+    where it belongs, and the same members as on the CPU."""
+    monkeypatch.setenv("MDTRAIN_BACKEND", "fused")
+    inp = make_project(tmp_path, numb_steps=2, save_freq=2, disp_freq=1, ensemble=2)
+    assert train(inp, tmp_path / "cpu") == 0
+    with monkeypatch.context() as patch, OtherDevice():
+        patch.setattr(runtime_module, "select_device", lambda env, use_cuda=None: OTHER)
+        assert train(inp, tmp_path / "other") == 0
+    for k in (0, 1):
+        a, b = (tmp_path / d / f"member-{k}" for d in ("cpu", "other"))
+        assert (
+            max_param_diff(load_params(a / "model.ckpt-2.pt"), load_params(b / "model.ckpt-2.pt"))
+            < 1e-12
+        )
+        np.testing.assert_allclose(
+            lcurve_rows(b / "lcurve.out"), lcurve_rows(a / "lcurve.out"), rtol=1e-9
+        )
