@@ -9,7 +9,9 @@ array handed out is in that order; ``atom_order`` maps it back to the file's ord
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,7 +157,7 @@ class System:
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = _LAYOUT[name]
         expected = width * self.natoms if per_atom else width
-        if len(shape) == 0 or int(np.prod(shape[1:], dtype=np.int64)) != expected:
+        if len(shape) == 0 or math.prod(shape[1:]) != expected:
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
             raise MDTrainError(
                 f"{where}: shape {list(shape)} does not match [nframes, {expected}]{unit}"
@@ -214,14 +216,22 @@ class System:
         data = self._store.rows(set_info.name, name, rows)
         return np.asarray(data, dtype=np.float64).reshape(len(rows), -1)
 
-    def frames(self, indices) -> dict[str, np.ndarray]:
-        """Frames ``indices`` (global over sets, in the given order, repeats allowed)."""
+    def frames(
+        self, indices, labels: Iterable[str] | None = None, positions: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Frames ``indices`` (global over sets, in the given order, repeats allowed), with
+        the labels named in ``labels`` that the system has (default: all it has; ``()``:
+        positions and cells only, as neighbour searches need, without reading the rest);
+        ``positions=False`` leaves out ``coord`` and ``box`` (the energy bias needs
+        energies only)."""
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         if index.size and (index.min() < -self.nframes or index.max() >= self.nframes):
             raise IndexError(f"{self.path}: frame index out of range 0..{self.nframes - 1}")
         index = np.where(index < 0, index + self.nframes, index)
         n, natoms = len(index), self.natoms
-        names = ["coord"] + (["box"] if self.periodic else []) + sorted(self.labels)
+        wanted = self.labels if labels is None else self.labels & set(labels)
+        where = (["coord"] + (["box"] if self.periodic else [])) if positions else []
+        names = where + sorted(wanted)
         out = {name: np.empty((n, self._width(name))) for name in names}
         which = np.searchsorted(self._starts, index, side="right") - 1
         for s in np.unique(which):
@@ -231,8 +241,10 @@ class System:
             for name in names:
                 out[name][mask] = self._read(set_info, name, rows)[inverse]
         order = self.atom_order
-        result = {"coord": out["coord"].reshape(n, natoms, 3)[:, order]}
-        if self.periodic:
+        result = {}
+        if positions:
+            result["coord"] = out["coord"].reshape(n, natoms, 3)[:, order]
+        if positions and self.periodic:
             result["box"] = out["box"].reshape(n, 3, 3)
         if "energy" in out:
             result["energy"] = out["energy"][:, 0]

@@ -23,6 +23,7 @@ themselves are not hashed (as in DeePMD): delete the file after changing the sys
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
@@ -153,14 +154,15 @@ def my_stat_plan(
     return plan
 
 
-def stat_frames(systems: Sequence[Any], plan: list[tuple[int, int, int]]):
+def stat_frames(systems: Sequence[Any], plan: list[tuple[int, int, int]], positions=True):
     """``(system, first frame, frames)`` for every system of ``plan``: the frames its
-    batches use (consecutive), read once per system."""
+    batches use (consecutive), read once per system: energies, and the positions and
+    cells when ``positions``."""
     for index, items in itertools.groupby(plan, key=lambda item: item[0]):
         system = systems[index]
         spans = [(start, stop) for _, start, stop in items]
-        first = spans[0][0]
-        yield system, first, system.frames(np.arange(first, spans[-1][1]))
+        first, rows = spans[0][0], np.arange(spans[0][0], spans[-1][1])
+        yield system, first, system.frames(rows, labels=("energy",), positions=positions)
 
 
 def collect_stat_batches(
@@ -336,17 +338,17 @@ def frame_pairs(
     Vectors are formed as ``pair_vectors`` forms them: (neighbour - centre) + shift · cell.
     """
     ntypes, natoms = len(sel), len(atype)
-    i, j, shift, _ = search.compute(coord, box, full=False, shifts=True)
-    counts = np.bincount(i * ntypes + atype[j], minlength=natoms * ntypes)
-    counts += np.bincount(j * ntypes + atype[i], minlength=natoms * ntypes)
-    both = not (counts.reshape(natoms, ntypes) > np.asarray(sel)).any()
+    i, j, shift, _ = search.compute(coord, box, full=False, shifts=True, copy=False)
+    ends = np.concatenate((i * ntypes + atype[j], j * ntypes + atype[i]))
+    counts = np.bincount(ends, minlength=natoms * ntypes).reshape(natoms, ntypes)
+    both = bool((counts <= np.asarray(sel)).all())
     if not both:
         nlist, shift_all, _ = build_nlist(coord, box, atype, search.rcut, sel)
         i, slot = np.nonzero(nlist >= 0)
         j, shift = nlist[i, slot], shift_all[i, slot]
     diff = coord[j] - coord[i]
     if box is not None:
-        diff += shift.astype(np.float64) @ box
+        diff += shift @ box  # int64 shifts: matmul converts them to float64
     return i, j, diff, both
 
 
@@ -357,33 +359,42 @@ class PairStatSums:
     order of float64 additions): a padded slot adds 0 to the sums and 1 to the count, so
     the sums need the real pairs only and the counts are ``centres · frames · sum(sel)``;
     a pair seen from its other end has the same radial entry and opposite angular ones, so
-    each pair is evaluated once. Pairs go through the model's own ``env_matrix`` in chunks
-    of up to ``chunk_pairs`` on the model's device, whatever the systems: thousands of
-    small systems cost a few large evaluations instead of one small evaluation per batch,
-    and memory stays bounded (the chunk halves on an out-of-memory error).
+    each pair is evaluated once. Pairs go through the descriptor's own ``env_matrix`` in
+    chunks of up to ``chunk_pairs`` on ``device``, whatever the systems: thousands of small
+    systems cost a few large evaluations instead of one small evaluation per batch, and
+    memory stays bounded (the chunk halves on an out-of-memory error).
+
+    ``desc`` is the model's descriptor, or one with the same cut-offs and exclusions (the
+    sums do not depend on ``sel``; the counts take it in ``items``).
     """
 
-    def __init__(self, model, chunk_pairs: int = 1 << 18) -> None:
+    def __init__(self, desc, device: torch.device, chunk_pairs: int = 1 << 18) -> None:
         from mdtrain.memory import InferenceChunker
 
-        self.desc = model.descriptor
-        self.device = model_device(model)
+        self.desc = desc
+        self.device = device
         self.search = NeighborSearch(self.desc.rcut)
         ntypes = self.desc.ntypes
-        self.number = np.zeros(ntypes)
+        self.centres = np.zeros(ntypes)  # centre atoms of each type, over the frames added
         self.sums = torch.zeros(ntypes, 4, dtype=torch.float64, device=self.device)
         self.chunk_pairs = int(chunk_pairs)
         self.chunker = InferenceChunker(self.chunk_pairs, self.chunk_pairs, self.device)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._npending = 0
 
+    @classmethod
+    def of_model(cls, model, chunk_pairs: int = 1 << 18) -> PairStatSums:
+        return cls(model.descriptor, model_device(model), chunk_pairs)
+
     def add_frame(self, coord: np.ndarray, box: np.ndarray | None, atype: np.ndarray) -> None:
-        """One frame: coordinates (N, 3), cell or None, model types (N,)."""
-        desc = self.desc
-        self.number += np.bincount(atype, minlength=desc.ntypes) * float(desc.nnei)
-        i, j, diff, both = frame_pairs(self.search, coord, box, atype, desc.sel)
-        mirror = np.full(len(i), 1.0 if both else 0.0)
-        self._pending.append((atype[i], atype[j], diff, mirror))
+        """One frame: coordinates (N, 3), cell or None, model types (N,); searched here."""
+        i, j, diff, both = frame_pairs(self.search, coord, box, atype, self.desc.sel)
+        self.add_pairs(atype, i, j, diff, both)
+
+    def add_pairs(self, atype, i, j, diff, both: bool) -> None:
+        """One frame's list entries as ``frame_pairs`` gives them."""
+        self.centres += np.bincount(atype, minlength=self.desc.ntypes)
+        self._pending.append((atype[i], atype[j], diff, np.full(len(i), both)))
         self._npending += len(i)
         if self._npending >= self.chunk_pairs:
             self.flush()
@@ -406,24 +417,107 @@ class PairStatSums:
         neighbour = torch.as_tensor(tj, device=device)
         vectors = torch.as_tensor(diff, dtype=torch.float64, device=device)
         raw = desc.env_matrix(vectors, torch.ones_like(centre, dtype=torch.bool))
-        raw = raw * desc.pair_keep[centre, neighbour].unsqueeze(-1).to(raw.dtype)
-        r, a = raw[:, 0], raw[:, 1:]
-        sa, sa2 = a.sum(dim=1), (a * a).sum(dim=1)
+        if desc.has_exclusions:
+            raw = raw * desc.pair_keep[centre, neighbour].unsqueeze(-1).to(raw.dtype)
+        # [r, r², Σa, Σa²] per pair in one product ([raw | raw²] @ PICK): the column sums
+        # of strided views cost more than the environment matrix itself
+        per_pair = torch.cat([raw, raw * raw], dim=1) @ _pick_matrix(raw)
         out = torch.zeros_like(self.sums)
-        out.index_add_(0, centre, torch.stack([r, r * r, sa, sa2], dim=1))
-        seen_back = torch.stack([r, r * r, -sa, sa2], dim=1)  # from the neighbour's side
-        weight = torch.as_tensor(mirror, dtype=torch.float64, device=device).unsqueeze(-1)
-        return out.index_add_(0, neighbour, seen_back * weight)
+        out.index_add_(0, centre, per_pair)
+        seen_back = per_pair.clone()  # from the neighbour's side: the angular sum flips
+        seen_back[:, 2].neg_()
+        if not mirror.all():  # pairs given once per direction (truncated frames)
+            keep = torch.as_tensor(mirror, device=device)
+            neighbour, seen_back = neighbour[keep], seen_back[keep]
+        return out.index_add_(0, neighbour, seen_back)
 
-    def items(self) -> dict[str, StatItem]:
-        """The ``r_t``/``a_t`` items, as `descriptor_stat_items` returns them."""
+    def items(self, nnei: int | None = None) -> dict[str, StatItem]:
+        """The ``r_t``/``a_t`` items, as `descriptor_stat_items` returns them, for lists of
+        ``nnei`` slots (default: the descriptor's)."""
         self.flush()
         sums = self.sums.cpu().tolist()
+        slots = float(self.desc.nnei if nnei is None else nnei)
         items = {}
         for t in range(self.desc.ntypes):
-            items[f"r_{t}"] = StatItem(float(self.number[t]), sums[t][0], sums[t][1])
-            items[f"a_{t}"] = StatItem(3.0 * float(self.number[t]), sums[t][2], sums[t][3])
+            number = float(self.centres[t]) * slots
+            items[f"r_{t}"] = StatItem(number, sums[t][0], sums[t][1])
+            items[f"a_{t}"] = StatItem(3.0 * number, sums[t][2], sums[t][3])
         return items
+
+
+def _pick_matrix(like: torch.Tensor) -> torch.Tensor:
+    """(8, 4): ``[raw | raw²] @ it`` = ``[r, r², a_x + a_y + a_z, a_x² + a_y² + a_z²]``."""
+    pick = like.new_zeros(8, 4)
+    pick[0, 0] = pick[4, 1] = 1.0
+    pick[1:4, 2] = 1.0
+    pick[5:8, 3] = 1.0
+    return pick
+
+
+class StatCollector:
+    """Descriptor statistics gathered while the neighbour statistics search the frames, so
+    that the frames the data statistics sample are searched once, not twice (on thousands of
+    small systems the search is most of the time to the first step).
+
+    Built from the model config before ``sel`` is known: the sums depend only on the
+    cut-offs, ``env_protection`` and the exclusions (a stand-in descriptor with those
+    evaluates them). ``visit`` is the neighbour statistics' per-frame hook (systems indexed
+    as in that pass; the first ``len(systems)`` are the training systems). `items_for` hands
+    the items to a model whose lists hold every neighbour seen, else None (then they are
+    computed the usual way, e.g. when an explicit ``sel`` truncates the lists).
+    """
+
+    def __init__(self, systems: Sequence[Any], model_config: dict, nbatch: int, device) -> None:
+        from mdtrain.model.descriptor import DescriptorSeA
+
+        ntypes = len(model_config["type_map"])
+        config = copy.deepcopy(model_config)
+        config["descriptor"]["sel"] = [1] * ntypes  # not known yet; the sums do not need it
+        desc = normalize_model_config(config)["descriptor"]
+        self.ntypes = ntypes
+        self.key = _env_key(desc)
+        stand_in = DescriptorSeA(
+            self.ntypes, [1] * self.ntypes, desc["rcut"], desc["rcut_smth"], [1], 1,
+            exclude_types=desc.get("exclude_types"), env_protection=desc["env_protection"],
+        ).to(device)  # fmt: skip
+        self.sums = PairStatSums(stand_in, torch.device(device))
+        self.plan = stat_batch_plan(systems, nbatch)
+        self.limit = [0] * len(systems)  # the sampled frames of system k are 0 .. limit[k]
+        for index, _, stop in self.plan:
+            self.limit[index] = max(self.limit[index], stop)
+        self.atypes = [np.asarray(s.atype, dtype=np.int64) for s in systems]
+        self.max_counts: list[int] | None = None  # the search's, once it has finished
+        self.seen = 0
+
+    def visit(self, index: int, frame: int, coord, box, i, j, shift) -> None:
+        """One searched frame: half-list pairs ``i``, ``j`` with image ``shift``s."""
+        if index >= len(self.limit) or frame >= self.limit[index]:
+            return
+        atype = self.atypes[index]
+        diff = coord[j] - coord[i]
+        if box is not None:
+            diff += shift @ box
+        self.sums.add_pairs(atype, i, j, diff, True)
+        self.seen += 1
+
+    def searched(self, max_counts: list[int]) -> None:
+        """The largest neighbour counts the search found (over these frames and more)."""
+        self.max_counts = [int(n) for n in max_counts]
+
+    def items_for(self, model, plan: list[tuple[int, int, int]]) -> dict[str, StatItem] | None:
+        desc = model.descriptor
+        complete = self.seen == sum(self.limit) and plan == self.plan
+        counts = self.max_counts
+        fits = counts is not None and all(n <= s for n, s in zip(counts, desc.sel, strict=True))
+        same = self.key == _env_key(normalize_model_config(model.get_model_config())["descriptor"])
+        return self.sums.items(desc.nnei) if complete and fits and same else None
+
+
+def _env_key(desc: dict) -> tuple:
+    """What the descriptor statistics depend on besides the frames."""
+    exclusions = sorted(tuple(sorted(p)) for p in desc.get("exclude_types") or [])
+    return (float(desc["rcut"]), float(desc["rcut_smth"]), float(desc["env_protection"]),
+            tuple(exclusions))  # fmt: skip
 
 
 def stream_stat_inputs(
@@ -442,16 +536,17 @@ def stream_stat_inputs(
     from mdtrain.progress import progress
 
     ntypes = model.descriptor.ntypes
-    sums = PairStatSums(model) if descriptor else None
+    sums = PairStatSums.of_model(model) if descriptor else None
     rows: list[np.ndarray] = []
     energies: list[np.ndarray] = []
     nsystems = len({index for index, _, _ in plan})
     for system, _, data in progress(
-        stat_frames(systems, plan), nsystems, "data statistics", show_progress
-    ):
+        stat_frames(systems, plan, positions=sums is not None),
+        nsystems, "data statistics", show_progress,
+    ):  # fmt: skip
         atype = np.asarray(system.atype, dtype=np.int64)
         per_type = np.bincount(atype, minlength=ntypes)[:ntypes]
-        nf = len(data["coord"])
+        nf = len(next(iter(data.values()))) if data else 0
         if sums is not None:
             coord = np.asarray(data["coord"], dtype=np.float64)
             box = data.get("box")
@@ -557,12 +652,14 @@ def compute_or_load_stats(
     nbatch: int,
     batch_size: int | None = None,
     share: StatShare = ALONE,
+    presummed: StatCollector | None = None,
 ) -> None:
     """Set the model's davg/dstd and energy bias, from the stat file where possible.
 
     Missing entries are computed in one streamed pass (``stream_stat_inputs``) over the
     first ``nbatch`` batches of every system (``stat_batch_plan``) and, when ``stat_file``
-    is given, written back to it. With a ``share`` of
+    is given, written back to it; descriptor sums a `StatCollector` gathered during the
+    neighbour statistics are used when they fit the model. With a ``share`` of
     several ranks every rank calls this: each computes its share of the batches, the sums
     are combined, and every rank's model gets the same statistics; rank 0 alone reads and
     writes the file.
@@ -587,9 +684,16 @@ def compute_or_load_stats(
     have_bias = bkey in stored and skey in stored
     if not (have_items and have_bias):  # one pass over the sampled frames for both
         plan = my_stat_plan(systems, nbatch, batch_size, share)
+        gathered = None
+        if not have_items and presummed is not None and share.world == 1:
+            gathered = presummed.items_for(model, plan)
         mine, counts, energies = stream_stat_inputs(
-            systems, model, plan, descriptor=not have_items, show_progress=report
-        )
+            systems, model, plan, descriptor=not have_items and gathered is None,
+            show_progress=report,
+        )  # fmt: skip
+        if gathered is not None:
+            log.debug("descriptor statistics gathered with the neighbour statistics")
+            mine = gathered
     if have_items:
         items = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
         log.info("descriptor statistics loaded from %s", stat_file)

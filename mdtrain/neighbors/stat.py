@@ -25,10 +25,11 @@ the same numbers as one process searching every frame.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,16 +159,22 @@ def _count_chunk(
     rows: np.ndarray,
     coords: np.ndarray,
     boxes: np.ndarray | None,
+    visit: Callable | None = None,
 ) -> _Chunk:
-    """Count neighbours frame by frame; ``search`` keeps its buffers between frames."""
+    """Count neighbours frame by frame; ``search`` keeps its buffers between frames.
+    ``visit(frame, coord, box, i, j, shift)`` sees each frame's half-list pairs (views of
+    the search's buffers: used at once)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
     spacing = None if boxes is None else _plane_spacing(boxes)
+    finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
+    if boxes is not None:
+        finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
     for k, index in enumerate(rows.tolist()):
         coord = coords[k]
         box = None if boxes is None else boxes[k]
-        if not np.isfinite(coord).all() or (box is not None and not np.isfinite(box).all()):
+        if not finite[k]:
             raise MDTrainError(f"system {path}, frame {index}: coordinates or cell not finite")
         if spacing is not None and not spacing[k] >= OVERLAP_DISTANCE:
             raise MDTrainError(
@@ -175,13 +182,17 @@ def _count_chunk(
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
         try:
-            i, j, _, dist = search.compute(coord, box, full=False, shifts=False, copy=False)
+            i, j, shift, dist = search.compute(
+                coord, box, full=False, shifts=visit is not None, copy=False
+            )
         except ValueError as exc:
             raise MDTrainError(f"system {path}, frame {index}: {exc}") from None
         if len(dist) == 0:
             chunk.lonely.append(index)
             if natoms > 1 or box is not None:
                 chunk.min_dist = min(chunk.min_dist, _min_distance_beyond(rcut, coord, box))
+            if visit is not None:
+                visit(index, coord, box, i, j, np.zeros((0, 3), dtype=np.int64))
             continue
         closest = int(np.argmin(dist))
         if dist[closest] < OVERLAP_DISTANCE:
@@ -196,6 +207,8 @@ def _count_chunk(
         np.maximum(chunk.max_counts, counts.max(axis=0), out=chunk.max_counts)
         if not counts.any(axis=1).all():
             chunk.lonely.append(index)
+        if visit is not None:
+            visit(index, coord, box, i, j, shift)
     return chunk
 
 
@@ -250,12 +263,16 @@ def neighbor_stat_partial(
     threads: int | None = None,
     rows: Sequence[range] | None = None,
     desc: str = "neighbour statistics",
+    visit: Callable | None = None,
 ) -> NeighborPartial:
     """Neighbour statistics of the frames ``rows[s]`` of each system ``s`` (default: all).
 
     Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
     atoms or more use ``threads`` threads of the compiled search (default:
     ``default_threads()``). The result does not depend on the number of threads.
+    ``visit(s, frame, coord, box, i, j, shift)``, when given, sees every frame searched,
+    with its half-list pairs and their image shifts, so that other statistics of the same
+    frames need no search of their own (the arrays are valid during the call only).
     """
     if not rcut > 0 or not math.isfinite(rcut):
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
@@ -271,7 +288,7 @@ def neighbor_stat_partial(
     nframes = sum(len(t.rows) for t in totals)
     threads = default_threads() if threads is None else max(1, int(threads))
     single, multi = NeighborSearch(rcut), NeighborSearch(rcut, threads)
-    for _ in progress_bar(_run(totals, ntypes, single, multi), nframes, desc, progress):
+    for _ in progress_bar(_run(totals, ntypes, single, multi, visit), nframes, desc, progress):
         pass
     return NeighborPartial(
         min_dist=np.array([t.min_dist for t in totals], dtype=np.float64),
@@ -334,18 +351,25 @@ def compute_neighbor_stat(
     ntypes: int,
     progress: bool = True,
     threads: int | None = None,
+    visit: Callable | None = None,
+    fingerprints: bool = True,
 ) -> NeighborStat:
     """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``, every
-    frame searched here (see ``neighbor_stat_partial``)."""
-    partial = neighbor_stat_partial(systems, rcut, ntypes, progress, threads)
-    return neighbor_stat_result(systems, rcut, partial)
+    frame searched here (see ``neighbor_stat_partial``; ``fingerprints``: see
+    ``neighbor_stat_result``)."""
+    partial = neighbor_stat_partial(systems, rcut, ntypes, progress, threads, visit=visit)
+    return neighbor_stat_result(systems, rcut, partial, fingerprints)
 
 
-def _run(totals: list[_SystemTotals], ntypes: int, single, multi):
+def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
+    index = {id(total): k for k, total in enumerate(totals)}
     for total, rows, coords, boxes in _read_chunks(totals):
         search = multi if total.system.natoms >= _THREADED_MIN_ATOMS else single
-        chunk = _count_chunk(search, total.system.path, total.atype, ntypes, rows, coords, boxes)
+        seen = None if visit is None else functools.partial(visit, index[id(total)])
+        chunk = _count_chunk(
+            search, total.system.path, total.atype, ntypes, rows, coords, boxes, seen
+        )
         total.merge(chunk)
         yield from rows
 
@@ -355,7 +379,7 @@ def _read_chunks(totals: list[_SystemTotals]):
     for total in totals:
         system = total.system
         for rows in _frame_chunks(total.rows, int(system.natoms)):
-            data = system.frames(rows)
+            data = system.frames(rows, labels=())  # positions and cells only
             coords = np.ascontiguousarray(data["coord"], dtype=np.float64)
             boxes = data.get("box") if system.periodic else None
             boxes = None if boxes is None else np.ascontiguousarray(boxes, dtype=np.float64)

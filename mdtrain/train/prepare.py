@@ -6,6 +6,7 @@ of the frames and the ranks combine them (max, min, sums)."""
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from mdtrain.config import resolve_path
 from mdtrain.data import System, expand_systems, open_system, validate_system
 from mdtrain.data.share import share_ranges
 from mdtrain.errors import MDTrainError
-from mdtrain.model.stats import StatShare, compute_or_load_stats
+from mdtrain.model.stats import StatCollector, StatShare, compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel, resolve_sel
 from mdtrain.neighbors.stat import (
     NeighborPartial,
@@ -117,10 +118,11 @@ def resolve_sel_and_min_dist(
     data: DataSets,
     neighbor_stat_file: str | None,
     skip_neighbor_stat: bool,
+    collect: StatCollector | None = None,
 ) -> tuple[dict, float | None]:
     """``resolve_model_sel`` and the data's smallest interatomic distance (None where the
     statistics are skipped or found no pair): checkpoints keep it for DeePMD-kit's model
-    file (``min_nbor_dist``)."""
+    file (``min_nbor_dist``). ``collect`` (see `stat_collector`) sees the frames searched."""
     config = copy.deepcopy(config)
     model = config["model"]
     descriptor = model["descriptor"]
@@ -149,7 +151,11 @@ def resolve_sel_and_min_dist(
         min_dist, max_size = dist_rt.run_on_main(from_file)
         log.info("neighbour statistics read from %s", stat_path)
     else:
-        min_dist, max_size = neighbor_figures(systems, rcut, len(type_map), stat_mode(config))
+        min_dist, max_size = neighbor_figures(
+            systems, rcut, len(type_map), stat_mode(config), collect
+        )
+        if collect is not None:
+            collect.searched(max_size)
     log.info("neighbour statistics: min distance %.6f Å, max neighbours %s", min_dist, max_size)
     if isinstance(parsed, list) and config["training"].get("strict_sel"):
         short = [t for t, (s, n) in enumerate(zip(parsed, max_size)) if s and n > s]
@@ -179,7 +185,11 @@ def stat_mode(config: dict) -> str:
 
 
 def neighbor_figures(
-    systems: list[System], rcut: float, ntypes: int, mode: str
+    systems: list[System],
+    rcut: float,
+    ntypes: int,
+    mode: str,
+    collect: StatCollector | None = None,
 ) -> tuple[float, list[int]]:
     """The smallest neighbour distance and the largest neighbour counts of every frame of
     ``systems``, the same on every rank: computed on rank 0 and broadcast ("rank0"), or by
@@ -188,7 +198,8 @@ def neighbor_figures(
     if mode != "shard" or dist_rt.get_world_size() == 1:
 
         def compute() -> tuple[float, list[int]]:
-            stat = compute_neighbor_stat(systems, rcut, ntypes)
+            visit = None if collect is None else collect.visit
+            stat = compute_neighbor_stat(systems, rcut, ntypes, visit=visit, fingerprints=False)
             return stat.min_nbor_dist, stat.max_nbor_size
 
         return dist_rt.run_on_main(compute)
@@ -226,15 +237,36 @@ def _total(array: np.ndarray) -> np.ndarray:
     return dist_rt.all_reduce_sum(tensor).numpy()
 
 
+def stat_collector(
+    config: dict, data: DataSets, stat_file: str | None, device: torch.device
+) -> StatCollector | None:
+    """A collector of the descriptor statistics for the neighbour-statistics pass, where
+    that pass and the data statistics both run in this process: rank 0 ("rank0" mode, or
+    one rank), no stat file yet (whose statistics would be used instead)."""
+    if not dist_rt.is_main_process() or (stat_file and os.path.exists(stat_file)):
+        return None
+    if stat_mode(config) == "shard" and dist_rt.get_world_size() > 1:
+        return None
+    nbatch = int(config["model"].get("data_stat_nbatch", 10))
+    return StatCollector(data.train, config["model"], nbatch, device)
+
+
 def model_statistics(
-    model, systems: list[System], stat_file: str | None, nbatch: int, mode: str
+    model,
+    systems: list[System],
+    stat_file: str | None,
+    nbatch: int,
+    mode: str,
+    collected: StatCollector | None = None,
 ) -> None:
     """The model's davg/dstd and energy bias (``compute_or_load_stats``): computed on rank 0
     ("rank0"; the caller broadcasts the model), or by every rank for its share of the
     statistics batches, combined by sums ("shard"; every rank's model gets them). The stat
-    file is read and written by rank 0 either way."""
+    file is read and written by rank 0 either way. ``collected``: sums gathered during the
+    neighbour statistics (`stat_collector`)."""
     if mode != "shard" or dist_rt.get_world_size() == 1:
-        dist_rt.run_on_main(compute_or_load_stats, model, systems, stat_file, nbatch)
+        compute = functools.partial(compute_or_load_stats, presummed=collected)
+        dist_rt.run_on_main(compute, model, systems, stat_file, nbatch)
         return
     share = StatShare(
         rank=dist_rt.get_rank(),

@@ -48,6 +48,7 @@ from mdtrain.train.prepare import (
     open_datasets,
     output_path,
     resolve_sel_and_min_dist,
+    stat_collector,
     stat_mode,
     validate_datasets,
 )
@@ -258,6 +259,9 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
         if stat_file and not (restart or init_model):
             dist_rt.run_on_main(_check_stat_file, stat_file)
         min_nbor_dist = state.get("min_nbor_dist") if state else None
+        collected = None  # data statistics gathered while the neighbour statistics search
+        if not (restart or init_model or finetune):
+            collected = stat_collector(config, data, stat_file, runtime.device)
         if not restart:
             config, found = resolve_sel_and_min_dist(
                 config,
@@ -265,6 +269,7 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
                 data,
                 request.neighbor_stat_file,
                 request.skip_neighbor_stat,
+                collected,
             )
             min_nbor_dist = found if found is not None else min_nbor_dist
         if finetune:
@@ -298,7 +303,7 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             dist_rt.run_on_main(load_pretrained, first, state, data.train, nbatch)
         elif not restart:
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            model_statistics(first, data.train, stat_file, nbatch, stat_mode(config))
+            model_statistics(first, data.train, stat_file, nbatch, stat_mode(config), collected)
         if ensemble > 1 and not restart:
             _share_start(model, same_weights=bool(init_model or finetune))
         dist_rt.broadcast_module(model)

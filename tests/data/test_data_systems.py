@@ -87,9 +87,11 @@ def test_energy_as_column_and_float32_files(tmp_path, water_data):
     np.testing.assert_allclose(frames["coord"][0].reshape(-1)[:3], coord[2, [0, 1, 2]], rtol=1e-6)
 
 
-def test_reading_is_lazy_and_memory_mapped(water_system):
+def test_reading_is_lazy_and_memory_mapped(water_system, monkeypatch):
+    import mdtrain.data.npy as npy
     from mdtrain.data.npy import _MAPS
 
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 0)  # map even these small files
     system = open_system(water_system)
     mine = [key for key in _MAPS if key[0] == system.path]
     assert mine == []  # opening read headers only
@@ -104,6 +106,7 @@ def test_open_memory_maps_are_bounded(tmp_path, water_data, monkeypatch):
     import mdtrain.data.npy as npy
 
     monkeypatch.setattr(npy, "MAX_OPEN_MAPS", 4)
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 0)
     paths = [write_npy_system(tmp_path / f"s{k}", **water_data) for k in range(6)]
     systems = [open_system(p) for p in paths]
     descriptors = len(os.listdir("/proc/self/fd"))
@@ -113,6 +116,42 @@ def test_open_memory_maps_are_bounded(tmp_path, water_data, monkeypatch):
             np.testing.assert_array_equal(frames["energy"], water_data["energy"][[0, 3]])
             assert len(npy._MAPS) <= 4
     assert len(os.listdir("/proc/self/fd")) <= descriptors + 4
+
+
+def test_frames_read_only_what_is_asked(water_system, water_data):
+    system = open_system(water_system, ["O", "H"])
+    every = system.frames([1, 4])
+    assert set(every) == {"coord", "box", "energy", "force", "virial"}
+    assert set(system.frames([1, 4], labels=())) == {"coord", "box"}
+    energy_only = system.frames([1, 4], labels=("energy", "fparam"), positions=False)
+    assert set(energy_only) == {"energy"}
+    np.testing.assert_array_equal(energy_only["energy"], water_data["energy"][[1, 4]])
+    np.testing.assert_array_equal(system.frames([4], labels=())["coord"], every["coord"][1:])
+
+
+def test_small_files_are_read_like_mapped_ones(tmp_path, water_data, monkeypatch):
+    """Files under DIRECT_READ_BYTES are read without a memory map: the same frames for any
+    rows (contiguous, scattered, repeated, across sets), float32 and (n, 1) arrays included,
+    and a file shorter than its header is an error naming it."""
+    import mdtrain.data.npy as npy
+
+    path = write_npy_system(tmp_path / "w", set_size=4, **water_data)
+    np.save(path + "/set.000/force.npy", np.load(path + "/set.000/force.npy").astype(np.float32))
+    np.save(path + "/set.001/energy.npy", np.load(path + "/set.001/energy.npy")[:, None])
+    picks = [[0], [1, 2, 3], [0, 3, 5], [5, 1, 1, 4], list(range(6))]
+    read = [open_system(path).frames(p) for p in picks]
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 0)
+    mapped = [open_system(path).frames(p) for p in picks]
+    for a, b in zip(read, mapped, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 1 << 20)
+    system = open_system(path)
+    with open(path + "/set.001/coord.npy", "r+b") as handle:
+        handle.truncate(handle.seek(0, 2) - 8)
+    with pytest.raises(MDTrainError, match=r"set.001/coord.npy: cannot read \(shorter"):
+        system.frames([5])
 
 
 def test_frame_count_comes_from_the_header(tmp_path, water_data):

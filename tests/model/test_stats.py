@@ -13,6 +13,7 @@ from mdtrain.model import EnergyModel
 from mdtrain.model.stat_file import descriptor_stat_hash
 from mdtrain.model.stats import (
     PairStatSums,
+    StatCollector,
     collect_stat_batches,
     compute_descriptor_stats,
     compute_energy_bias,
@@ -36,9 +37,9 @@ class FakeSystem:
     def has(self, label: str) -> bool:
         return label == "energy" and self.energy is not None
 
-    def frames(self, indices) -> dict[str, np.ndarray]:
-        out = {"coord": self.coord[indices]}
-        if self.box is not None:
+    def frames(self, indices, labels=None, positions=True) -> dict[str, np.ndarray]:
+        out = {"coord": self.coord[indices]} if positions else {}
+        if self.box is not None and positions:
             out["box"] = self.box[indices]
         if self.energy is not None:
             out["energy"] = self.energy[indices]
@@ -165,7 +166,7 @@ def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
         return original(diff, mask)
 
     monkeypatch.setattr(model.descriptor, "env_matrix", small_memory)
-    sums = PairStatSums(model, chunk_pairs=1000)
+    sums = PairStatSums.of_model(model, chunk_pairs=1000)
     for system in systems:
         frames = system.frames(np.arange(system.nframes))
         for f in range(system.nframes):
@@ -177,6 +178,47 @@ def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
         assert got[key].number == item.number
         assert got[key].sum == pytest.approx(item.sum, rel=1e-12)
         assert got[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12)
+
+
+@pytest.mark.parametrize("sel", [[40, 80], [2, 3]], ids=["fits", "truncated"])
+def test_statistics_gathered_by_the_neighbour_search(sel, monkeypatch):
+    """The neighbour statistics' search feeds the data statistics (no second search): the
+    same items as the streamed pass; when the model's lists cannot hold every neighbour the
+    gathered sums are refused and the frames are searched again, truncated."""
+    import mdtrain.model.stats as stats
+    from mdtrain.neighbors.stat import compute_neighbor_stat
+
+    systems = [make_system(3, True, 5, seed=1), make_system(2, False, 3, seed=2),
+               make_system(1, True, 4, seed=4)]  # fmt: skip
+    cfg = small_config({"sel": "auto"})
+    collector = StatCollector(systems, cfg, 3, torch.device("cpu"))
+    found = compute_neighbor_stat(systems, 3.5, 2, False, visit=collector.visit, fingerprints=False)
+    assert collector.items_for(EnergyModel(small_config()), stat_batch_plan(systems, 3)) is None
+    collector.searched(found.max_nbor_size)  # what the search found: the lists that fit
+    assert collector.seen == sum(min(3 * -(-32 // s.natoms), s.nframes) for s in systems)
+    model = EnergyModel(small_config({"sel": sel}))
+    plan = stat_batch_plan(systems, 3)
+    expected = stream_stat_inputs(systems, model, plan, show_progress=False)[0]
+    gathered = collector.items_for(model, plan)
+    if sel == [2, 3]:
+        assert gathered is None
+        return
+    for key, item in expected.items():
+        assert gathered[key].number == item.number
+        assert gathered[key].sum == pytest.approx(item.sum, rel=1e-12, abs=1e-13)
+        assert gathered[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12)
+    assert collector.items_for(model, stat_batch_plan(systems, 1)) is None  # other frames
+    other = EnergyModel(small_config({"sel": sel, "rcut_smth": 1.0}))
+    assert collector.items_for(other, plan) is None  # other switch: other sums
+    searched = []  # with the gathered sums, the statistics search nothing again
+    monkeypatch.setattr(stats, "frame_pairs", lambda *a: searched.append(1))
+    compute_or_load_stats(model, systems, None, 3, presummed=collector)
+    assert searched == []
+    davg, dstd = model.descriptor.davg.clone(), model.descriptor.dstd.clone()
+    monkeypatch.undo()
+    compute_or_load_stats(model, systems, None, 3)
+    torch.testing.assert_close(model.descriptor.davg, davg, rtol=1e-12, atol=0)
+    torch.testing.assert_close(model.descriptor.dstd, dstd, rtol=1e-12, atol=0)
 
 
 def test_statistics_back_off_on_out_of_memory(monkeypatch):
