@@ -36,6 +36,7 @@ import torch
 
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptor import smooth_weight
 from mdtrain.model.stat_file import (
     DATA_ATTR,
     data_summary,
@@ -359,8 +360,9 @@ class PairStatSums:
     order of float64 additions): a padded slot adds 0 to the sums and 1 to the count, so
     the sums need the real pairs only and the counts are ``centres · frames · sum(sel)``;
     a pair seen from its other end has the same radial entry and opposite angular ones, so
-    each pair is evaluated once. Pairs go through the descriptor's own ``env_matrix`` in
-    chunks of up to ``chunk_pairs`` on ``device``, whatever the systems: thousands of small
+    each pair is evaluated once. Pairs are evaluated with the descriptor's switch and
+    formula (``_chunk``) in chunks of up to ``chunk_pairs`` on ``device``, whatever the
+    systems: thousands of small
     systems cost a few large evaluations instead of one small evaluation per batch, and
     memory stays bounded (the chunk halves on an out-of-memory error).
 
@@ -412,16 +414,23 @@ class PairStatSums:
             self.chunker.run_all(run, len(ti), 1, "data statistics")
 
     def _chunk(self, ti, tj, diff, mirror) -> torch.Tensor:
+        """Per centre type [Σ s, Σ s², Σ (a_x + a_y + a_z), Σ |a|²] of the raw rows
+        ``[s, a] = w(r)/(r+p) · [1, d/(r+p)]`` (``env_matrix``'s formula, ``p`` its
+        ``env_protection``), from each pair's end and, where ``mirror``, the other end
+        (``-d``: the same s and |a|², the opposite angular sum). Written with the sums of
+        the components taken first: a third of the memory passes of evaluating the rows."""
         desc, device = self.desc, self.device
         centre = torch.as_tensor(ti, device=device)
         neighbour = torch.as_tensor(tj, device=device)
-        vectors = torch.as_tensor(diff, dtype=torch.float64, device=device)
-        raw = desc.env_matrix(vectors, torch.ones_like(centre, dtype=torch.bool))
+        d = torch.as_tensor(diff, dtype=torch.float64, device=device)
+        r2 = (d * d).sum(dim=1)
+        r = torch.sqrt(r2)
+        rp = r + desc.env_protection
+        s = smooth_weight(r, desc.rcut_smth, desc.rcut) / rp
         if desc.has_exclusions:
-            raw = raw * desc.pair_keep[centre, neighbour].unsqueeze(-1).to(raw.dtype)
-        # [r, r², Σa, Σa²] per pair in one product ([raw | raw²] @ PICK): the column sums
-        # of strided views cost more than the environment matrix itself
-        per_pair = torch.cat([raw, raw * raw], dim=1) @ _pick_matrix(raw)
+            s = s * desc.pair_keep[centre, neighbour].to(s.dtype)
+        q = s / rp  # a = d · q
+        per_pair = torch.stack([s, s * s, d.sum(dim=1) * q, r2 * (q * q)], dim=1)
         out = torch.zeros_like(self.sums)
         out.index_add_(0, centre, per_pair)
         seen_back = per_pair.clone()  # from the neighbour's side: the angular sum flips
@@ -443,15 +452,6 @@ class PairStatSums:
             items[f"r_{t}"] = StatItem(number, sums[t][0], sums[t][1])
             items[f"a_{t}"] = StatItem(3.0 * number, sums[t][2], sums[t][3])
         return items
-
-
-def _pick_matrix(like: torch.Tensor) -> torch.Tensor:
-    """(8, 4): ``[raw | raw²] @ it`` = ``[r, r², a_x + a_y + a_z, a_x² + a_y² + a_z²]``."""
-    pick = like.new_zeros(8, 4)
-    pick[0, 0] = pick[4, 1] = 1.0
-    pick[1:4, 2] = 1.0
-    pick[5:8, 3] = 1.0
-    return pick
 
 
 class StatCollector:

@@ -150,22 +150,23 @@ def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch
 
 
 def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
+    import mdtrain.model.stats as stats
     from mdtrain.memory import simulated_oom
 
     systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
     model = EnergyModel(small_config())
     plan = stat_batch_plan(systems, 10)
     expected = stream_stat_inputs(systems, model, plan, show_progress=False)[0]
-    original = model.descriptor.env_matrix
+    original = stats.smooth_weight
     sizes = []
 
-    def small_memory(diff, mask):
-        sizes.append(diff.shape[0])
-        if diff.shape[0] > 40:
+    def small_memory(r, rcut_smth, rcut):
+        sizes.append(r.shape[0])
+        if r.shape[0] > 40:
             raise simulated_oom("CUDA out of memory. (test)")
-        return original(diff, mask)
+        return original(r, rcut_smth, rcut)
 
-    monkeypatch.setattr(model.descriptor, "env_matrix", small_memory)
+    monkeypatch.setattr(stats, "smooth_weight", small_memory)
     sums = PairStatSums.of_model(model, chunk_pairs=1000)
     for system in systems:
         frames = system.frames(np.arange(system.nframes))
