@@ -456,7 +456,7 @@ def find_input(path: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["comm", "step", "window"])
     parser.add_argument("data", help="input.json, or a directory holding one")
     parser.add_argument("--ranks", type=int, nargs="+")

@@ -189,7 +189,7 @@ def _disk_bytes(output: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", help="a new directory (deepmd/npy) or .h5/.hdf5 file")
     parser.add_argument("--systems", type=int, help="number of systems (default 10)")
     parser.add_argument("--frames", type=int, help="frames per system (default 100)")

@@ -168,7 +168,7 @@ def ensure_data(work: str, small_gb: float, factor: int, systems: int, atoms, se
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", required=True, help="where the data sets go (GBs)")
     parser.add_argument("--small-gb", type=float, default=0.4)
     parser.add_argument("--factor", type=int, default=10)

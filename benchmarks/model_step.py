@@ -88,7 +88,7 @@ def median_time(fn, steps: int, warmup: int = 2) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument(

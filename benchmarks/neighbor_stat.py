@@ -101,7 +101,7 @@ def mdtrain_neighbor_stat(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="system directory, .h5 file, or a directory of systems")
     parser.add_argument("--rcut", type=float, default=6.0)
     parser.add_argument("--type-map", nargs="+", default=["O", "H"])

@@ -75,7 +75,7 @@ def _disk_bytes(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="?", help="a folder of deepmd/npy systems")
     parser.add_argument("--work", help="where the packed files go (default: a temporary one)")
     parser.add_argument("--compression", nargs="+", default=["none", "lzf", "gzip"])

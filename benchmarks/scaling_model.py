@@ -237,7 +237,7 @@ def run_check(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     table = sub.add_parser("table")
     table.add_argument("--network", nargs="+", choices=list(NETWORKS), default=list(NETWORKS))

@@ -131,7 +131,7 @@ def launch(world: int, child_args: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data")
     parser.add_argument("--type-map", nargs="+", required=True)
     parser.add_argument("--rcut", type=float, default=6.0)

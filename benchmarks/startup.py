@@ -117,7 +117,7 @@ def _count(data: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="+", help="folders of systems (or HDF5 files)")
     parser.add_argument("--deepmd-env", help="virtual environment of a DeePMD-kit install")
     parser.add_argument("--deepmd-backend", default="tf", choices=["tf", "pt", "jax"])

@@ -58,7 +58,7 @@ PARTS = ("neighbor-stat", "train", "test", "ranks")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="input.json, or a directory holding one and its systems")
     parser.add_argument("--deepmd-env", help="virtual environment holding DeePMD-kit (bin/dp)")
     parser.add_argument("--only", help=f"comma-separated parts: {','.join(PARTS)}")

@@ -36,10 +36,11 @@ class NpyHeader:
     offset: int  # bytes before the data
 
 
-def parse_npy_header(path: str) -> NpyHeader:
-    """The header of an ``.npy`` file. numpy's own files are parsed by a regular expression
-    (numpy evaluates the header as a Python literal, about 50 µs a file, which thousands of
-    small systems multiply); any other header by numpy."""
+def parse_npy_header(path: str, missing_ok: bool = False) -> NpyHeader | None:
+    """The header of an ``.npy`` file (None for a missing file when ``missing_ok``: one
+    system call fewer than asking first). numpy's own files are parsed by a regular
+    expression (numpy evaluates the header as a Python literal, about 50 µs a file, which
+    thousands of small systems multiply); any other header by numpy."""
     try:
         with open(path, "rb", buffering=0) as handle:
             start = handle.read(128)  # numpy pads its headers to 64-byte multiples: one read
@@ -61,6 +62,8 @@ def parse_npy_header(path: str) -> NpyHeader:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
             return NpyHeader(tuple(shape), dtype, bool(fortran), handle.tell())
     except (OSError, ValueError, TypeError) as exc:
+        if missing_ok and isinstance(exc, FileNotFoundError):
+            return None
         raise MDTrainError(f"{path}: not a readable .npy file ({exc})") from None
 
 
@@ -148,9 +151,9 @@ class NpyStore:
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""
         file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
-        if not os.path.exists(file):
+        header = parse_npy_header(file, missing_ok=True)
+        if header is None:
             return None
-        header = parse_npy_header(file)
         self._headers[(set_name, name)] = header  # the memory map needs it again
         return header.shape, header.dtype
 

@@ -370,11 +370,13 @@ class PairStatSums:
     sums do not depend on ``sel``; the counts take it in ``items``).
     """
 
-    def __init__(self, desc, device: torch.device, chunk_pairs: int = 1 << 18) -> None:
+    def __init__(self, desc, device: torch.device, chunk_pairs: int | None = None) -> None:
         from mdtrain.memory import InferenceChunker
 
         self.desc = desc
         self.device = device
+        if chunk_pairs is None:  # a CPU evaluates pairs fastest when the chunk stays in cache
+            chunk_pairs = 1 << 15 if torch.device(device).type == "cpu" else 1 << 20
         self.search = NeighborSearch(self.desc.rcut)
         ntypes = self.desc.ntypes
         self.centres = np.zeros(ntypes)  # centre atoms of each type, over the frames added
@@ -385,7 +387,7 @@ class PairStatSums:
         self._npending = 0
 
     @classmethod
-    def of_model(cls, model, chunk_pairs: int = 1 << 18) -> PairStatSums:
+    def of_model(cls, model, chunk_pairs: int | None = None) -> PairStatSums:
         return cls(model.descriptor, model_device(model), chunk_pairs)
 
     def add_frame(self, coord: np.ndarray, box: np.ndarray | None, atype: np.ndarray) -> None:
@@ -395,8 +397,12 @@ class PairStatSums:
 
     def add_pairs(self, atype, i, j, diff, both: bool) -> None:
         """One frame's list entries as ``frame_pairs`` gives them."""
-        self.centres += np.bincount(atype, minlength=self.desc.ntypes)
-        self._pending.append((atype[i], atype[j], diff, np.full(len(i), both)))
+        ntypes = self.desc.ntypes
+        self.centres += np.bincount(atype, minlength=ntypes)
+        key = atype[i] * ntypes + atype[j]
+        key *= 2
+        key += both  # see ``_chunk``
+        self._pending.append((key, diff))
         self._npending += len(i)
         if self._npending >= self.chunk_pairs:
             self.flush()
@@ -404,41 +410,43 @@ class PairStatSums:
     def flush(self) -> None:
         if not self._npending:
             return
-        ti, tj, diff, mirror = (np.concatenate(p) for p in zip(*self._pending, strict=True))
+        key, diff = (np.concatenate(p) for p in zip(*self._pending, strict=True))
         self._pending, self._npending = [], 0
 
         def run(a: int, b: int) -> None:
-            self.sums += self._chunk(ti[a:b], tj[a:b], diff[a:b], mirror[a:b])
+            self.sums += self._chunk(key[a:b], diff[a:b])
 
         with torch.no_grad():
-            self.chunker.run_all(run, len(ti), 1, "data statistics")
+            self.chunker.run_all(run, len(key), 1, "data statistics")
 
-    def _chunk(self, ti, tj, diff, mirror) -> torch.Tensor:
+    def _chunk(self, key: np.ndarray, diff: np.ndarray) -> torch.Tensor:
         """Per centre type [Σ s, Σ s², Σ (a_x + a_y + a_z), Σ |a|²] of the raw rows
         ``[s, a] = w(r)/(r+p) · [1, d/(r+p)]`` (``env_matrix``'s formula, ``p`` its
-        ``env_protection``), from each pair's end and, where ``mirror``, the other end
-        (``-d``: the same s and |a|², the opposite angular sum). Written with the sums of
-        the components taken first: a third of the memory passes of evaluating the rows."""
+        ``env_protection``) of pairs ``diff`` (neighbour minus centre), ``key`` =
+        (centre type · ntypes + neighbour type) · 2 + mirror: each pair counts for its centre
+        and, where ``mirror``, for the neighbour too (``-d``: the same s and |a|², the
+        opposite angular sum). The components' sums are taken per pair first, then summed
+        per key in one pass, then per type (a tiny table): few passes over the pairs."""
         desc, device = self.desc, self.device
-        centre = torch.as_tensor(ti, device=device)
-        neighbour = torch.as_tensor(tj, device=device)
+        ntypes = desc.ntypes
+        index = torch.as_tensor(key, device=device)
         d = torch.as_tensor(diff, dtype=torch.float64, device=device)
-        r2 = (d * d).sum(dim=1)
+        ones = torch.ones(3, dtype=d.dtype, device=device)
+        r2 = (d * d) @ ones
         r = torch.sqrt(r2)
         rp = r + desc.env_protection
         s = smooth_weight(r, desc.rcut_smth, desc.rcut) / rp
-        if desc.has_exclusions:
-            s = s * desc.pair_keep[centre, neighbour].to(s.dtype)
         q = s / rp  # a = d · q
-        per_pair = torch.stack([s, s * s, d.sum(dim=1) * q, r2 * (q * q)], dim=1)
-        out = torch.zeros_like(self.sums)
-        out.index_add_(0, centre, per_pair)
-        seen_back = per_pair.clone()  # from the neighbour's side: the angular sum flips
+        per_pair = (s, s * s, (d @ ones) * q, r2 * (q * q))
+        keys = 2 * ntypes * ntypes
+        table = torch.stack(
+            [torch.bincount(index, weights=w, minlength=keys) for w in per_pair], dim=1
+        ).view(ntypes, ntypes, 2, 4)
+        if desc.has_exclusions:
+            table *= desc.pair_keep[:ntypes, :ntypes, None, None].to(table.dtype)
+        seen_back = table[:, :, 1].sum(dim=0)  # mirrored pairs by neighbour type
         seen_back[:, 2].neg_()
-        if not mirror.all():  # pairs given once per direction (truncated frames)
-            keep = torch.as_tensor(mirror, device=device)
-            neighbour, seen_back = neighbour[keep], seen_back[keep]
-        return out.index_add_(0, neighbour, seen_back)
+        return table.sum(dim=(1, 2)) + seen_back
 
     def items(self, nnei: int | None = None) -> dict[str, StatItem]:
         """The ``r_t``/``a_t`` items, as `descriptor_stat_items` returns them, for lists of
@@ -489,15 +497,11 @@ class StatCollector:
         self.max_counts: list[int] | None = None  # the search's, once it has finished
         self.seen = 0
 
-    def visit(self, index: int, frame: int, coord, box, i, j, shift) -> None:
-        """One searched frame: half-list pairs ``i``, ``j`` with image ``shift``s."""
+    def visit(self, index: int, frame: int, i, j, vec) -> None:
+        """One searched frame: half-list pairs ``i``, ``j`` and their vectors (views)."""
         if index >= len(self.limit) or frame >= self.limit[index]:
             return
-        atype = self.atypes[index]
-        diff = coord[j] - coord[i]
-        if box is not None:
-            diff += shift @ box
-        self.sums.add_pairs(atype, i, j, diff, True)
+        self.sums.add_pairs(self.atypes[index], i, j, vec.copy(), True)
         self.seen += 1
 
     def searched(self, max_counts: list[int]) -> None:

@@ -96,7 +96,7 @@ class NeighborSearch:
         self._binding = _get_binding()
         if self._binding is not None:
             self._result = self._binding.api.VesinNeighborList()
-            self._option_cache: dict[tuple[bool, bool], object] = {}
+            self._option_cache: dict[tuple[bool, bool, bool], object] = {}
         else:  # fallback: the Python package (imports torch when installed)
             import vesin
 
@@ -127,6 +127,19 @@ class NeighborSearch:
         With ``copy=False`` the arrays may be views of this object's buffers, valid only
         until its next call (cheaper when they are consumed at once).
         """
+        i, j, shift, dist, _ = self._search(coord, box, full, shifts, False, copy)
+        return i, j, shift, dist
+
+    def half_vectors(
+        self, coord: np.ndarray, box: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Half-list pairs ``(i, j, vec, dist)``, ``vec`` the (n, 3) vectors from ``i`` to
+        the image of ``j`` as the library computes them (no shifts to multiply out here),
+        views of this object's buffers valid until its next call."""
+        i, j, _, dist, vec = self._search(coord, box, False, False, True, False)
+        return i, j, vec, dist
+
+    def _search(self, coord, box, full, shifts, vectors, copy):
         coord = np.ascontiguousarray(coord, dtype=np.float64)
         if coord.ndim != 2 or coord.shape[1] != 3:
             raise ValueError(f"coordinates must have shape (natoms, 3), got {coord.shape}")
@@ -136,28 +149,31 @@ class NeighborSearch:
             raise ValueError(f"cell must have shape (3, 3), got {cell.shape}")
         if self._binding is None:
             calculator = self._full if full else self._half
-            quantities = "ijSd" if shifts else "ijd"
+            quantities = "ij" + ("S" if shifts else "") + ("D" if vectors else "") + "d"
             out = calculator.compute(coord, cell, periodic, quantities=quantities, copy=True)
             i, j, dist = out[0].astype(np.int64), out[1].astype(np.int64), out[-1]
             shift = out[2].astype(np.int64) if shifts else None
+            vec = out[-2] if vectors else None
         else:
-            i, j, shift, dist = self._compute_c(coord, cell, periodic, full, shifts)
+            i, j, shift, dist, vec = self._compute_c(coord, cell, periodic, full, shifts, vectors)
         keep = dist < self.rcut  # the library includes pairs at exactly rcut; ours is strict
         if not keep.all():
             i, j, dist = i[keep], j[keep], dist[keep]
             shift = None if shift is None else shift[keep]
+            vec = None if vec is None else vec[keep]
         elif copy and self._binding is not None:
             i, j, dist = i.copy(), j.copy(), dist.copy()
             shift = None if shift is None else shift.copy()
-        return i, j, shift, dist
+            vec = None if vec is None else vec.copy()
+        return i, j, shift, dist, vec
 
     def pairs(self, coord: np.ndarray, box: np.ndarray | None) -> Pairs:
         """Full (both directions) pairs with their image shifts."""
         i, j, shift, dist = self.compute(coord, box, full=True, shifts=True)
         return Pairs(i=i, j=j, shift=shift, dist=dist)
 
-    def _options(self, full: bool, shifts: bool):
-        options = self._option_cache.get((full, shifts))
+    def _options(self, full: bool, shifts: bool, vectors: bool):
+        options = self._option_cache.get((full, shifts, vectors))
         if options is None:
             options = self._binding.api.VesinOptions()
             options.cutoff = self.rcut
@@ -165,15 +181,15 @@ class NeighborSearch:
             options.sorted = False
             options.return_shifts = shifts
             options.return_distances = True
-            options.return_vectors = False
+            options.return_vectors = vectors
             if "n_threads" in self._binding.option_fields:
                 # The library runs one search at a time per process (its thread pool is
                 # shared), so parallelism comes from its threads, not from ours.
                 options.n_threads = self.threads
-            self._option_cache[(full, shifts)] = options
+            self._option_cache[(full, shifts, vectors)] = options
         return options
 
-    def _compute_c(self, coord, cell, periodic, full, shifts):
+    def _compute_c(self, coord, cell, periodic, full, shifts, vectors):
         """Call the library; returns views of its buffers (int64 indices and shifts)."""
         binding = self._binding
         pbc = _ALL_PBC if periodic else _NO_PBC
@@ -184,7 +200,7 @@ class NeighborSearch:
             cell.ctypes.data_as(_DOUBLE_P),
             pbc.ctypes.data_as(_BOOL_P),
             binding.cpu,
-            self._options(full, shifts),
+            self._options(full, shifts, vectors),
             ctypes.byref(self._result),
             ctypes.byref(error),
         )
@@ -197,7 +213,8 @@ class NeighborSearch:
         pairs = _view(result.pairs, (n, 2), _SIZE_T).view(np.int64)
         dist = _view(result.distances, (n,), "<f8")
         shift = _view(result.shifts, (n, 3), "<i4").astype(np.int64) if shifts else None
-        return pairs[:, 0], pairs[:, 1], shift, dist
+        vec = _view(result.vectors, (n, 3), "<f8") if vectors else None
+        return pairs[:, 0], pairs[:, 1], shift, dist, vec
 
 
 class _Buffer:

@@ -162,8 +162,8 @@ def _count_chunk(
     visit: Callable | None = None,
 ) -> _Chunk:
     """Count neighbours frame by frame; ``search`` keeps its buffers between frames.
-    ``visit(frame, coord, box, i, j, shift)`` sees each frame's half-list pairs (views of
-    the search's buffers: used at once)."""
+    ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and their vectors (views
+    of the search's buffers: used at once)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
@@ -182,9 +182,10 @@ def _count_chunk(
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
         try:
-            i, j, shift, dist = search.compute(
-                coord, box, full=False, shifts=visit is not None, copy=False
-            )
+            if visit is None:
+                i, j, _, dist = search.compute(coord, box, full=False, shifts=False, copy=False)
+            else:
+                i, j, vec, dist = search.half_vectors(coord, box)
         except ValueError as exc:
             raise MDTrainError(f"system {path}, frame {index}: {exc}") from None
         if len(dist) == 0:
@@ -192,7 +193,7 @@ def _count_chunk(
             if natoms > 1 or box is not None:
                 chunk.min_dist = min(chunk.min_dist, _min_distance_beyond(rcut, coord, box))
             if visit is not None:
-                visit(index, coord, box, i, j, np.zeros((0, 3), dtype=np.int64))
+                visit(index, i, j, vec)
             continue
         closest = int(np.argmin(dist))
         if dist[closest] < OVERLAP_DISTANCE:
@@ -208,7 +209,7 @@ def _count_chunk(
         if not counts.any(axis=1).all():
             chunk.lonely.append(index)
         if visit is not None:
-            visit(index, coord, box, i, j, shift)
+            visit(index, i, j, vec)
     return chunk
 
 
@@ -270,9 +271,10 @@ def neighbor_stat_partial(
     Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
     atoms or more use ``threads`` threads of the compiled search (default:
     ``default_threads()``). The result does not depend on the number of threads.
-    ``visit(s, frame, coord, box, i, j, shift)``, when given, sees every frame searched,
-    with its half-list pairs and their image shifts, so that other statistics of the same
-    frames need no search of their own (the arrays are valid during the call only).
+    ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
+    half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
+    of the same frames need no search of their own (the arrays are valid during the call
+    only).
     """
     if not rcut > 0 or not math.isfinite(rcut):
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")

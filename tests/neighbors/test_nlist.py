@@ -121,6 +121,25 @@ def test_fallback_to_python_package_gives_the_same_pairs(monkeypatch):
     assert_same_pairs(as_rows(search.pairs(coord, cell)), want)
 
 
+@pytest.mark.parametrize("binding", ["compiled", "python package"])
+def test_half_vectors_are_the_shifted_differences(monkeypatch, binding):
+    """The library's vectors equal coord[j] - coord[i] + shift @ cell for the same pairs
+    (small cell: self-images and several images of one neighbour)."""
+    rng = np.random.default_rng(11)
+    cell = random_cell(rng, (3.0, 5.0, 6.5))
+    coord = rng.uniform(0, 1, size=(7, 3)) @ cell
+    if binding != "compiled":
+        monkeypatch.setattr(nlist_module, "_get_binding", lambda: None)
+    search = NeighborSearch(4.0)
+    i, j, shift, dist = search.compute(coord, cell, full=False, shifts=True)
+    vi, vj, vec, vdist = (a.copy() for a in search.half_vectors(coord, cell))
+    np.testing.assert_array_equal(vi, i)
+    np.testing.assert_array_equal(vj, j)
+    np.testing.assert_array_equal(vdist, dist)
+    np.testing.assert_allclose(vec, coord[j] - coord[i] + shift @ cell, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(np.linalg.norm(vec, axis=1), dist, rtol=1e-14)
+
+
 def test_search_error_is_a_value_error():
     with pytest.raises(ValueError, match="shape"):
         neighbor_pairs(np.zeros((4, 2)), None, 3.0)
