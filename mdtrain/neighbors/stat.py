@@ -45,6 +45,7 @@ log = logging.getLogger("mdtrain.neighbors")
 OVERLAP_DISTANCE = 1e-3  # Å; closer atoms are reported as overlapping
 _ATOMS_PER_READ = 1 << 16  # frames are read in chunks of about this many atoms
 _MAX_FRAMES_PER_READ = 256
+_PAIRS_PER_SETTLE = 1 << 16  # searched frames are counted together up to about this many pairs
 _THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thread
 
 
@@ -161,9 +162,11 @@ def _count_chunk(
     boxes: np.ndarray | None,
     visit: Callable | None = None,
 ) -> _Chunk:
-    """Count neighbours frame by frame; ``search`` keeps its buffers between frames.
-    ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and their vectors (views
-    of the search's buffers: used at once)."""
+    """Search frame by frame (``search`` keeps its buffers between frames), then count and
+    check the pairs of many frames at once (`_settle`): with frames of a few atoms the
+    per-frame numpy calls cost as much as the search. Problems are reported for the first
+    frame that has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and
+    their vectors (arrays valid during the call only)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
@@ -171,23 +174,37 @@ def _count_chunk(
     finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
     if boxes is not None:
         finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
+    found: list[tuple] = []  # (frame, i, j, dist, vec) of frames not yet settled
+    npairs = 0
+
+    def settle() -> None:
+        nonlocal found, npairs
+        if found:
+            _settle(found, path, atype, ntypes, chunk, visit)
+        found, npairs = [], 0
+
+    def fail(message: str) -> MDTrainError:
+        settle()  # an earlier frame's problem is reported first
+        return MDTrainError(message)
+
     for k, index in enumerate(rows.tolist()):
         coord = coords[k]
         box = None if boxes is None else boxes[k]
         if not finite[k]:
-            raise MDTrainError(f"system {path}, frame {index}: coordinates or cell not finite")
+            raise fail(f"system {path}, frame {index}: coordinates or cell not finite")
         if spacing is not None and not spacing[k] >= OVERLAP_DISTANCE:
-            raise MDTrainError(
+            raise fail(
                 f"system {path}, frame {index}: the cell is degenerate (its vectors span no "
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
         try:
             if visit is None:
-                i, j, _, dist = search.compute(coord, box, full=False, shifts=False, copy=False)
+                i, j, _, dist = search.compute(coord, box, full=False, shifts=False)
+                vec = None
             else:
-                i, j, vec, dist = search.half_vectors(coord, box)
+                i, j, vec, dist = (a.copy() for a in search.half_vectors(coord, box))
         except ValueError as exc:
-            raise MDTrainError(f"system {path}, frame {index}: {exc}") from None
+            raise fail(f"system {path}, frame {index}: {exc}") from None
         if len(dist) == 0:
             chunk.lonely.append(index)
             if natoms > 1 or box is not None:
@@ -195,22 +212,43 @@ def _count_chunk(
             if visit is not None:
                 visit(index, i, j, vec)
             continue
-        closest = int(np.argmin(dist))
-        if dist[closest] < OVERLAP_DISTANCE:
-            raise MDTrainError(
-                f"system {path}, frame {index}: atoms {int(i[closest])} and {int(j[closest])} "
-                f"overlap (distance {dist[closest]:.2e} Å, periodic images included)"
-            )
-        chunk.min_dist = min(chunk.min_dist, float(dist[closest]))
-        # Each half-list pair (i, j) is a neighbour of both ends; a self-image pair counts twice.
-        keys = np.concatenate((i * ntypes + atype[j], j * ntypes + atype[i]))
-        counts = np.bincount(keys, minlength=natoms * ntypes).reshape(natoms, ntypes)
-        np.maximum(chunk.max_counts, counts.max(axis=0), out=chunk.max_counts)
-        if not counts.any(axis=1).all():
-            chunk.lonely.append(index)
-        if visit is not None:
-            visit(index, i, j, vec)
+        found.append((index, i, j, dist, vec))
+        npairs += len(dist)
+        if npairs >= _PAIRS_PER_SETTLE:
+            settle()
+    settle()
     return chunk
+
+
+def _settle(found: list[tuple], path: str, atype, ntypes: int, chunk: _Chunk, visit) -> None:
+    """Minimum distance, overlaps, neighbour counts and lonely atoms of frames searched by
+    `_count_chunk` (each with at least one pair), all frames at once; then their visits."""
+    natoms = len(atype)
+    sizes = np.array([len(f[3]) for f in found])
+    i, j, dist = (np.concatenate([f[n] for f in found]) for n in (1, 2, 3))
+    starts = np.cumsum(sizes) - sizes
+    lowest = np.minimum.reduceat(dist, starts)
+    overlapping = np.flatnonzero(lowest < OVERLAP_DISTANCE)
+    if len(overlapping):
+        f = int(overlapping[0])
+        closest = int(starts[f] + np.argmin(dist[starts[f] : starts[f] + sizes[f]]))
+        raise MDTrainError(
+            f"system {path}, frame {found[f][0]}: atoms {int(i[closest])} and "
+            f"{int(j[closest])} overlap (distance {dist[closest]:.2e} Å, periodic images "
+            "included)"
+        )
+    chunk.min_dist = min(chunk.min_dist, float(lowest.min()))
+    # Each half-list pair (i, j) is a neighbour of both ends; a self-image pair counts twice.
+    base = np.repeat(np.arange(len(found)) * natoms, sizes)
+    keys = np.concatenate(((base + i) * ntypes + atype[j], (base + j) * ntypes + atype[i]))
+    counts = np.bincount(keys, minlength=len(found) * natoms * ntypes)
+    counts = counts.reshape(len(found), natoms, ntypes)
+    np.maximum(chunk.max_counts, counts.max(axis=(0, 1)), out=chunk.max_counts)
+    lonely = ~counts.any(axis=2).all(axis=1)
+    chunk.lonely.extend(found[f][0] for f in np.flatnonzero(lonely).tolist())
+    if visit is not None:
+        for index, fi, fj, _, vec in found:
+            visit(index, fi, fj, vec)
 
 
 class _SystemTotals:

@@ -110,11 +110,12 @@ def mixed_systems(tmp_path):
     return rcut, systems
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_mixed_systems_match_brute_force(mixed_systems, threads, monkeypatch):
+@pytest.mark.parametrize("threads, settle", [(1, 1), (1, 1 << 16), (3, 50)])
+def test_mixed_systems_match_brute_force(mixed_systems, threads, settle, monkeypatch):
     rcut, systems = mixed_systems
     opened = [open_system(path, TYPE_MAP) for path, _ in systems.values()]
     monkeypatch.setattr(stat_module, "_THREADED_MIN_ATOMS", 1)  # threads even for tiny frames
+    monkeypatch.setattr(stat_module, "_PAIRS_PER_SETTLE", settle)  # frames counted together
     stat = compute_neighbor_stat(opened, rcut, len(TYPE_MAP), progress=False, threads=threads)
     refs = [ref for _, ref in systems.values()]
     for result, (ref_min, ref_max) in zip(stat.systems, refs, strict=True):
@@ -224,6 +225,22 @@ def test_overlapping_atoms_name_system_and_frame(tmp_path):
     system = open_system(path, ["O"])
     with pytest.raises(MDTrainError, match=r"dup, frame 2: atoms [14] and [14] overlap"):
         compute_neighbor_stat([system], 3.0, 1, progress=False)
+
+
+@pytest.mark.parametrize("overlap_frame, nan_frame", [(1, 3), (3, 1)])
+def test_the_first_frame_with_a_problem_is_reported(tmp_path, overlap_frame, nan_frame):
+    """Frames are searched one by one but counted together: an overlap found when they are
+    counted still comes before a later frame's non-finite coordinates, and after an
+    earlier one's."""
+    rng = np.random.default_rng(2)
+    coords, boxes = random_frames(rng, 5, 6, (6.0, 6.0, 6.0))
+    coords[overlap_frame, 3] = coords[overlap_frame, 2]
+    coords[nan_frame, 0, 1] = np.nan
+    path = write_system(tmp_path / "two", coords, [0] * 6, ["O"], boxes)
+    first = min(overlap_frame, nan_frame)
+    what = "overlap" if first == overlap_frame else "not finite"
+    with pytest.raises(MDTrainError, match=rf"two, frame {first}: .*{what}"):
+        compute_neighbor_stat([open_system(path, ["O"])], 3.0, 1, progress=False)
 
 
 def test_overlap_with_own_image_in_a_degenerate_cell(tmp_path):
