@@ -140,6 +140,7 @@ class NeighborSearch:
         return i, j, vec, dist
 
     def _search(self, coord, box, full, shifts, vectors, copy):
+        """``(i, j, shift, dist, vec)``; shift and vec are None unless asked."""
         coord = np.ascontiguousarray(coord, dtype=np.float64)
         if coord.ndim != 2 or coord.shape[1] != 3:
             raise ValueError(f"coordinates must have shape (natoms, 3), got {coord.shape}")
