@@ -45,13 +45,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout, for children
+from loopback import free_port, rank_env
+from train_step import find_input
+
 VARIANTS: dict[str, dict] = {
     "example": {},
     "dpwater": {
@@ -301,34 +302,18 @@ def child_window(input_path: str, name: str, bucket_mb: float, reps: int) -> dic
 # ---------------------------------------------------------------------------- parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world: int, child_args: list[str]) -> dict:
     """Run this script's child on ``world`` ranks (torchrun's variables, loopback); rank 0's
     JSON result, or exit with the failing rank's output."""
     import contextlib
     import tempfile
 
-    port = str(_free_port())
+    port = str(free_port())
     procs, texts = [], []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         logs = []
         for rank in range(world):
-            env = {
-                **os.environ,
-                "OMP_NUM_THREADS": "1",
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-            }
+            env = rank_env(rank, world, port)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", *child_args]
             out = stack.enter_context(open(os.path.join(tmp, f"out{rank}"), "w+"))
             err = stack.enter_context(open(os.path.join(tmp, f"err{rank}"), "w+"))
@@ -445,14 +430,6 @@ def run_window(args: argparse.Namespace, input_path: str) -> list[dict]:
             print(f"  {s['natoms']:4d} atoms: forward {s['forward_s'] * 1e3:.1f} ms, backward "
                   f"{s['backward_s'] * 1e3:.1f} ms, buckets ready at {ready} ms")  # fmt: skip
     return results
-
-
-def find_input(path: str) -> str:
-    if os.path.isdir(path):
-        path = os.path.join(path, "input.json")
-    if not os.path.isfile(path):
-        sys.exit(f"{path}: no such input file")
-    return os.path.abspath(path)
 
 
 def main() -> None:

@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout, for children
+from loopback import free_port, rank_env
 
 
 def model_config(type_map: list[str], rcut: float, sel: list[int]) -> dict:
@@ -87,30 +86,14 @@ def child(args: argparse.Namespace) -> None:
             print(json.dumps(result), flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(world: int, child_args: list[str]) -> dict:
     """This script's child on ``world`` ranks (torchrun's variables, loopback); rank 0's JSON
     line, or exit with the failing rank's last lines."""
-    port = str(_free_port())
+    port = str(free_port())
     procs, files = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rank in range(world):
-            env = {
-                **os.environ,
-                "OMP_NUM_THREADS": "1",
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-            }
+            env = rank_env(rank, world, port)
             out = open(os.path.join(tmp, f"out{rank}"), "w+")  # noqa: SIM115
             files.append(out)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", *child_args]
