@@ -501,10 +501,10 @@ class StatCollector:
         self.seen = 0
 
     def visit(self, index: int, frame: int, i, j, vec) -> None:
-        """One searched frame: half-list pairs ``i``, ``j`` and their vectors (views)."""
+        """One searched frame: half-list pairs ``i``, ``j`` and their vectors (kept as given)."""
         if index >= len(self.limit) or frame >= self.limit[index]:
             return
-        self.sums.add_pairs(self.atypes[index], i, j, vec.copy(), True)
+        self.sums.add_pairs(self.atypes[index], i, j, vec, True)
         self.seen += 1
 
     def searched(self, max_counts: list[int]) -> None:

@@ -166,7 +166,7 @@ def _count_chunk(
     check the pairs of many frames at once (`_settle`): with frames of a few atoms the
     per-frame numpy calls cost as much as the search. Problems are reported for the first
     frame that has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and
-    their vectors (arrays valid during the call only)."""
+    their vectors (copies: the visitor may keep them)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
@@ -311,8 +311,8 @@ def neighbor_stat_partial(
     ``default_threads()``). The result does not depend on the number of threads.
     ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
     half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
-    of the same frames need no search of their own (the arrays are valid during the call
-    only).
+    of the same frames need no search of their own (the arrays are copies the visitor may
+    keep).
     """
     if not rcut > 0 or not math.isfinite(rcut):
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
