@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mdtrain.data import System
+from mdtrain.data import EXTRA_LABELS, System
 from mdtrain.neighbors.nlist import build_nlist
 
-LABELS = ("energy", "force", "virial")
+LABELS = ("energy", "force", "virial", *EXTRA_LABELS)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from mdtrain.config.precision import mode_of, network_problem
 from mdtrain.data import expand_systems, open_system, validate_system
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
+from mdtrain.train.loss_labels import label_problems
 
 _SECTIONS = ("training_data", "validation_data")
 
@@ -72,7 +73,7 @@ def check_config(data: Any, source: str) -> CheckReport:
             continue  # absent, or already reported by the schema
         paths, found = _expand(part["systems"], os.path.dirname(os.path.abspath(source)))
         problems += found
-        found, nframes = _inspect(paths, type_map)
+        found, nframes = _inspect(paths, type_map, _get(config, "loss"))
         problems += found
         problems += _check_per_system_lists(part, len(paths), f"training.{section}", source)
         nsys_total += len(paths)
@@ -87,14 +88,19 @@ def check_systems(paths: list[str], type_map: list[str] | None) -> list[str]:
     return _inspect(paths, type_map)[0]
 
 
-def _inspect(paths: list[str], type_map: list[str] | None) -> tuple[list[str], int]:
-    """Problems and the total number of frames of the systems that could be opened."""
+def _inspect(
+    paths: list[str], type_map: list[str] | None, loss: Any = None
+) -> tuple[list[str], int]:
+    """Problems and the total number of frames of the systems that could be opened; with the
+    ``loss`` section, also the label files its terms need (`label_problems`)."""
     problems: list[str] = []
     nframes = 0
     for path in progress(paths, len(paths), "checking systems"):
         try:
             system = open_system(path, type_map)
             problems += validate_system(system)
+            if isinstance(loss, dict):
+                problems += label_problems(loss, system)
         except MDTrainError as exc:
             problems.append(str(exc))
             continue

@@ -99,7 +99,10 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
 
     loss = _get(config, "loss")
     pairs = (
-        [(loss.get(f"start_pref_{x}"), loss.get(f"limit_pref_{x}")) for x in "efv"]
+        [
+            (loss.get(f"start_pref_{x}", 0), loss.get(f"limit_pref_{x}", 0))
+            for x in ("e", "f", "v", "ae", "pf", "gf")
+        ]
         if isinstance(loss, dict)
         else []
     )
@@ -112,6 +115,42 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
         problems.append(
             "loss: no term has both its start_pref and limit_pref non-zero, so there is "
             "nothing to train on"
+        )
+    if isinstance(loss, dict):
+        problems += _loss_option_conflicts(loss, pairs)
+    return problems
+
+
+def _loss_option_conflicts(loss: dict, pairs: list) -> list[str]:
+    """Options of the ``ener`` loss that DeePMD-kit 3.2 refuses together."""
+    on = {x: bool(a and b) for x, (a, b) in zip(("e", "f", "v", "ae", "pf", "gf"), pairs)}
+    problems = []
+    huber, mae = loss.get("use_huber") is True, loss.get("loss_func") == "mae"
+    if loss.get("f_use_norm") is True and not (huber or mae):
+        problems.append(
+            'loss.f_use_norm: true needs loss.use_huber true or loss.loss_func "mae" '
+            "(it chooses what those two take of each atom's force error)"
+        )
+    if huber:
+        clash = [
+            name
+            for name, used in (
+                ("start_pref_pf/limit_pref_pf", on["pf"]),
+                ("start_pref_gf/limit_pref_gf", on["gf"]),
+                ("relative_f", loss.get("relative_f") is not None),
+            )
+            if used
+        ]
+        if clash:
+            problems.append(
+                f"loss.use_huber: not with loss.{clash[0]} (DeePMD-kit has no Huber loss for "
+                "weighted, generalized or relative forces)"
+            )
+    ncoord = loss.get("numb_generalized_coord", 0)
+    if on["gf"] and isinstance(ncoord, int) and ncoord < 1:
+        problems.append(
+            "loss.numb_generalized_coord: must be >= 1 when loss.start_pref_gf and "
+            f"loss.limit_pref_gf are non-zero, got {ncoord}"
         )
     return problems
 

@@ -4,7 +4,15 @@ No torch here: ``mdtrain neighbor-stat`` and ``mdtrain check`` must start fast.
 """
 
 from mdtrain.data.expand import expand_systems
-from mdtrain.data.system import LABELS, SetInfo, System, open_system
+from mdtrain.data.system import EXTRA_LABELS, LABELS, SetInfo, System, open_system
 from mdtrain.data.validate import validate_system
 
-__all__ = ["LABELS", "SetInfo", "System", "expand_systems", "open_system", "validate_system"]
+__all__ = [
+    "EXTRA_LABELS",
+    "LABELS",
+    "SetInfo",
+    "System",
+    "expand_systems",
+    "open_system",
+    "validate_system",
+]

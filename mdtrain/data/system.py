@@ -21,6 +21,8 @@ from mdtrain.data.npy import NpyStore
 from mdtrain.errors import MDTrainError
 
 LABELS = ("energy", "force", "virial")
+# per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
+EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 # values per frame, as a multiple of natoms (True) or a fixed count (False)
 _LAYOUT = {
@@ -29,6 +31,10 @@ _LAYOUT = {
     "energy": (1, False),
     "force": (3, True),
     "virial": (9, False),
+    "atom_ener": (1, True),
+    "atom_pref": (1, True),
+    "atom_ener_coeff": (1, True),
+    "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
 }
 
 
@@ -90,6 +96,7 @@ class System:
         self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
         self.atype = model_types[self.atom_order]
         self.periodic = not store.nopbc()
+        self._drdq_width = 0
         self.sets, self.labels = self._scan_sets()
         self.nframes = sum(s.nframes for s in self.sets)
         if self.nframes == 0:
@@ -157,6 +164,20 @@ class System:
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = _LAYOUT[name]
         expected = width * self.natoms if per_atom else width
+        if name == "drdq":  # checked against numb_generalized_coord by the loss
+            values = math.prod(shape[1:]) if len(shape) else 0
+            if values == 0 or values % (3 * self.natoms):
+                raise MDTrainError(
+                    f"{where}: shape {list(shape)} does not match [nframes, {self.natoms} atoms "
+                    "x 3 x numb_generalized_coord]"
+                )
+            if self._drdq_width and values != self._drdq_width:
+                raise MDTrainError(
+                    f"{where}: {values // self.natoms} values per atom, but an earlier set has "
+                    f"{self._drdq_width // self.natoms}"
+                )
+            self._drdq_width = values
+            return int(shape[0])
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
             raise MDTrainError(
@@ -176,7 +197,7 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS):
+            for name in ("box", *LABELS, *EXTRA_LABELS):
                 count = self._nframes_of(set_name, name)
                 if count is None:
                     continue
@@ -191,7 +212,7 @@ class System:
                     f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
                     "(add an empty 'nopbc' file if the system is not periodic)"
                 )
-            here = frozenset(present & set(LABELS))
+            here = frozenset(present & {*LABELS, *EXTRA_LABELS})
             if labels is None:
                 labels, first = here, set_name
             elif here != labels:
@@ -208,7 +229,8 @@ class System:
     # -- frames -----------------------------------------------------------------------------
 
     def has(self, label: str) -> bool:
-        """True when every frame has ``label`` (``energy``, ``force`` or ``virial``)."""
+        """True when every frame has ``label`` (``energy``, ``force``, ``virial`` or one of
+        `EXTRA_LABELS`)."""
         return label in self.labels
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
@@ -252,9 +274,19 @@ class System:
             result["force"] = out["force"].reshape(n, natoms, 3)[:, order]
         if "virial" in out:
             result["virial"] = out["virial"].reshape(n, 3, 3)
+        for name in EXTRA_LABELS:  # per atom: (n, natoms), or (n, natoms, 3 x ncoord)
+            if name in out:
+                per_atom = out[name].reshape(n, natoms, -1)[:, order]
+                result[name] = per_atom[:, :, 0] if per_atom.shape[2] == 1 else per_atom
         return result
 
+    def values_per_atom(self, name: str) -> int:
+        """Values per atom and frame of a per-atom label (``drdq``: 3 x numb_generalized_coord)."""
+        return self._width(name) // self.natoms
+
     def _width(self, name: str) -> int:
+        if name == "drdq":
+            return self._drdq_width
         width, per_atom = _LAYOUT[name]
         return width * self.natoms if per_atom else width
 

@@ -271,7 +271,8 @@ class CommitteeTrainer(TrainingLoop):
         first = self.members[0]
         if first.valid_sampler is None:
             return None
-        accs = [ErrorAccumulator() for _ in self.members]
+        extra = self.loss.loss_metric_keys()
+        accs = [ErrorAccumulator(extra=extra) for _ in self.members]
         self.model.eval()
         try:
             for _ in range(first.numb_valid):
@@ -288,17 +289,17 @@ class CommitteeTrainer(TrainingLoop):
         finally:
             self.model.train()
         sums = dist_rt.all_reduce_sum(torch.stack([acc.to_tensor() for acc in accs]))
-        return [ErrorAccumulator.from_tensor(s).rmse() for s in sums]
+        return [ErrorAccumulator.from_tensor(s, extra).rmse() for s in sums]
 
     def _errors(self, system: System, frames: np.ndarray, lr: float) -> list[ErrorAccumulator]:
         batch = self._batch(system, frames)
         out = []
         for pred in self.model(*batch.inputs()):
-            loss, _ = self.loss(
+            loss, metrics = self.loss(
                 {k: v.detach() for k, v in pred.items()}, batch.labels, batch.natoms, lr
             )
-            acc = ErrorAccumulator()
-            acc.add(pred, batch.labels, batch.natoms, loss=loss)
+            acc = ErrorAccumulator(extra=self.loss.loss_metric_keys())
+            acc.add(pred, batch.labels, batch.natoms, loss=loss, metrics=metrics)
             out.append(acc)
         return out
 

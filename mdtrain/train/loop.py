@@ -24,7 +24,7 @@ from mdtrain.train.batch_controller import MicroBatchController, frame_weights, 
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, merge_metrics
+from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, check_labels, merge_metrics
 from mdtrain.train.lr import ExpDecayLR
 from mdtrain.train.optimizer import load_optimizer_state, make_adam, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
@@ -198,6 +198,7 @@ class Trainer(TrainingLoop):
             lr_cfg.get("decay_rate"),
         )  # fmt: skip
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
+        check_labels(config["loss"], [*train_systems, *valid_systems])
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
         reserve_state(self.optimizer)  # no allocation inside a step's parameter update
@@ -340,7 +341,7 @@ class Trainer(TrainingLoop):
         that runs out of memory is evaluated in chunks of frames (the same sums)."""
         if self.valid_sampler is None:
             return None
-        acc = ErrorAccumulator()
+        acc = ErrorAccumulator(extra=self.loss.loss_metric_keys())
         self.model.eval()
         try:
             for _ in range(self.numb_valid):
@@ -355,18 +356,20 @@ class Trainer(TrainingLoop):
                     acc.merge(part)
         finally:
             self.model.train()
-        total = ErrorAccumulator.from_tensor(dist_rt.all_reduce_sum(acc.to_tensor()))
+        total = ErrorAccumulator.from_tensor(
+            dist_rt.all_reduce_sum(acc.to_tensor()), self.loss.loss_metric_keys()
+        )
         return total.rmse()
 
     def _errors(self, system: System, frames: np.ndarray, lr: float) -> ErrorAccumulator:
         """The validation errors of some frames of one system."""
         batch = self._batch(system, frames)
         pred = self.model(*batch.inputs())
-        loss, _ = self.loss(
+        loss, metrics = self.loss(
             {k: v.detach() for k, v in pred.items()}, batch.labels, batch.natoms, lr
         )
-        acc = ErrorAccumulator()
-        acc.add(pred, batch.labels, batch.natoms, loss=loss)
+        acc = ErrorAccumulator(extra=self.loss.loss_metric_keys())
+        acc.add(pred, batch.labels, batch.natoms, loss=loss, metrics=metrics)
         return acc
 
     # ----------------------------------------------------------------- the loop

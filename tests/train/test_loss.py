@@ -167,7 +167,12 @@ def test_from_config():
         "limit_pref_v": 0,
     }
     loss_fn = EnergyLoss.from_config(cfg, start_lr=1e-3)
-    assert loss_fn.prefs == {"energy": (0.02, 1.0), "force": (1000.0, 1.0), "virial": (0.0, 0.0)}
+    assert loss_fn.prefs == {
+        "energy": (0.02, 1.0),
+        "force": (1000.0, 1.0),
+        "virial": (0.0, 0.0),
+        **{term: (0.0, 0.0) for term in ("atom_ener", "atom_pref", "drdq")},
+    }
 
 
 def test_error_accumulator_matches_brute_force_over_systems():
