@@ -22,6 +22,8 @@ _HANDLERS = {
     "plot": "mdtrain.commands.plot:run_plot",
     "convert": "mdtrain.commands.convert:run_convert",
     "model-devi": "mdtrain.commands.model_devi:run_model_devi",
+    "change-bias": "mdtrain.commands.change_bias:run_change_bias",
+    "show": "mdtrain.commands.show:run_show",
 }
 
 
@@ -89,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--parity", help="draw predicted-vs-reference plots to this PNG file")
     p.add_argument(
+        "-d", "--detail-file", metavar="PREFIX",
+        help="write DeePMD-kit's per-frame files PREFIX.e.out, .e_peratom.out, .f.out, .v.out, "
+        ".v_peratom.out (and .s.out), as `dp test -d` does",
+    )  # fmt: skip
+    p.add_argument(
         "--torchscript",
         action="store_true",
         help="run a frozen model as its TorchScript module (as a deployment would) instead of "
@@ -112,6 +119,40 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default="model.pth",
         help="file to write: *.dp is DeePMD-kit's model file (for dp, LAMMPS via "
         "`dp convert-backend`), anything else TorchScript",
+    )  # fmt: skip
+
+    p = sub.add_parser(
+        "change-bias",
+        help="refit (-m change, -m set) or set (-b) a model's per-type energy bias, into a new "
+        "file (DeePMD-kit's dp change-bias)",
+    )
+    p.add_argument("model", help="checkpoint .pt, frozen .pth or DeePMD-kit .dp model")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("-s", "--system", nargs="+", help="systems (a folder expands; default .)")
+    source.add_argument("-f", "--datafile", help="a file listing one system per line")
+    source.add_argument(
+        "-b", "--bias-value", type=float, nargs="+",
+        help="the bias of each element of the model's type_map, in eV",
+    )  # fmt: skip
+    p.add_argument(
+        "-n", "--numb-batch", type=int, default=0,
+        help="frames per system (the first ones; 0: all)",
+    )  # fmt: skip
+    p.add_argument(
+        "-m", "--mode", choices=["change", "set"], default="change",
+        help="change: add the least-squares fit of the energy errors; set: the fit of the "
+        "label energies",
+    )  # fmt: skip
+    p.add_argument("-o", "--output", help="file to write (default: MODEL_updated.<suffix>)")
+
+    p = sub.add_parser(
+        "show", help="a model's type map, descriptor, fitting net, size, rcut, sel (dp show)"
+    )
+    p.add_argument("model", help="checkpoint .pt, frozen .pth or DeePMD-kit .dp model")
+    p.add_argument(
+        "attributes", nargs="*", metavar="ATTRIBUTE",
+        help="what to show: model-branch, type-map, descriptor, fitting-net, size, "
+        "observed-type, rcut, sel (default: type-map descriptor fitting-net size rcut sel)",
     )  # fmt: skip
 
     p = sub.add_parser("plot", help="plot learning curves from lcurve.out")

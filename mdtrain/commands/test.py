@@ -15,6 +15,7 @@ import torch
 
 from mdtrain.data import System, expand_systems, open_system
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.detail import detail_paths, remove_stale, write_details
 from mdtrain.infer.load import load_model
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
 from mdtrain.memory import InferenceChunker, keep_freed_memory
@@ -36,17 +37,32 @@ def _frames_to_test(system: System, numb_test: int) -> int:
     return numb_test
 
 
+def _expand(entries: list[str]) -> tuple[list[str], list[str]]:
+    """The systems, and their names in the detail files: as DeePMD-kit prints them, relative
+    when the entry was given relative, absolute otherwise."""
+    paths, labels = [], []
+    for entry in entries:
+        for path in expand_systems(entry, os.getcwd()):
+            if path not in paths:
+                paths.append(path)
+                labels.append(path if os.path.isabs(entry) else os.path.relpath(path))
+    return paths, labels
+
+
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
-    [--torchscript]``."""
-    for option, path in (("--json", args.json), ("--parity", args.parity)):
+    [-d PREFIX] [--torchscript]``."""
+    outputs = [("--json", args.json), ("--parity", args.parity)]
+    if args.detail_file:
+        outputs += [("-d", path) for path in detail_paths(args.detail_file)]
+    for option, path in outputs:
         if path:
             check_output_file(path, option)  # before any model or system is read
     device = _device()
     keep_freed_memory()
     model = load_model(args.model, device, scripted=args.torchscript)
     type_map = list(model.type_map)
-    paths = expand_systems(args.system, os.getcwd())
+    paths, labels = _expand(args.system)
     systems = [open_system(p, type_map) for p in paths]
     counts = [_frames_to_test(s, args.numb_test) for s in systems]
     total_frames = sum(counts)
@@ -62,8 +78,12 @@ def run_test(args: argparse.Namespace) -> int:
     results: list[SystemResult] = []
     per_system: dict[str, dict] = {}
     total = ErrorSums()
-    for system, n in zip(systems, counts):
+    if args.detail_file:
+        remove_stale(args.detail_file)
+    for k, (system, n) in enumerate(zip(systems, counts)):
         result = evaluate_system(model, system, n, device, chunker, advance)
+        if args.detail_file:  # DeePMD-kit's files: the first system starts them
+            write_details(args.detail_file, result, system, labels[k], append=k > 0)
         errors = result.errors()
         total.merge(errors)
         per_system[system.path] = {"natoms": system.natoms, **errors.summary()}

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 ENV_VAR = "MDTRAIN_DEEPMD_PYTHON"
+# DeePMD-kit 3.2 with its PyTorch backend (``dp --pt``), when it lives in another environment
+PT_ENV_VAR = "MDTRAIN_DEEPMD_PT_PYTHON"
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "interop" / "deepmd_driver.py"
 INSTALL_HINT = (
@@ -91,15 +93,16 @@ class DeePMD:
         return json.loads((Path(workdir) / "deepmd_job.errors.json").read_text())
 
 
-def find_deepmd() -> DeePMD | None:
-    """The installation ``MDTRAIN_DEEPMD_PYTHON`` names, or None when unset; a set value
-    that is not an executable with ``dp`` beside it is an error (a typo must not skip)."""
-    value = os.environ.get(ENV_VAR, "").strip()
+def find_deepmd(variable: str = ENV_VAR) -> DeePMD | None:
+    """The installation ``variable`` (``MDTRAIN_DEEPMD_PYTHON``) names, or None when unset; a
+    set value that is not an executable with ``dp`` beside it is an error (a typo must not
+    skip)."""
+    value = os.environ.get(variable, "").strip()
     if not value:
         return None
     found = DeePMD(Path(value).expanduser().absolute())
     if not os.access(found.python, os.X_OK) or not found.dp.exists():
-        raise RuntimeError(f"{ENV_VAR}={value}: no executable Python with 'dp' beside it")
+        raise RuntimeError(f"{variable}={value}: no executable Python with 'dp' beside it")
     return found
 
 
