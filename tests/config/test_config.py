@@ -173,6 +173,21 @@ def test_missing_optional_sections_get_their_defaults():
         "limit_pref_f": 1.0,
         "start_pref_v": 0.0,
         "limit_pref_v": 0.0,
+        # DeePMD-kit 3.2's defaults of the loss options: every one off
+        **dict.fromkeys(
+            [f"{w}_pref_{x}" for x in ("ae", "pf", "gf") for w in ("start", "limit")], 0.0
+        ),
+        "use_default_pf": False,
+        "numb_generalized_coord": 0,
+        "relative_f": None,
+        "enable_atom_ener_coeff": False,
+        "use_huber": False,
+        "huber_delta": 0.01,
+        "loss_func": "mse",
+        "f_use_norm": False,
+        "intensive_ener_virial": False,
+        "start_pref_h": 0.0,
+        "limit_pref_h": 0.0,
     }
     assert config["learning_rate"]["start_lr"] == 1e-3
     assert config["learning_rate"]["stop_lr"] == 5e-8
@@ -452,8 +467,6 @@ def test_unimplemented_deepmd_options_only_at_their_off_value():
     data = water(
         learning_rate__smooth=False,
         learning_rate__scale_by_worker="sqrt",
-        loss__use_huber=False,
-        loss__start_pref_ae=0,
         training__tensorboard=False,
         model__atom_exclude_types=[],
     )
@@ -461,7 +474,7 @@ def test_unimplemented_deepmd_options_only_at_their_off_value():
     config = normalize_config(data, "input.json")
     assert "smooth" not in config["learning_rate"]
     assert "scale_by_worker" not in config["learning_rate"]
-    assert "use_huber" not in config["loss"] and "tensorboard" not in config["training"]
+    assert "tensorboard" not in config["training"]
     assert "rglob_patterns" not in config["training"]["training_data"]
 
     assert single_problem(water(learning_rate__smooth=True)) == (
@@ -469,4 +482,7 @@ def test_unimplemented_deepmd_options_only_at_their_off_value():
     )
     # JSON false is not 0
     assert "not supported" in single_problem(water(training__disp_avg=0))
-    assert "not supported" in single_problem(water(loss__loss_func="mae"))
+    # the loss options are supported now (tests/train/test_loss_options.py); not the Hessian
+    assert single_problem(water(loss__start_pref_h=1)).startswith(
+        "loss.start_pref_h: must be 0 (the Hessian loss is not supported"
+    )

@@ -9,9 +9,11 @@ import re
 import numpy as np
 import pytest
 
+import mdtrain.distributed.runtime as runtime_module
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.errors import MDTrainError
+from tests.helpers.placement import OTHER, OtherDevice
 from tests.helpers.training import lcurve_rows, make_project
 
 
@@ -111,3 +113,24 @@ def test_training_with_the_options_writes_deepmd_columns(tmp_path):
     names = ["mae_ae", "mae_e", "mae_f", "mae_pf", "mae_v", "rmse"]
     assert header == [f"{n}_{s}" for n in names for s in ("val", "trn")]
     assert np.isfinite(lcurve_rows(lcurve)[:, 1:]).all()
+
+
+def test_options_on_another_device_equal_the_cpu(tmp_path, monkeypatch):
+    """Every label file and term placed on the run's device (tests/train/test_placement.py)."""
+    monkeypatch.setenv("MDTRAIN_BACKEND", "fused")
+    inp = make_project(tmp_path, numb_steps=2, save_freq=1, disp_freq=1)
+    for name in ("train_a", "train_b", "valid"):
+        add_labels(
+            tmp_path / "data" / name, names=("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
+        )
+    write_loss(
+        inp, loss_func="mae", enable_atom_ener_coeff=True, start_pref_ae=1.0, limit_pref_ae=1.0,
+        start_pref_gf=1.0, limit_pref_gf=1.0, numb_generalized_coord=2, **PF,
+    )  # fmt: skip
+    assert main(["train", str(inp), "-o", str(tmp_path / "cpu")]) == 0
+    with monkeypatch.context() as patch, OtherDevice():
+        patch.setattr(runtime_module, "select_device", lambda env, use_cuda=None: OTHER)
+        assert main(["train", str(inp), "-o", str(tmp_path / "other")]) == 0
+    rows = [lcurve_rows(tmp_path / d / "lcurve.out") for d in ("cpu", "other")]
+    assert np.isfinite(rows[0]).all()
+    np.testing.assert_allclose(rows[1], rows[0], rtol=1e-9)

@@ -277,3 +277,41 @@ def test_conflicting_options_are_one_line(loss, message):
     found = [p for p in problems if p.startswith("loss")]
     assert len(found) == 1 and found[0].startswith(message), problems
     assert "\n" not in found[0]
+
+
+@pytest.mark.parametrize("backend", ["fused", "kernels"])
+def test_backends_give_the_reference_gradients_of_every_term(backend):
+    """The accelerated backends' atomic energies and forces carry the same gradients."""
+    from mdtrain.errors import MDTrainError
+    from mdtrain.model.backend import build_model
+    from mdtrain.neighbors.nlist import build_nlist
+    from tests.helpers.models import set_random_stats, small_config, water_like
+
+    box = np.eye(3) * 6.0
+    coord, atype = water_like(4, box, seed=0)
+    nlist, shift, _ = build_nlist(coord, box, atype, 3.5, [12, 24])
+    inputs = (torch.tensor(coord)[None], torch.tensor(atype), torch.tensor(box)[None],
+              torch.tensor(nlist)[None], torch.tensor(shift, dtype=torch.float64)[None])  # fmt: skip
+    rng = np.random.default_rng(0)
+    n = len(atype)
+    label = to_torch({
+        "energy": [1.0], "force": rng.normal(size=(1, n, 3)), "atom_ener": rng.normal(size=(1, n)),
+        "atom_pref": rng.uniform(size=(1, n)), "atom_ener_coeff": rng.choice([1.0, 2.0], (1, n)),
+        "drdq": rng.normal(size=(1, n, 3 * NCOORD)),
+    })  # fmt: skip
+    loss_fn = make_loss({**AE, **PF, **GF, "enable_atom_ener_coeff": True, "relative_f": 0.5})
+    grads = []
+    reference = set_random_stats(build_model(small_config(), "cpu", backend="reference"), 1)
+    try:
+        other = build_model(small_config(), "cpu", backend=backend)
+    except MDTrainError as exc:
+        pytest.skip(str(exc))
+    other.load_state_dict(reference.state_dict())
+    for model in (reference, other):
+        model.train()
+        loss, _ = loss_fn(model(*inputs), label, n, LR)
+        grads.append(
+            torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))])
+        )
+    assert other.backend == backend
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
