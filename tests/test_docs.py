@@ -29,7 +29,8 @@ DOC_FILES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
 SECTIONS = ("model", "learning_rate", "loss", "training")
 
 # Variables the docs tell users to set or read that mdtrain itself never reads.
-EXTERNAL_ENV = {"SLURM_CPUS_PER_TASK", "MDTRAIN_DEEPMD_PYTHON"}  # the latter: the interop tests
+# the latter two: the interop tests
+EXTERNAL_ENV = {"SLURM_CPUS_PER_TASK", "MDTRAIN_DEEPMD_PYTHON", "MDTRAIN_DEEPMD_PT_PYTHON"}
 
 _FENCE = re.compile(r"^[ \t]*```([\w/+-]*)[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
