@@ -134,3 +134,17 @@ def test_options_on_another_device_equal_the_cpu(tmp_path, monkeypatch):
     rows = [lcurve_rows(tmp_path / d / "lcurve.out") for d in ("cpu", "other")]
     assert np.isfinite(rows[0]).all()
     np.testing.assert_allclose(rows[1], rows[0], rtol=1e-9)
+
+
+def test_check_finds_nan_in_a_label_file(tmp_path, capsys):
+    inp = make_project(tmp_path)
+    for name in ("train_a", "train_b", "valid"):
+        add_labels(tmp_path / "data" / name, names=("atom_pref",))
+    path = tmp_path / "data" / "train_b" / "set.000" / "atom_pref.npy"
+    values = np.load(path)
+    values[5, 3] = np.nan
+    np.save(path, values)
+    write_loss(inp, **PF)
+    assert main(["check", str(inp)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any("train_b" in ln and "atom_pref holds NaN or inf in frame 5" in ln for ln in lines)
