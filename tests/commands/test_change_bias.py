@@ -99,3 +99,13 @@ def test_bad_input_is_one_line_and_writes_nothing(project, capsys, args, message
     assert message in capsys.readouterr().err
     assert (root / "model.pt").read_bytes() == before
     assert not (root / "model_updated.pt").exists()
+
+
+def test_a_frozen_model_stays_frozen(project):
+    root, model = project
+    assert main(["freeze", "model.pt", "-o", "frozen.pth"]) == 0
+    assert main(["change-bias", "frozen.pth", "-b", "-1", "-2"]) == 0
+    np.testing.assert_array_equal(bias_of("frozen_updated.pth"), [-1.0, -2.0])
+    scripted = load_model(root / "frozen_updated.pth", scripted=True)
+    assert isinstance(scripted, torch.jit.ScriptModule)
+    np.testing.assert_array_equal(bias_of("frozen.pth"), model.out_bias.numpy())
