@@ -6,6 +6,8 @@ Attributes: DeePMD-kit 3.2's ``type-map``, ``descriptor``, ``fitting-net``, ``si
 (parameter counts: names holding ``descriptor``, then ``fitting``), ``observed-type`` (the
 types whose energy bias is not zero, DeePMD-kit's rule for a model without that record),
 ``model-branch`` (refused: these models are single-task), and mdtrain's ``rcut`` and ``sel``.
+DeePMD-kit's ``serialization-tree`` is refused with a pointer to ``dp show`` on the ``.dp``
+file (it prints DeePMD-kit's own object tree).
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ _LINES: dict[str, Callable[[torch.nn.Module], list[str]]] = {
 
 def describe(model: torch.nn.Module, attributes: list[str]) -> list[str]:
     """The lines ``dp show`` would print for ``attributes`` (in ``dp show``'s order)."""
+    if "serialization-tree" in attributes:
+        raise MDTrainError(
+            "show: 'serialization-tree' prints DeePMD-kit's own object tree: freeze the model "
+            "to .dp and run dp show on it"
+        )
     unknown = [a for a in attributes if a not in _LINES]
     if unknown:
         raise MDTrainError(

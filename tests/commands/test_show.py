@@ -29,5 +29,7 @@ def test_show_prints_dp_show_lines(tmp_path, capsys):
         "Observed types: ['O', 'H'] ",
     ]
     assert main(["show", dp, "model-branch"]) == 1
+    assert main(["show", dp, "serialization-tree"]) == 1
+    assert "dp show" in capsys.readouterr().err
     assert main(["show", dp, "colour"]) == 1
     assert "unknown attribute 'colour'" in capsys.readouterr().err
