@@ -13,7 +13,7 @@ from typing import Any
 
 from mdtrain.config import complete_config, parse_json, resolve_path
 from mdtrain.config.precision import mode_of, network_problem
-from mdtrain.data import expand_systems, open_system, validate_system
+from mdtrain.data import expand_systems, open_systems, validate_system
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
 from mdtrain.train.loss_labels import label_problems
@@ -97,17 +97,18 @@ def _inspect(
     nframes = 0
     for path in progress(paths, len(paths), "checking systems"):
         try:
-            system = open_system(path, type_map)
-            problems += validate_system(system)
-            if isinstance(loss, dict):
-                problems += label_problems(loss, system)
+            systems = open_systems(path, type_map)
+            for system in systems:
+                problems += validate_system(system)
+                if isinstance(loss, dict):
+                    problems += label_problems(loss, system)
         except MDTrainError as exc:
             problems.append(str(exc))
             continue
         except (OSError, ValueError) as exc:  # a damaged file the reader did not anticipate
             problems.append(f"system {path}: cannot be read: {exc}")
             continue
-        nframes += system.nframes
+        nframes += sum(system.nframes for system in systems)
     return problems, nframes
 
 

@@ -31,18 +31,18 @@ log = logging.getLogger("mdtrain.neighbors")
 
 def run_neighbor_stat(args: argparse.Namespace) -> int:
     """Entry point of the subcommand; returns the exit code."""
-    from mdtrain.data import expand_systems, open_system
+    from mdtrain.data import expand_systems, open_all
 
     check_output_file(args.output, "-o", create_parents=True)  # before any system is read
     sel_ratio = getattr(args, "sel_ratio", None)
-    input_sel = None
+    input_sel, mixed = None, False
     if args.input:
         if args.system or args.rcut is not None or args.type_map:
             raise MDTrainError(
                 "neighbor-stat: give either input.json or -s/-r/-t, not both "
                 "(rcut, type_map and systems come from the input file)"
             )
-        entries, base_dir, rcut, type_map, input_sel = _from_input(args.input)
+        entries, base_dir, rcut, type_map, input_sel, mixed = _from_input(args.input)
         if sel_ratio is None and input_sel is not None:
             parsed = parse_sel(input_sel)
             sel_ratio = parsed if isinstance(parsed, float) else None
@@ -70,18 +70,20 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
         raise MDTrainError(f"neighbor-stat: type_map {type_map} names an element twice")
 
     paths = expand_systems(entries, base_dir)
-    systems = [open_system(path, type_map) for path in paths]
+    systems = open_all(paths, type_map)
     stat = compute_neighbor_stat(systems, rcut, len(type_map))
     content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
     if input_sel is not None and not isinstance(parse_sel(input_sel), float):
-        resolve_sel(input_sel, stat.max_nbor_size)  # warns when the input's list is too small
-    print(format_table(stat, type_map, content, args.output, input_sel))
+        sizes = [stat.max_nbor_total] if mixed else stat.max_nbor_size
+        resolve_sel(input_sel, sizes, mixed)  # warns when the input's sel is too small
+    print(format_table(stat, type_map, content, args.output, input_sel, mixed))
     return 0
 
 
-def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any]:
-    """Systems, base directory, rcut, type_map and sel of an input file."""
-    from mdtrain.config import load_config
+def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any, bool]:
+    """Systems, base directory, rcut, type_map and sel of an input file, and whether its
+    descriptor takes one type-mixed neighbour list."""
+    from mdtrain.config import load_config, mixed_types
 
     if not os.path.isfile(path):
         raise MDTrainError(f"{path}: input file not found")
@@ -104,7 +106,8 @@ def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any]:
     if not entries:
         raise MDTrainError(f"{path}: training.training_data.systems is empty")
     base_dir = os.path.dirname(os.path.abspath(path))
-    return entries, base_dir, float(rcut), list(type_map), descriptor.get("sel")
+    sel = descriptor.get("sel")
+    return entries, base_dir, float(rcut), list(type_map), sel, mixed_types(descriptor)
 
 
 def format_table(
@@ -113,8 +116,10 @@ def format_table(
     content: dict[str, Any],
     output: str,
     input_sel: Any = None,
+    mixed: bool = False,
 ) -> str:
-    """The short summary printed to stdout."""
+    """The short summary printed to stdout: a row per type and one for all types together
+    (what the one ``sel`` of a mixed-types descriptor must hold; ``mixed``: the input's)."""
     nframes = sum(s.nframes for s in stat.systems)
     ratio = content["sel_ratio"]
     lines = [
@@ -123,15 +128,21 @@ def format_table(
         "",
     ]
     header = ["type", "max neighbours", f"sel (auto:{ratio:g})"]
-    given = input_sel if isinstance(input_sel, list) else None
-    if given is not None:
+    rows = [
+        [name, str(stat.max_nbor_size[t]), str(content["sel"][t])]
+        for t, name in enumerate(type_map)
+    ]
+    rows.append(["all types", str(stat.max_nbor_total), str(content["sel_total"])])
+    if isinstance(input_sel, (list, int)):  # the input's own sel, beside the figures
         header.append("sel in input")
-    rows = []
-    for t, name in enumerate(type_map):
-        row = [name, str(stat.max_nbor_size[t]), str(content["sel"][t])]
-        if given is not None:
-            row.append(str(given[t]) if t < len(given) else "-")
-        rows.append(row)
+        if mixed:  # one sel for all types: a list stands for its sum
+            total = sum(input_sel) if isinstance(input_sel, list) else input_sel
+            given = ["-"] * len(type_map) + [str(total)]
+        else:
+            listed = input_sel if isinstance(input_sel, list) else []
+            given = [str(listed[t]) if t < len(listed) else "-" for t in range(len(type_map))]
+            given.append("-")
+        rows = [[*row, cell] for row, cell in zip(rows, given, strict=True)]
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     for row in [header, *rows]:
         cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
@@ -142,5 +153,11 @@ def format_table(
     else:
         lines.append("min_nbor_dist: undefined (no two atoms found)")
     lines.append(f"max_nbor_size: {stat.max_nbor_size}")
+    lines.append(f"max_nbor_total: {stat.max_nbor_total} (all types together)")
+    if mixed:
+        lines.append(
+            f'the input\'s descriptor takes one sel for all types: "auto" gives '
+            f"{content['sel_total']}"
+        )
     lines.append(f"written to {output}")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from mdtrain.data import System, expand_systems, open_system
+from mdtrain.data import System, expand_systems, open_systems
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
 from mdtrain.infer.load import load_model
@@ -62,8 +62,11 @@ def run_test(args: argparse.Namespace) -> int:
     keep_freed_memory()
     model = load_model(args.model, device, scripted=args.torchscript)
     type_map = list(model.type_map)
-    paths, labels = _expand(args.system)
-    systems = [open_system(p, type_map) for p in paths]
+    systems, labels = [], []
+    for path, name in zip(*_expand(args.system), strict=True):
+        for system in open_systems(path, type_map):  # a mixed-type one: its compositions
+            systems.append(system)
+            labels.append(name + system.path[len(system.source) :])
     counts = [_frames_to_test(s, args.numb_test) for s in systems]
     total_frames = sum(counts)
     log.info("testing %s on %d system(s), %d frame(s)", args.model, len(systems), total_frames)

@@ -6,7 +6,8 @@ and ``checks`` use ``wording``, and ``wording`` uses none of them.
 - ``loader``: the entry points (``load_config``, ``complete_config``, ...) and the pipeline;
 - ``schema_walk``: comments, aliases and defaults, read from the JSON Schema;
 - ``wording``: one message per problem (schema errors, unknown keys, values shown short);
-- ``checks``: checks that relate several fields.
+- ``checks``: checks that relate several fields;
+- ``mixed_types``: which descriptors take one type-mixed neighbour list (an integer ``sel``).
 """
 
 from mdtrain.config.loader import (
@@ -18,13 +19,16 @@ from mdtrain.config.loader import (
     resolve_path,
     validate_config,
 )
+from mdtrain.config.mixed_types import MIXED_TYPES_DESCRIPTORS, mixed_types
 from mdtrain.config.wording import format_problems
 
 __all__ = [
+    "MIXED_TYPES_DESCRIPTORS",
     "complete_config",
     "dump_config",
     "format_problems",
     "load_config",
+    "mixed_types",
     "normalize_config",
     "parse_json",
     "resolve_path",

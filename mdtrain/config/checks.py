@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mdtrain.config.mixed_types import integer_sel_problem
 from mdtrain.config.wording import show
 
 
@@ -46,6 +47,8 @@ def _check_descriptor(desc: dict, ntypes: int | None) -> list[str]:
         problems.append(f"{where}.rcut_smth: must be smaller than rcut ({rcut}), got {rcut_smth}")
 
     sel = desc.get("sel")
+    if problem := integer_sel_problem(desc, where):
+        problems.append(problem)
     if isinstance(sel, list) and ntypes is not None and len(sel) != ntypes:
         problems.append(
             f"{where}.sel: needs one entry per element of model.type_map ({ntypes}), got {len(sel)}"

@@ -4,6 +4,7 @@ No torch here: ``mdtrain neighbor-stat`` and ``mdtrain check`` must start fast.
 """
 
 from mdtrain.data.expand import expand_systems
+from mdtrain.data.mixed import open_all, open_systems
 from mdtrain.data.system import EXTRA_LABELS, LABELS, SetInfo, System, open_system
 from mdtrain.data.validate import validate_system
 
@@ -13,6 +14,8 @@ __all__ = [
     "SetInfo",
     "System",
     "expand_systems",
+    "open_all",
     "open_system",
+    "open_systems",
     "validate_system",
 ]

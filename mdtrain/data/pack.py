@@ -27,7 +27,8 @@ import numpy as np
 
 from mdtrain.data.expand import expand_systems
 from mdtrain.data.hdf5 import split_h5_path
-from mdtrain.data.system import System, open_system
+from mdtrain.data.mixed import MixedSystem
+from mdtrain.data.system import MixedTypeFound, System, open_store
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
 
@@ -117,7 +118,7 @@ def pack(
     if os.path.exists(output):
         raise MDTrainError(f"-o {output}: already exists; remove it or choose another name")
     pairs = group_names(entries)
-    systems = [(open_system(path), name) for path, name in pairs]
+    systems = [(_open(path), name) for path, name in pairs]
     if set_size is not None:
         for system, _ in systems:
             _check_resplit(system)
@@ -137,6 +138,15 @@ def pack(
     return done
 
 
+def _open(path: str) -> System | MixedSystem:
+    """The system at ``path`` as stored (a mixed-type one is copied whole, not split)."""
+    store = open_store(path)
+    try:
+        return System(store)
+    except MixedTypeFound:
+        return MixedSystem(store)
+
+
 def _copy_all(handle, systems, compression, set_size, chunk_bytes, buffer_bytes, done):
     """Copy every system; yields once per frame copied (for the progress display)."""
     for system, name in systems:
@@ -146,7 +156,9 @@ def _copy_all(handle, systems, compression, set_size, chunk_bytes, buffer_bytes,
         done.append(PackedSystem(system.path, "/" + name, system.nframes))
 
 
-def _copy_system(handle, system: System, name, compression, set_size, chunk_bytes, buffer_bytes):
+def _copy_system(
+    handle, system: System | MixedSystem, name, compression, set_size, chunk_bytes, buffer_bytes
+):
     store = system.store
     group = handle.create_group(name)
     group.create_dataset("type.raw", data=store.types())

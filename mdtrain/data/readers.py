@@ -92,16 +92,15 @@ def read_blocks(path: str, fmt: str, type_map: list[str] | None) -> list[Block]:
 
 def _read_deepmd(path: str, type_map: list[str] | None) -> list[Block]:
     from mdtrain.data.expand import expand_systems
-    from mdtrain.data.system import open_system
+    from mdtrain.data.mixed import open_all
 
     blocks = []
-    for system_path in expand_systems([path]):
-        system = open_system(system_path, type_map)
+    for system in open_all(expand_systems([path]), type_map):
         names = np.array(type_map or system.elements)
         frames = system.frames(np.arange(system.nframes))
         blocks.append(
             Block(
-                source=system_path,
+                source=system.path,
                 symbols=names[system.atype],
                 coord=frames["coord"],
                 box=frames.get("box"),

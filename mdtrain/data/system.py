@@ -38,6 +38,10 @@ _LAYOUT = {
 }
 
 
+class MixedTypeFound(MDTrainError):
+    """Raised by `System` on a mixed-type system, which ``mdtrain.data.mixed`` opens."""
+
+
 @dataclass(frozen=True)
 class SetInfo:
     """One ``set.*`` directory: its frames are ``start .. start + nframes - 1`` of the system."""
@@ -48,7 +52,15 @@ class SetInfo:
 
 
 def open_system(path: str, type_map: list[str] | None = None) -> System:
-    """Open a deepmd/npy directory, ``file.h5#/group``, or an HDF5 file whose root is a system."""
+    """Open a deepmd/npy directory, ``file.h5#/group``, or an HDF5 file whose root is a system.
+
+    A mixed-type system (``set.*/real_atom_types.npy``) holds frames of several compositions:
+    open it with ``mdtrain.data.open_systems``, which gives one `System` per composition."""
+    return System(open_store(path), type_map)
+
+
+def open_store(path: str) -> NpyStore | H5Store:
+    """The storage of the system at ``path`` (checked to exist; nothing else is read)."""
     path = str(path)
     if "#" in path:
         file, group = split_h5_path(path)
@@ -56,9 +68,9 @@ def open_system(path: str, type_map: list[str] | None = None) -> System:
             raise MDTrainError(f"system {path}: HDF5 file {file} does not exist")
         if not is_hdf5(file):
             raise MDTrainError(f"system {path}: {file} is not an HDF5 file")
-        return System(H5Store(file, group), type_map)
+        return H5Store(file, group)
     if os.path.isdir(path):
-        return System(NpyStore(path), type_map)
+        return NpyStore(path)
     if os.path.isfile(path):
         if not is_hdf5(path):
             raise MDTrainError(
@@ -67,7 +79,7 @@ def open_system(path: str, type_map: list[str] | None = None) -> System:
             )
         groups = find_h5_systems(path)
         if "/" in groups:
-            return System(H5Store(path, "/"), type_map)
+            return H5Store(path, "/")
         raise MDTrainError(
             f"system {path}: the HDF5 file holds {len(groups)} systems; name one as "
             f"{path}#/group or list the file in 'systems' to use them all"
@@ -81,6 +93,8 @@ class System:
     def __init__(self, store: NpyStore | H5Store, type_map: list[str] | None = None):
         self._store = store
         self.path: str = store.path
+        # the system as the input names it: a mixed-type system's compositions share it
+        self.source: str = getattr(store, "source", store.path)
         self.type_map = list(type_map) if type_map else None
         own_types = store.types()
         if own_types is None:
@@ -189,6 +203,11 @@ class System:
         names = self._store.set_names()
         if not names:
             raise MDTrainError(f"system {self.path}: no set.* directories (no frames)")
+        if self._store.header(names[0], "real_atom_types") is not None:
+            raise MixedTypeFound(
+                f"system {self.path}: mixed-type (set.*/real_atom_types.npy): open it with "
+                "mdtrain.data.open_systems"
+            )
         sets: list[SetInfo] = []
         labels: frozenset[str] | None = None
         start = 0
@@ -283,6 +302,14 @@ class System:
     def values_per_atom(self, name: str) -> int:
         """Values per atom and frame of a per-atom label (``drdq``: 3 x numb_generalized_coord)."""
         return self._width(name) // self.natoms
+
+    def source_frames(self, set_info: SetInfo, rows: np.ndarray) -> np.ndarray:
+        """Frame numbers in the files of rows ``rows`` of a set: the frames' own numbers,
+        except for a composition of a mixed-type system (numbered within the shared files)."""
+        source_frames = getattr(self._store, "source_frames", None)
+        if source_frames is None:
+            return rows + set_info.start
+        return source_frames(set_info.name, rows)
 
     def _width(self, name: str) -> int:
         if name == "drdq":

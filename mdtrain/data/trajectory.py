@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mdtrain.data.expand import expand_systems
+from mdtrain.data.mixed import open_all
 from mdtrain.data.readers import Block, read_blocks, resolve_format
-from mdtrain.data.system import System, open_system
+from mdtrain.data.system import System
 from mdtrain.errors import MDTrainError
 
 LAMMPS_DUMP = "lammps/dump"
@@ -78,7 +79,7 @@ def open_frame_sources(
     for path in inputs:
         reader, name = resolve_format(path, fmt)
         if reader == "deepmd":
-            sources += [open_system(p, type_map) for p in expand_systems([path], os.getcwd())]
+            sources += open_all(expand_systems([path], os.getcwd()), type_map)
         else:
             sources += read_trajectory(path, fmt, type_map, dump_type_map)
     return sources

@@ -25,7 +25,7 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
     for info in system.sets:
         for start in range(0, info.nframes, chunk):
             rows = np.arange(start, min(start + chunk, info.nframes))
-            index = rows + info.start
+            index = system.source_frames(info, rows)
             for name in names:
                 values = np.asarray(store.rows(info.name, name, rows)).reshape(len(rows), -1)
                 finite = np.isfinite(values).all(axis=1)

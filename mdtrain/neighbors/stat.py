@@ -7,6 +7,8 @@ Definitions (DeePMD-compatible), over every frame of every system:
 - ``max_nbor_size[t]``: the largest number of type-``t`` neighbours that any atom has within
   rcut (strictly closer than rcut; images included; the atom itself excluded, its images
   counted);
+- ``max_nbor_total``: the largest number of neighbours of all types together that any atom
+  has (what a mixed-types descriptor's one ``sel`` must hold: DeePMD's ``mixed_type`` count);
 - ``sel``: ``auto_sel(max_nbor_size, ratio)``, the per-type list sizes of the model.
 
 Work and memory are O(atoms × neighbours) per frame: the pairs come from the cell list in
@@ -59,6 +61,7 @@ class SystemNeighborStat:
     min_nbor_dist: float  # inf when no two atoms are ever found (a single isolated atom)
     max_nbor_size: list[int]
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    max_nbor_total: int = 0
 
     @property
     def sha256(self) -> str:
@@ -73,6 +76,7 @@ class NeighborStat:
     min_nbor_dist: float
     max_nbor_size: list[int]
     systems: list[SystemNeighborStat]
+    max_nbor_total: int = 0
 
     @property
     def fingerprint(self) -> str:
@@ -150,6 +154,7 @@ class _Chunk:
     min_dist: float
     max_counts: np.ndarray
     lonely: list[int]  # frames where some atom has no neighbour within rcut
+    max_total: int = 0  # neighbours of all types together
 
 
 def _count_chunk(
@@ -244,6 +249,7 @@ def _settle(found: list[tuple], path: str, atype, ntypes: int, chunk: _Chunk, vi
     counts = np.bincount(keys, minlength=len(found) * natoms * ntypes)
     counts = counts.reshape(len(found), natoms, ntypes)
     np.maximum(chunk.max_counts, counts.max(axis=(0, 1)), out=chunk.max_counts)
+    chunk.max_total = max(chunk.max_total, int(counts.sum(axis=2).max()))
     lonely = ~counts.any(axis=2).all(axis=1)
     chunk.lonely.extend(found[f][0] for f in np.flatnonzero(lonely).tolist())
     if visit is not None:
@@ -265,10 +271,12 @@ class _SystemTotals:
             )
         self.min_dist = math.inf
         self.max_counts = np.zeros(ntypes, dtype=np.int64)
+        self.max_total = 0
         self.lonely: list[int] = []
 
     def merge(self, chunk: _Chunk) -> None:
         self.min_dist = min(self.min_dist, chunk.min_dist)
+        self.max_total = max(self.max_total, chunk.max_total)
         np.maximum(self.max_counts, chunk.max_counts, out=self.max_counts)
         self.lonely.extend(chunk.lonely)
 
@@ -284,6 +292,7 @@ class NeighborPartial:
     lonely: np.ndarray  # (nsystems,) int64: frames where some atom has no neighbour
     first_lonely: np.ndarray  # (nsystems,) int64: the first such frame, nframes when none
     searched: np.ndarray  # (nsystems,) int64: frames searched
+    max_total: np.ndarray  # (nsystems,) int64: neighbours of all types together
 
     COMBINE = {
         "min_dist": "min",
@@ -291,6 +300,7 @@ class NeighborPartial:
         "lonely": "sum",
         "first_lonely": "min",
         "searched": "sum",
+        "max_total": "max",
     }
 
 
@@ -338,6 +348,7 @@ def neighbor_stat_partial(
             [min(t.lonely, default=int(t.system.nframes)) for t in totals], dtype=np.int64
         ),
         searched=np.array([len(t.rows) for t in totals], dtype=np.int64),
+        max_total=np.array([t.max_total for t in totals], dtype=np.int64),
     )
 
 
@@ -370,6 +381,7 @@ def neighbor_stat_result(
                 min_nbor_dist=float(partial.min_dist[k]),
                 max_nbor_size=[int(n) for n in partial.max_counts[k]],
                 fingerprint=dict(system.fingerprint()) if fingerprints else {},
+                max_nbor_total=int(partial.max_total[k]),
             )
         )
     ntypes = partial.max_counts.shape[1]
@@ -382,6 +394,7 @@ def neighbor_stat_result(
         min_nbor_dist=min_dist,
         max_nbor_size=[int(n) for n in max_counts],
         systems=results,
+        max_nbor_total=int(partial.max_total.max()) if len(results) else 0,
     )
 
 

@@ -33,6 +33,8 @@ def neighbor_stat_to_dict(
         "min_nbor_dist": min_dist,
         "max_nbor_size": list(stat.max_nbor_size),
         "sel": auto_sel(stat.max_nbor_size, sel_ratio),
+        "max_nbor_total": stat.max_nbor_total,  # all types together (mixed-types descriptors)
+        "sel_total": auto_sel([stat.max_nbor_total], sel_ratio)[0],
         "sel_ratio": sel_ratio,
         "systems": [
             {
@@ -42,6 +44,7 @@ def neighbor_stat_to_dict(
                 "sha256": s.sha256,
                 "min_nbor_dist": s.min_nbor_dist if math.isfinite(s.min_nbor_dist) else None,
                 "max_nbor_size": s.max_nbor_size,
+                "max_nbor_total": s.max_nbor_total,
             }
             for s in stat.systems
         ],

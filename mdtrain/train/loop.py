@@ -49,11 +49,13 @@ def make_sampler(
     rank, world = (0, rt) if isinstance(rt, int) else (rt.rank, rt.world_size)
     natoms = [s.natoms for s in systems]
     nframes = [s.nframes for s in systems]
-    sizes = batch_sizes(data_cfg["batch_size"], natoms, f"training.{section}.batch_size")
+    sources = [s.source for s in systems]  # a mixed-type system gives several
+    spec = data_cfg["batch_size"]
+    sizes = batch_sizes(spec, natoms, f"training.{section}.batch_size", sources)
     nbatch = batches_per_epoch(nframes, sizes, world)
     probs = system_probs(
         nbatch, data_cfg.get("sys_probs"), data_cfg.get("auto_prob", "prob_sys_size"),
-        f"training.{section}",
+        f"training.{section}", sources,
     )  # fmt: skip
     return TrainingSampler(nframes, sizes, probs, seed, rank, world)
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from mdtrain import distributed as dist_rt
-from mdtrain.config import resolve_path
-from mdtrain.data import System, expand_systems, open_system, validate_system
+from mdtrain.config import mixed_types, resolve_path
+from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.share import share_ranges
 from mdtrain.errors import MDTrainError
 from mdtrain.model.stats import StatCollector, StatShare, compute_or_load_stats
@@ -57,7 +57,7 @@ def open_datasets(config: dict, config_path: str) -> DataSets:
             raise MDTrainError(f"{config_path}: training.{section}.systems: {exc}") from None
         if not paths:
             raise MDTrainError(f"{config_path}: training.{section}.systems names no system")
-        return [open_system(p, type_map) for p in paths]
+        return open_all(paths, type_map)
 
     return DataSets(train=systems_of("training_data"), valid=systems_of("validation_data"))
 
@@ -101,7 +101,8 @@ def resolve_model_sel(
     neighbor_stat_file: str | None,
     skip_neighbor_stat: bool,
 ) -> dict:
-    """Return a copy of the config whose descriptor ``sel`` is a list, from the statistics.
+    """Return a copy of the config whose descriptor ``sel`` is a list (one integer for a
+    descriptor with one type-mixed neighbour list), from the statistics.
 
     Order of precedence: ``--skip-neighbor-stat`` (sel must already be a list), a neighbour-stat
     file (checked against rcut, type_map and the data), else a fresh computation (on rank 0,
@@ -128,13 +129,14 @@ def resolve_sel_and_min_dist(
     descriptor = model["descriptor"]
     type_map, rcut = model["type_map"], float(descriptor["rcut"])
     parsed = parse_sel(descriptor["sel"])
+    mixed = mixed_types(descriptor)  # one sel for the neighbours of all types together
     if skip_neighbor_stat:
-        if not isinstance(parsed, list):
+        if isinstance(parsed, float):
             raise MDTrainError(
                 f'{config_path}: model.descriptor.sel is "{descriptor["sel"]}": '
-                "--skip-neighbor-stat needs a list sel"
+                "--skip-neighbor-stat needs a given sel"
             )
-        descriptor["sel"] = parsed
+        descriptor["sel"] = resolve_sel(parsed, [0], mixed) if mixed else parsed
         return config, None
     systems = data.train + data.valid
     stat_path = neighbor_stat_file or config["training"].get("neighbor_stat_file")
@@ -146,18 +148,32 @@ def resolve_sel_and_min_dist(
             check_neighbor_stat_matches(
                 stat, rcut, type_map, systems, source=f"neighbour-stat file {stat_path}"
             )
-            return stat["min_nbor_dist"], stat["max_nbor_size"]
+            if mixed and "max_nbor_total" not in stat:
+                raise MDTrainError(
+                    f"neighbour-stat file {stat_path}: no max_nbor_total (written by an older "
+                    "mdtrain): run mdtrain neighbor-stat again"
+                )
+            sizes = [stat["max_nbor_total"]] if mixed else stat["max_nbor_size"]
+            return stat["min_nbor_dist"], sizes
 
         min_dist, max_size = dist_rt.run_on_main(from_file)
         log.info("neighbour statistics read from %s", stat_path)
     else:
         min_dist, max_size = neighbor_figures(
-            systems, rcut, len(type_map), stat_mode(config), collect
+            systems, rcut, len(type_map), stat_mode(config), collect, mixed
         )
         if collect is not None:
             collect.searched(max_size)
     log.info("neighbour statistics: min distance %.6f Å, max neighbours %s", min_dist, max_size)
-    if isinstance(parsed, list) and config["training"].get("strict_sel"):
+    if mixed and config["training"].get("strict_sel") and not isinstance(parsed, float):
+        given = sum(parsed) if isinstance(parsed, list) else parsed
+        if max_size[0] > given:
+            raise MDTrainError(
+                f"{config_path}: model.descriptor.sel {descriptor['sel']} is smaller than the "
+                f"data's largest neighbour count {max_size[0]} (all types together; "
+                "training.strict_sel is true)"
+            )
+    elif isinstance(parsed, list) and config["training"].get("strict_sel"):
         short = [t for t, (s, n) in enumerate(zip(parsed, max_size)) if s and n > s]
         if short:
             raise MDTrainError(
@@ -166,7 +182,7 @@ def resolve_sel_and_min_dist(
                 + ", ".join(type_map[t] for t in short)
                 + " (training.strict_sel is true)"
             )
-    descriptor["sel"] = resolve_sel(descriptor["sel"], max_size)
+    descriptor["sel"] = resolve_sel(descriptor["sel"], max_size, mixed)
     log.info("sel = %s", descriptor["sel"])
     return config, (float(min_dist) if math.isfinite(min_dist) else None)
 
@@ -190,17 +206,18 @@ def neighbor_figures(
     ntypes: int,
     mode: str,
     collect: StatCollector | None = None,
+    mixed: bool = False,
 ) -> tuple[float, list[int]]:
     """The smallest neighbour distance and the largest neighbour counts of every frame of
     ``systems``, the same on every rank: computed on rank 0 and broadcast ("rank0"), or by
     every rank for its share of the frames, combined by ``combine_neighbor_partials``
-    ("shard"; exact)."""
+    ("shard"; exact). ``mixed``: the counts are ``[all types together]``."""
     if mode != "shard" or dist_rt.get_world_size() == 1:
 
         def compute() -> tuple[float, list[int]]:
             visit = None if collect is None else collect.visit
             stat = compute_neighbor_stat(systems, rcut, ntypes, visit=visit, fingerprints=False)
-            return stat.min_nbor_dist, stat.max_nbor_size
+            return stat.min_nbor_dist, [stat.max_nbor_total] if mixed else stat.max_nbor_size
 
         return dist_rt.run_on_main(compute)
     rank, world = dist_rt.get_rank(), dist_rt.get_world_size()
@@ -211,7 +228,7 @@ def neighbor_figures(
     log.debug("neighbour statistics: %d of the frames searched here", int(mine.searched.sum()))
     combined = combine_neighbor_partials(mine)
     stat = neighbor_stat_result(systems, rcut, combined, fingerprints=False, report=rank == 0)
-    return stat.min_nbor_dist, stat.max_nbor_size
+    return stat.min_nbor_dist, [stat.max_nbor_total] if mixed else stat.max_nbor_size
 
 
 _REDUCE = {

@@ -4,7 +4,14 @@ Rules (DeePMD-compatible):
 
 - ``batch_size``: an int for all systems, a list (one per system), ``"auto"`` =
   ``ceil(32 / natoms)``, ``"auto:N"`` = ``ceil(N / natoms)``, ``"max:N"`` =
-  ``max(1, N // natoms)``; always at least 1. Under DDP this is the per-rank batch.
+  ``max(1, N // natoms)``, ``"mixed:N"`` = N frames whatever the system (DeePMD-kit draws
+  them across systems into one padded batch; a batch here has one composition, see
+  docs/deepmd-differences.md); always at least 1. Under DDP this is the per-rank batch.
+- A mixed-type system is opened as one system per composition (``System.source`` names the
+  system they come from). A list (``batch_size``, ``sys_probs``) and the ``auto_prob`` rules
+  count the systems of the input: a composition takes its system's batch size, and its
+  system's probability is split between its compositions by their batches per epoch (so
+  each frame is drawn as often as if the system were one).
 - System probabilities: ``sys_probs`` (if given) wins over ``auto_prob``.
   ``"prob_uniform"``: equal; ``"prob_sys_size"``: proportional to the number of batches per
   epoch; ``"prob_sys_size;a:b:w;..."``: systems ``[a, b)`` share a total weight ``w``
@@ -33,32 +40,47 @@ from mdtrain.errors import MDTrainError
 _STATE_VERSION = 1
 
 
+def source_index(sources: Sequence[str] | None, nsys: int) -> tuple[np.ndarray, int]:
+    """For each system the index of its source (the input's system) in order of first
+    appearance, and the number of sources; every system its own source when None."""
+    if sources is None:
+        return np.arange(nsys), nsys
+    first: dict[str, int] = {}
+    owner = np.array([first.setdefault(s, len(first)) for s in sources], dtype=np.int64)
+    return owner, len(first)
+
+
 def batch_sizes(
     spec: int | str | Sequence[int],
     natoms: Sequence[int],
     path: str = "training.training_data.batch_size",
+    sources: Sequence[str] | None = None,
 ) -> list[int]:
-    """Per-system batch sizes from the ``batch_size`` input value; ``path`` names it in errors."""
+    """Per-system batch sizes from the ``batch_size`` input value; ``path`` names it in errors.
+    ``sources`` (one per system): a list gives one value per source (see the module doc)."""
     nsys = len(natoms)
+    owner, nsources = source_index(sources, nsys)
     if isinstance(spec, bool):
         raise MDTrainError(f"{path}: expected an integer, a list or 'auto', got {spec!r}")
     if isinstance(spec, int):
         sizes = [spec] * nsys
     elif isinstance(spec, (list, tuple)):
-        if len(spec) != nsys:
-            raise MDTrainError(f"{path}: {len(spec)} values given for {nsys} systems")
-        sizes = list(spec)
+        if len(spec) != nsources:
+            raise MDTrainError(f"{path}: {len(spec)} values given for {nsources} systems")
+        sizes = [spec[k] for k in owner.tolist()]
     elif isinstance(spec, str):
         rule, _, arg = spec.partition(":")
         if rule == "auto" and not arg:
             arg = "32"
-        if rule not in ("auto", "max") or not arg.isdigit() or int(arg) < 1:
+        if rule not in ("auto", "max", "mixed") or not arg.isdigit() or int(arg) < 1:
             raise MDTrainError(
-                f"{path}: unknown value {spec!r} (use an integer, a list, 'auto', 'auto:N' "
-                "or 'max:N')"
+                f"{path}: unknown value {spec!r} (use an integer, a list, 'auto', 'auto:N', "
+                "'max:N' or 'mixed:N')"
             )
         n = int(arg)
-        if rule == "auto":
+        if rule == "mixed":
+            sizes = [n] * nsys
+        elif rule == "auto":
             sizes = [max(1, math.ceil(n / na)) for na in natoms]
         else:
             sizes = [max(1, n // na) for na in natoms]
@@ -82,9 +104,17 @@ def system_probs(
     sys_probs: Sequence[float] | None = None,
     auto_prob: str = "prob_sys_size",
     path: str = "training.training_data",
+    sources: Sequence[str] | None = None,
 ) -> np.ndarray:
-    """Probability of drawing each system per step (float64, sums to 1)."""
+    """Probability of drawing each system per step (float64, sums to 1). ``sources`` (one
+    per system): the probabilities are those of the sources, each split between its systems
+    by their batches per epoch (see the module doc)."""
     nb = np.asarray(nbatches, dtype=np.float64)
+    owner, nsources = source_index(sources, len(nb))
+    if nsources < len(nb):
+        per_source = np.bincount(owner, weights=nb, minlength=nsources)
+        probs = system_probs(per_source, sys_probs, auto_prob, path)
+        return probs[owner] * nb / per_source[owner]
     nsys = len(nb)
     if nsys == 0:
         raise MDTrainError(f"{path}: no systems")

@@ -307,8 +307,14 @@ def test_wrong_type_names_path_and_expected_type():
     assert single_problem(water(training__numb_steps=10.5)) == (
         "training.numb_steps: expected an integer, got 10.5"
     )
-    assert single_problem(water(model__descriptor__sel=46)).startswith(
+    assert single_problem(water(model__descriptor__sel=4.5)).startswith(
         "model.descriptor.sel: expected a list of integers"
+    )
+    # an integer is a sel, but only for the descriptors with one type-mixed neighbour list
+    assert single_problem(water(model__descriptor__sel=46)) == (
+        "model.descriptor.sel: one integer for all types is taken only by se_atten, dpa1, "
+        "se_atten_v2, se_e3_tebd; se_e2_a needs a list with one entry per element of "
+        'model.type_map (or "auto")'
     )
 
 

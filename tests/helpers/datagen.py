@@ -189,9 +189,11 @@ def _sets(nframes: int, set_size: int | None) -> list[tuple[str, slice]]:
     ]
 
 
-def _arrays(coords, boxes, energy, force, virial) -> dict[str, np.ndarray]:
+def _arrays(coords, boxes, energy, force, virial, real_types=None) -> dict[str, np.ndarray]:
     nf = len(coords)
     arrays = {"coord": np.asarray(coords, dtype=np.float64).reshape(nf, -1)}
+    if real_types is not None:
+        arrays["real_atom_types"] = np.asarray(real_types, dtype=np.int64).reshape(nf, -1)
     if boxes is not None:
         arrays["box"] = np.asarray(boxes, dtype=np.float64).reshape(nf, 9)
     if energy is not None:
@@ -213,8 +215,10 @@ def write_npy_system(
     force: np.ndarray | None = None,
     virial: np.ndarray | None = None,
     set_size: int | None = None,
+    real_types: np.ndarray | None = None,
 ) -> str:
-    """Write a deepmd/npy system directory; ``boxes=None`` writes ``nopbc``. Returns the path."""
+    """Write a deepmd/npy system directory; ``boxes=None`` writes ``nopbc``; ``real_types``
+    (nframes, natoms) makes it mixed-type (``set.*/real_atom_types.npy``). Returns the path."""
     path = str(path)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "type.raw"), "w") as handle:
@@ -224,7 +228,7 @@ def write_npy_system(
             handle.write("\n".join(type_map) + "\n")
     if boxes is None:
         open(os.path.join(path, "nopbc"), "w").close()
-    arrays = _arrays(coords, boxes, energy, force, virial)
+    arrays = _arrays(coords, boxes, energy, force, virial, real_types)
     for set_name, rows in _sets(len(coords), set_size):
         os.makedirs(os.path.join(path, set_name), exist_ok=True)
         for name, values in arrays.items():
@@ -243,8 +247,10 @@ def write_hdf5_system(
     force: np.ndarray | None = None,
     virial: np.ndarray | None = None,
     set_size: int | None = None,
+    real_types: np.ndarray | None = None,
 ) -> str:
-    """Write (append) a deepmd/hdf5 system as ``group`` of ``h5path``; returns ``file#/group``."""
+    """Write (append) a deepmd/hdf5 system as ``group`` of ``h5path`` (``real_types`` as in
+    `write_npy_system`); returns ``file#/group``."""
     import h5py
 
     h5path = str(h5path)
@@ -256,7 +262,7 @@ def write_hdf5_system(
             g.create_dataset("type_map.raw", data=np.array(type_map, dtype="S"))
         if boxes is None:
             g.create_dataset("nopbc", data=True)
-        arrays = _arrays(coords, boxes, energy, force, virial)
+        arrays = _arrays(coords, boxes, energy, force, virial, real_types)
         for set_name, rows in _sets(len(coords), set_size):
             s = g.create_group(set_name)
             for name, values in arrays.items():
@@ -292,4 +298,53 @@ def water_labeled(
         "energy": energy,
         "force": force,
         "virial": virial,
+    }
+
+
+MIXED_TYPE_MAP = ["O", "H", "X"]
+
+
+def mixed_labeled(
+    nframes: int = 8,
+    nmol: int = 4,
+    box_len: float = 5.2,
+    seed: int = 0,
+    rcut: float = 4.0,
+    ncomp: int = 3,
+    virtual: bool = False,
+    periodic: bool = True,
+) -> dict:
+    """A labelled mixed-type data set (keyword arguments for the writers, ``real_types``
+    included): water-like frames of ``3·nmol`` atoms whose composition cycles through
+    ``ncomp`` kinds (frame f relabels its first ``f % ncomp`` hydrogens as type 2, "X").
+    ``virtual``: frames with ``f % ncomp == 0`` lose their last molecule, whose three slots
+    become virtual atoms (type -1, zero coordinates and forces), as dpdata pads a smaller
+    system. ``type.raw`` is all zeros, as dpdata writes it."""
+    coords, base, boxes = random_water_like(nframes, nmol, box_len, seed)
+    natoms = len(base)
+    hydrogens = np.flatnonzero(base == 1)
+    real = np.repeat(base[None], nframes, axis=0)
+    energy, virial = np.zeros(nframes), np.zeros((nframes, 3, 3))
+    force = np.zeros((nframes, natoms, 3))
+    params = default_pair_params(3)
+    for f in range(nframes):
+        real[f, hydrogens[: f % ncomp]] = 2
+        if virtual and f % ncomp == 0:
+            real[f, natoms - 3 :] = -1
+            coords[f, natoms - 3 :] = 0.0
+        keep = real[f] >= 0
+        e, fo, v = lj_labels(
+            coords[f : f + 1, keep], real[f, keep], boxes[f : f + 1] if periodic else None,
+            rcut, params=params,
+        )  # fmt: skip
+        energy[f], force[f, keep], virial[f] = e[0], fo[0], v[0]
+    return {
+        "coords": coords,
+        "types": np.zeros(natoms, dtype=np.int64),
+        "type_map": list(MIXED_TYPE_MAP),
+        "boxes": boxes if periodic else None,
+        "energy": energy,
+        "force": force,
+        "virial": virial if periodic else None,
+        "real_types": real,
     }

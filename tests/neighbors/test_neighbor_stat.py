@@ -182,9 +182,12 @@ def test_parse_and_resolve_sel(log_records):
     assert parse_sel("auto") == 1.1
     assert parse_sel("auto:1.25") == 1.25
     assert parse_sel([46, 92]) == [46, 92]
-    for bad in ("auto:x", "auto:-1", "full", [4.5, 2], [-1], 7):
+    assert parse_sel(120) == 120  # one sel for all types (mixed-types descriptors)
+    for bad in ("auto:x", "auto:-1", "full", [4.5, 2], [-1], 0, True):
         with pytest.raises(MDTrainError, match="sel"):
             parse_sel(bad)
+    with pytest.raises(MDTrainError, match="only by descriptors with one type-mixed"):
+        resolve_sel(120, [46, 50])
     assert resolve_sel("auto:1.2", [46]) == [56]
     assert resolve_sel([40, 0, 100], [46, 50, 90]) == [40, 0, 100]
     warnings = [r.getMessage() for r in log_records if r.levelno == logging.WARNING]

@@ -1,0 +1,33 @@
+"""Which descriptors see the neighbours of all types as one list (DeePMD's ``mixed_types``).
+
+Such a descriptor takes ``sel`` as one integer (a list means its sum), and its neighbour
+statistics count the neighbours of all types together. Kept here, at the config layer, so
+that the schema checks, ``mdtrain neighbor-stat`` and the ``sel`` resolution agree without
+importing the models; the descriptor registry (``mdtrain.model.descriptors``) must agree with
+``MIXED_TYPES_DESCRIPTORS`` for every type it registers (a test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# DeePMD-kit's type names and aliases of the descriptors with one type-mixed neighbour list
+MIXED_TYPES_DESCRIPTORS = ("se_atten", "dpa1", "se_atten_v2", "se_e3_tebd")
+
+
+def mixed_types(descriptor: Any) -> bool:
+    """True when the descriptor section names a descriptor with one type-mixed neighbour
+    list (its ``sel`` is one integer)."""
+    return isinstance(descriptor, dict) and descriptor.get("type") in MIXED_TYPES_DESCRIPTORS
+
+
+def integer_sel_problem(descriptor: Any, where: str = "model.descriptor") -> str | None:
+    """The one-line problem of an integer ``sel`` given to a descriptor that needs a list."""
+    sel = descriptor.get("sel") if isinstance(descriptor, dict) else None
+    if isinstance(sel, bool) or not isinstance(sel, int) or mixed_types(descriptor):
+        return None
+    return (
+        f"{where}.sel: one integer for all types is taken only by "
+        f"{', '.join(MIXED_TYPES_DESCRIPTORS)}; {descriptor.get('type')} needs a list with "
+        'one entry per element of model.type_map (or "auto")'
+    )
