@@ -200,7 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="files or directories dpdata or ASE can read")
     p.add_argument("-o", "--output", required=True, help="output directory or .h5/.hdf5 file")
     p.add_argument("-f", "--format", default="auto", help="input format (dpdata or ASE name)")
-    p.add_argument("--to", choices=["deepmd/npy", "deepmd/hdf5"], help="default: from -o suffix")
+    p.add_argument(
+        "--to",
+        choices=["deepmd/npy", "deepmd/hdf5", "deepmd/npy/mixed", "deepmd/hdf5/mixed"],
+        help="default: from -o suffix; /mixed: mixed-type systems, one per atom count",
+    )
+    p.add_argument(
+        "--atom-numb-pad",
+        type=int,
+        help="with --to .../mixed: pad atom counts to a multiple of N with virtual atoms",
+    )
     p.add_argument("-t", "--type-map", nargs="+", help="element order of type.raw")
     p.add_argument("--valid-fraction", type=float, default=0.0, help="frames held out")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")

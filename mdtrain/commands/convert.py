@@ -21,13 +21,18 @@ def run_convert(args: argparse.Namespace) -> int:
     to = args.to or ("deepmd/hdf5" if output.endswith((".h5", ".hdf5")) else "deepmd/npy")
     if args.set_size is not None and args.set_size < 1:
         raise MDTrainError(f"--set-size {args.set_size}: must be at least 1")
+    pad = getattr(args, "atom_numb_pad", None)
+    if pad is not None and (pad < 1 or not to.endswith("/mixed")):
+        raise MDTrainError(
+            f"--atom-numb-pad {pad}: needs --to deepmd/npy/mixed or deepmd/hdf5/mixed and N >= 1"
+        )
     if args.pack:
         return _run_pack(args, to)
     if args.compression is not None:
         raise MDTrainError("--compression: only with --pack")
     if not 0.0 <= args.valid_fraction < 1.0:
         raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
-    if to == "deepmd/hdf5":  # checked before any input is read
+    if to.startswith("deepmd/hdf5"):  # checked before any input is read
         check_output_file(output, "-o", create_parents=True)
     else:
         check_output_dir(output, "-o")
@@ -40,6 +45,7 @@ def run_convert(args: argparse.Namespace) -> int:
         valid_fraction=args.valid_fraction,
         seed=args.seed,
         set_size=args.set_size or DEFAULT_SET_SIZE,
+        atom_numb_pad=pad,
     )
     for part, group in splits.items():
         total = sum(data.nframes for data in group.values())

@@ -3,7 +3,11 @@
 
 Frames are grouped into one system per composition (and periodicity), atoms sorted by the
 type order (``-t``, else order of first appearance), optionally split into train/ and valid/
-by random frames, and written in ``set.*`` chunks of ``--set-size`` frames.
+by random frames, and written in ``set.*`` chunks of ``--set-size`` frames. The mixed-type
+outputs (``deepmd/npy/mixed``, ``deepmd/hdf5/mixed``, as dpdata names them) then join the
+compositions of one atom count (padded up to a multiple of ``atom_numb_pad`` with virtual
+atoms, type -1) and periodicity into one system named by that count (``12``, ``12_nopbc``),
+whose ``set.*/real_atom_types.npy`` gives each frame's types.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ def convert(
     valid_fraction: float = 0.0,
     seed: int = 0,
     set_size: int = 5000,
+    atom_numb_pad: int | None = None,
 ) -> dict[str, dict[str, SystemData]]:
     """Read ``inputs`` (format ``fmt``, dpdata or ASE names), group and split the frames, write
-    them to ``output`` as ``to`` (``deepmd/npy`` or ``deepmd/hdf5``); returns the systems
-    written per part (``""``, or ``"train"`` and ``"valid"``)."""
-    _check_output_free(output, to)
+    them to ``output`` as ``to`` (``deepmd/npy`` or ``deepmd/hdf5``, either with ``/mixed``);
+    returns the systems written per part (``""``, or ``"train"`` and ``"valid"``)."""
+    _check_output_free(output, to.removesuffix("/mixed"))
     blocks: list[Block] = []
     for path in progress(inputs, len(inputs), "reading"):
         blocks.extend(read_blocks(path, fmt, type_map))
@@ -44,7 +49,9 @@ def convert(
         raise MDTrainError(f"no frames found in {' '.join(inputs)}")
     systems = group_frames(blocks, _type_map(blocks, type_map))
     splits = split_frames(systems, valid_fraction, seed)
-    _write(output, to, splits, set_size)
+    if to.endswith("/mixed"):
+        splits = {part: mix_systems(group, atom_numb_pad) for part, group in splits.items()}
+    _write(output, to.removesuffix("/mixed"), splits, set_size)
     return splits
 
 
@@ -116,6 +123,54 @@ def _merge(name, types, type_map, members) -> SystemData:
         force=stack("force", True),
         virial=stack("virial", False),
     )
+
+
+def mix_systems(
+    systems: dict[str, SystemData], atom_numb_pad: int | None = None
+) -> dict[str, SystemData]:
+    """The mixed-type systems of ``systems``: one per atom count (rounded up to a multiple of
+    ``atom_numb_pad``, the rest virtual atoms) and periodicity; see the module doc."""
+    pad = max(1, atom_numb_pad or 1)
+    groups: dict[str, list[SystemData]] = defaultdict(list)
+    for data in systems.values():
+        natoms = -(-len(data.types) // pad) * pad
+        groups[f"{natoms}{'' if data.box is not None else '_nopbc'}"].append(data)
+    mixed = {}
+    for name, members in groups.items():
+        natoms = int(name.partition("_")[0])
+        parts = [_padded(data, natoms) for data in members]
+
+        def join(attr: str, parts=parts, name=name) -> np.ndarray | None:
+            values = [getattr(p, attr) for p in parts]
+            if any(v is None for v in values):
+                if any(v is not None for v in values):
+                    log.warning("%s: %s dropped: only some compositions have it", name, attr)
+                return None
+            return np.concatenate(values)
+
+        mixed[name] = SystemData(
+            types=np.zeros(natoms, dtype=np.int64),
+            type_map=members[0].type_map,
+            **{a: join(a) for a in ("coord", "box", "energy", "force", "virial", "real_types")},
+        )
+    return dict(sorted(mixed.items(), key=lambda item: (len(item[0]), item[0])))
+
+
+def _padded(data: SystemData, natoms: int) -> SystemData:
+    """``data`` with its types per frame, padded with virtual atoms to ``natoms``."""
+    nf, extra = data.nframes, natoms - len(data.types)
+    types = np.concatenate([np.asarray(data.types, dtype=np.int64), np.full(extra, -1)])
+
+    def pad(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None or not extra:
+            return values
+        return np.concatenate([values, np.zeros((nf, extra, 3))], axis=1)
+
+    return SystemData(
+        types=types, type_map=data.type_map, coord=pad(data.coord), box=data.box,
+        energy=data.energy, force=pad(data.force), virial=data.virial,
+        real_types=np.repeat(types[None], nf, axis=0),
+    )  # fmt: skip
 
 
 def split_frames(

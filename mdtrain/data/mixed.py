@@ -101,7 +101,9 @@ class MixedSystem:
     def _types(self, info: SetInfo, limit: int, names: str) -> np.ndarray:
         """The checked types of one set, (nframes, natoms) int64."""
         where = self.store.where(info.name, REAL_TYPES + ".npy")
-        raw = np.asarray(self.store.array(info.name, REAL_TYPES)).reshape(info.nframes, -1)
+        everything = np.arange(info.nframes)
+        raw = np.asarray(self.store.rows(info.name, REAL_TYPES, everything))
+        raw = raw.reshape(info.nframes, -1)
         types = raw.astype(np.int64)
         if raw.dtype.kind == "f":
             odd = np.flatnonzero((types != raw).any(axis=1))

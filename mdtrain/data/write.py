@@ -1,4 +1,5 @@
-"""Write in-memory frames as a deepmd/npy directory or a deepmd/hdf5 group."""
+"""Write in-memory frames as a deepmd/npy directory or a deepmd/hdf5 group, mixed-type
+(``set.*/real_atom_types.npy``) when the frames carry their own types."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class SystemData:
     energy: np.ndarray | None = None  # (nf,)
     force: np.ndarray | None = None  # (nf, natoms, 3)
     virial: np.ndarray | None = None  # (nf, 3, 3)
+    real_types: np.ndarray | None = None  # (nf, natoms): mixed-type, -1 a virtual atom
 
     @property
     def nframes(self) -> int:
@@ -28,7 +30,7 @@ class SystemData:
         """The frames ``index`` only."""
         pick = {
             name: None if getattr(self, name) is None else getattr(self, name)[index]
-            for name in ("coord", "box", "energy", "force", "virial")
+            for name in ("coord", "box", "energy", "force", "virial", "real_types")
         }
         return replace(self, **pick)
 
@@ -41,6 +43,8 @@ class SystemData:
             if value is not None:
                 value = np.asarray(value, dtype=np.float64).reshape(nf, -1)
                 out[name] = value[:, 0] if name == "energy" else value
+        if self.real_types is not None:
+            out["real_atom_types"] = np.asarray(self.real_types, dtype=np.int64).reshape(nf, -1)
         return out
 
 

@@ -134,7 +134,7 @@ def resolve_sel_and_min_dist(
         if isinstance(parsed, float):
             raise MDTrainError(
                 f'{config_path}: model.descriptor.sel is "{descriptor["sel"]}": '
-                "--skip-neighbor-stat needs a given sel"
+                "--skip-neighbor-stat needs a list sel (an integer for se_atten and its kin)"
             )
         descriptor["sel"] = resolve_sel(parsed, [0], mixed) if mixed else parsed
         return config, None

@@ -88,6 +88,7 @@ def _shard_worker(paths: list[str], stat_file: str) -> dict:
         systems = [open_system(p, TYPE_MAP) for p in paths]
         out: dict = {"rank": rt.rank}
         out["min_dist"], out["max_size"] = neighbor_figures(systems, RCUT, 2, "shard")
+        out["total"] = neighbor_figures(systems, RCUT, 2, "shard", mixed=True)[1]
         rows = share_ranges([(s.nframes, s.natoms) for s in systems], rt.rank, rt.world_size)
         mine = neighbor_stat_partial(systems, RCUT, 2, progress=False, rows=rows)
         out["searched"] = int(mine.searched.sum())
@@ -152,6 +153,7 @@ def test_shard_statistics_equal_one_process(data, world):
         # neighbour statistics: exact, on every rank
         assert out["min_dist"] == data["neighbors"].min_nbor_dist
         assert out["max_size"] == data["neighbors"].max_nbor_size
+        assert out["total"] == [data["neighbors"].max_nbor_total]  # all types together
         for name, value in data["partial"].items():
             assert np.array_equal(out["partial"][name], value), name
         # descriptor moments and energy bias: every rank alike, one process's to 1e-10

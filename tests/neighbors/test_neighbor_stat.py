@@ -71,8 +71,9 @@ def random_frames(rng, nframes, natoms, cell_lengths, min_dist=0.7):
 
 
 def reference_stat(coords, boxes, types, rcut, ntypes):
-    """(min distance, per-type max count) by brute force over images, in the file's atom order."""
-    min_dist, max_counts = np.inf, np.zeros(ntypes, dtype=int)
+    """(min distance, per-type max count, max count of all types together) by brute force
+    over images, in the file's atom order."""
+    min_dist, max_counts, max_total = np.inf, np.zeros(ntypes, dtype=int), 0
     for f in range(len(coords)):
         box = None if boxes is None else boxes[f]
         counts = np.zeros((len(types), ntypes), dtype=int)
@@ -80,7 +81,8 @@ def reference_stat(coords, boxes, types, rcut, ntypes):
             counts[i, types[j]] += 1
             min_dist = min(min_dist, d)
         max_counts = np.maximum(max_counts, counts.max(axis=0))
-    return min_dist, max_counts.tolist()
+        max_total = max(max_total, int(counts.sum(axis=1).max()))
+    return min_dist, max_counts.tolist(), max_total
 
 
 @pytest.fixture
@@ -118,9 +120,11 @@ def test_mixed_systems_match_brute_force(mixed_systems, threads, settle, monkeyp
     monkeypatch.setattr(stat_module, "_PAIRS_PER_SETTLE", settle)  # frames counted together
     stat = compute_neighbor_stat(opened, rcut, len(TYPE_MAP), progress=False, threads=threads)
     refs = [ref for _, ref in systems.values()]
-    for result, (ref_min, ref_max) in zip(stat.systems, refs, strict=True):
+    for result, (ref_min, ref_max, ref_total) in zip(stat.systems, refs, strict=True):
         assert result.min_nbor_dist == pytest.approx(ref_min, rel=1e-12)
         assert result.max_nbor_size == ref_max
+        assert result.max_nbor_total == ref_total  # all types together
+    assert stat.max_nbor_total == max(r[2] for r in refs)
     assert stat.min_nbor_dist == pytest.approx(min(r[0] for r in refs), rel=1e-12)
     assert stat.max_nbor_size == np.max([r[1] for r in refs], axis=0).tolist()
     assert stat.systems[2].max_nbor_size[0] == 0  # the cluster has no oxygen
@@ -152,7 +156,7 @@ def test_own_images_are_counted_in_cells_shorter_than_rcut(tmp_path):
     types = np.array([0, 0])  # same type: own images and the other atom add up
     path = write_system(tmp_path / "tiny", coords, types, ["O", "H"], boxes)
     stat = compute_neighbor_stat([open_system(path, ["O", "H"])], 3.5, 2, progress=False)
-    ref_min, ref_max = reference_stat(coords, boxes, types, 3.5, 2)
+    ref_min, ref_max, _ = reference_stat(coords, boxes, types, 3.5, 2)
     assert stat.max_nbor_size == ref_max and ref_max[0] > 10  # many images of each atom
     assert stat.min_nbor_dist == pytest.approx(ref_min, rel=1e-12)
 

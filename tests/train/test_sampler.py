@@ -18,9 +18,32 @@ def test_batch_size_rules():
     assert batch_sizes("max:64", natoms) == [21, 2, 1, 1]
     assert batch_sizes(4, natoms) == [4, 4, 4, 4]
     assert batch_sizes([1, 2, 3, 4], natoms) == [1, 2, 3, 4]
+    assert batch_sizes("mixed:4", natoms) == [4, 4, 4, 4]  # N frames whatever the size
 
 
-@pytest.mark.parametrize("spec", ["foo", "auto:0", "auto:x", 0, [1, 2], [1, 0, 1], True])
+def test_compositions_of_one_system_share_its_entries():
+    """A mixed-type system opened as several compositions counts as one system for the
+    per-system lists and the probability rules; its probability is split by batches."""
+    natoms, sources = [3, 12, 12, 5], ["a", "m", "m", "b"]
+    assert batch_sizes([1, 2, 3], natoms, sources=sources) == [1, 2, 2, 3]
+    assert batch_sizes("auto", natoms, sources=sources) == [11, 3, 3, 7]
+    with pytest.raises(MDTrainError, match="4 values given for 3 systems"):
+        batch_sizes([1, 2, 3, 4], natoms, sources=sources)
+    nb = [2, 1, 3, 4]
+    uniform = system_probs(nb, auto_prob="prob_uniform", sources=sources)
+    np.testing.assert_allclose(uniform, [1 / 3, 1 / 12, 3 / 12, 1 / 3])
+    np.testing.assert_allclose(system_probs(nb, sources=sources), system_probs(nb))
+    given = system_probs(nb, sys_probs=[0.5, 0.2, 0.3], sources=sources)
+    np.testing.assert_allclose(given, [0.5, 0.05, 0.15, 0.3])
+    blocks = system_probs(nb, auto_prob="prob_sys_size;0:1:1;1:3:3", sources=sources)
+    np.testing.assert_allclose(blocks, [0.25, 0.75 * 1 / 8, 0.75 * 3 / 8, 0.75 * 4 / 8])
+    # every system its own source: the probabilities are the plain ones, bit for bit
+    assert system_probs(nb, sources=list("abcd")).tolist() == system_probs(nb).tolist()
+
+
+@pytest.mark.parametrize(
+    "spec", ["foo", "auto:0", "auto:x", "mixed", "mixed:0", 0, [1, 2], [1, 0, 1], True]
+)
 def test_batch_size_errors_name_the_path(spec):
     with pytest.raises(MDTrainError, match=r"training\.training_data\.batch_size"):
         batch_sizes(spec, [3, 4, 5])
