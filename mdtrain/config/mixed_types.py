@@ -3,8 +3,9 @@
 Such a descriptor takes ``sel`` as one integer (a list means its sum), and its neighbour
 statistics count the neighbours of all types together. Kept here, at the config layer, so
 that the schema checks, ``mdtrain neighbor-stat`` and the ``sel`` resolution agree without
-importing the models; the descriptor registry (``mdtrain.model.descriptors``) must agree with
-``MIXED_TYPES_DESCRIPTORS`` for every type it registers (a test checks it).
+importing the models (the neighbour statistics must not import ``mdtrain.model``). The
+descriptor registry (``mdtrain.model.descriptors``) must agree with
+``MIXED_TYPES_DESCRIPTORS`` for every type and alias it registers.
 """
 
 from __future__ import annotations
