@@ -7,10 +7,12 @@ type ``-1`` marks a virtual atom that pads a frame to the common count (its coor
 forces are ignored). Every set of the system must hold ``real_atom_types.npy``.
 
 mdtrain's models take one composition per batch, so a mixed-type system is presented as one
-`System` per distinct row of ``real_atom_types`` (a *composition*): its frames are the frames
-with that type row, in file order; its atoms are the real ones, sorted by type like those of
-any system. Frames stay on disk: a composition reads its rows of the shared arrays on request.
-Opening reads ``real_atom_types`` once (integers, natoms per frame) to group the frames.
+`System` per *composition* (the number of atoms of each type): its frames are the frames
+with those counts, in file order, and its atoms the real ones of each frame, sorted by type
+(stable), so that every frame has the same type vector whatever order its file gives. Frames
+stay on disk: a composition reads its rows of the shared arrays on request. Opening reads
+``real_atom_types`` once (integers, natoms per frame) to group the frames; a composition keeps
+each frame's atom order only when its frames differ in it (int32, real atoms per frame).
 """
 
 from __future__ import annotations
@@ -123,38 +125,46 @@ class MixedSystem:
         return types
 
     def compositions(self, type_map: list[str] | None = None) -> list[System]:
-        """One `System` per distinct row of ``real_atom_types``, in the order of their first
-        frames."""
+        """One `System` per composition (the number of atoms of each type), in the order of
+        their first frames."""
         limit, names = self._limit(type_map)
-        rows: dict[bytes, dict[str, list[np.ndarray]]] = {}
-        rows_types: dict[bytes, np.ndarray] = {}
-        first: dict[bytes, int] = {}
+        found: dict[bytes, _Composition] = {}
         for info in self.sets:
             types = self._types(info, limit, names)
-            unique, inverse = np.unique(types, axis=0, return_inverse=True)
+            real = types >= 0
+            frame = np.arange(len(types))[:, None]
+            counts = np.bincount((frame * limit + types)[real], minlength=len(types) * limit)
+            counts = counts.reshape(len(types), limit)
+            # each frame's real atoms sorted by type (stable), virtual ones last
+            order = np.argsort(np.where(real, types, limit), axis=1, kind="stable")
+            unique, inverse = np.unique(counts, axis=0, return_inverse=True)
             inverse = inverse.reshape(-1)
             for u, row in enumerate(unique):
-                key = row.tobytes()
                 frames = np.flatnonzero(inverse == u)
-                rows_types.setdefault(key, row)
-                first.setdefault(key, info.start + int(frames[0]))
-                rows.setdefault(key, {})[info.name] = frames
-        own = self.type_map or (list(type_map) if type_map else None)
-        seen: dict[str, int] = {}
+                group = found.setdefault(row.tobytes(), _Composition(row, info.start + frames[0]))
+                group.add(info.name, frames, order[frames, : int(row.sum())])
+        own = self.type_map or list(type_map)
         systems = []
-        for key in sorted(rows, key=first.__getitem__):
-            label = _formula(rows_types[key], own)
-            seen[label] = seen.get(label, 0) + 1
-            if seen[label] > 1:  # the same atoms in another order
-                label += f"-{seen[label]}"
-            store = CompositionStore(self, rows_types[key], rows[key], label)
-            systems.append(System(store, type_map))
+        for group in sorted(found.values(), key=lambda g: g.first):
+            label = "".join(f"{own[t]}{n}" for t, n in enumerate(group.counts.tolist()) if n)
+            systems.append(System(CompositionStore(self, group, label), type_map))
         return systems
 
 
-def _formula(types: np.ndarray, names: list[str]) -> str:
-    counts = np.bincount(types[types >= 0], minlength=len(names))
-    return "".join(f"{names[t]}{n}" for t, n in enumerate(counts.tolist()) if n)
+class _Composition:
+    """Where the frames of one composition lie: per set, their rows and each frame's real
+    atoms sorted by type (one row when every frame orders its atoms alike)."""
+
+    def __init__(self, counts: np.ndarray, first: int):
+        self.counts = counts
+        self.first = int(first)
+        self.rows: dict[str, np.ndarray] = {}
+        self.atoms: dict[str, np.ndarray] = {}
+
+    def add(self, set_name: str, rows: np.ndarray, atoms: np.ndarray) -> None:
+        self.rows[set_name] = rows
+        same = (atoms == atoms[0]).all()
+        self.atoms[set_name] = atoms[:1] if same else atoms.astype(np.int32)
 
 
 class _Headers:
@@ -173,18 +183,16 @@ class _Headers:
 
 class CompositionStore:
     """The frames of one composition of a mixed-type system, as a store a `System` reads:
-    its rows of each set, its real atoms only."""
+    its rows of each set, its real atoms only, sorted by type in every frame."""
 
-    def __init__(
-        self, parent: MixedSystem, types: np.ndarray, rows: dict[str, np.ndarray], label: str
-    ):
+    def __init__(self, parent: MixedSystem, group: _Composition, label: str):
         self._parent = parent.store
         self._headers = parent.headers
-        self._real = np.flatnonzero(types >= 0)
-        self._types = types[self._real]
-        self._natoms = len(types)  # virtual atoms included, as stored
-        self._rows = rows
-        self._sets = [s.name for s in parent.sets if s.name in rows]
+        self._types = np.repeat(np.arange(len(group.counts)), group.counts)
+        self._natoms = parent.natoms  # virtual atoms included, as stored
+        self._rows = group.rows
+        self._atoms = group.atoms
+        self._sets = [s.name for s in parent.sets if s.name in group.rows]
         self._starts = {s.name: s.start for s in parent.sets}
         self.kind = parent.store.kind
         self.source = parent.path
@@ -223,14 +231,20 @@ class CompositionStore:
                 f"{self.where(set_name, name + '.npy')}: shape {list(shape)} does not match "
                 f"[nframes, {width * self._natoms}] ({self._natoms} atoms in type.raw)"
             )
-        return (count, width * len(self._real)), dtype
+        return (count, width * len(self._types)), dtype
 
     def rows(self, set_name: str, name: str, rows: np.ndarray) -> np.ndarray:
         """Frames ``rows`` of this composition (sorted, unique), its real atoms only."""
         data = self._parent.rows(set_name, name, self._rows[set_name][rows])
-        if name in _PER_ATOM:
-            data = data.reshape(len(rows), self._natoms, -1)[:, self._real]
-        return data.reshape(len(rows), -1) if name in _PER_ATOM else data
+        if name not in _PER_ATOM:
+            return data
+        data = data.reshape(len(rows), self._natoms, -1)
+        atoms = self._atoms[set_name]
+        if len(atoms) == 1:
+            data = data[:, atoms[0]]
+        else:
+            data = np.take_along_axis(data, atoms[rows][:, :, None].astype(np.intp), axis=1)
+        return data.reshape(len(rows), -1)
 
     def array(self, set_name: str, name: str) -> np.ndarray:
         return self.rows(set_name, name, np.arange(len(self._rows[set_name])))

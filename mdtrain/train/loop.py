@@ -51,7 +51,7 @@ def make_sampler(
     nframes = [s.nframes for s in systems]
     sources = [s.source for s in systems]  # a mixed-type system gives several
     spec = data_cfg["batch_size"]
-    sizes = batch_sizes(spec, natoms, f"training.{section}.batch_size", sources)
+    sizes = batch_sizes(spec, natoms, f"training.{section}.batch_size", sources, nframes)
     nbatch = batches_per_epoch(nframes, sizes, world)
     probs = system_probs(
         nbatch, data_cfg.get("sys_probs"), data_cfg.get("auto_prob", "prob_sys_size"),

@@ -4,9 +4,11 @@ Rules (DeePMD-compatible):
 
 - ``batch_size``: an int for all systems, a list (one per system), ``"auto"`` =
   ``ceil(32 / natoms)``, ``"auto:N"`` = ``ceil(N / natoms)``, ``"max:N"`` =
-  ``max(1, N // natoms)``, ``"mixed:N"`` = N frames whatever the system (DeePMD-kit draws
-  them across systems into one padded batch; a batch here has one composition, see
-  docs/deepmd-differences.md); always at least 1. Under DDP this is the per-rank batch.
+  ``max(1, N // natoms)``, ``"mixed:N"`` = N frames whatever the system, but at most the
+  system's frames (DeePMD-kit draws N frames across systems into one padded batch; a batch
+  here has one composition, and a composition of few frames must not fill a batch with
+  copies: see docs/deepmd-differences.md); always at least 1. Under DDP this is the
+  per-rank batch.
 - A mixed-type system is opened as one system per composition (``System.source`` names the
   system they come from). A list (``batch_size``, ``sys_probs``) and the ``auto_prob`` rules
   count the systems of the input: a composition takes its system's batch size, and its
@@ -55,9 +57,11 @@ def batch_sizes(
     natoms: Sequence[int],
     path: str = "training.training_data.batch_size",
     sources: Sequence[str] | None = None,
+    nframes: Sequence[int] | None = None,
 ) -> list[int]:
     """Per-system batch sizes from the ``batch_size`` input value; ``path`` names it in errors.
-    ``sources`` (one per system): a list gives one value per source (see the module doc)."""
+    ``sources`` (one per system): a list gives one value per source (see the module doc);
+    ``nframes`` (one per system) caps ``"mixed:N"``."""
     nsys = len(natoms)
     owner, nsources = source_index(sources, nsys)
     if isinstance(spec, bool):
@@ -79,7 +83,7 @@ def batch_sizes(
             )
         n = int(arg)
         if rule == "mixed":
-            sizes = [n] * nsys
+            sizes = [n] * nsys if nframes is None else [max(1, min(n, f)) for f in nframes]
         elif rule == "auto":
             sizes = [max(1, math.ceil(n / na)) for na in natoms]
         else:

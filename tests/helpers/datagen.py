@@ -313,13 +313,16 @@ def mixed_labeled(
     ncomp: int = 3,
     virtual: bool = False,
     periodic: bool = True,
+    shuffle: bool = False,
 ) -> dict:
     """A labelled mixed-type data set (keyword arguments for the writers, ``real_types``
     included): water-like frames of ``3·nmol`` atoms whose composition cycles through
     ``ncomp`` kinds (frame f relabels its first ``f % ncomp`` hydrogens as type 2, "X").
     ``virtual``: frames with ``f % ncomp == 0`` lose their last molecule, whose three slots
     become virtual atoms (type -1, zero coordinates and forces), as dpdata pads a smaller
-    system. ``type.raw`` is all zeros, as dpdata writes it."""
+    system. ``shuffle``: every frame lists its atom slots in an order of its own (frames of
+    one composition then differ in their type rows). ``type.raw`` is all zeros, as dpdata
+    writes it."""
     coords, base, boxes = random_water_like(nframes, nmol, box_len, seed)
     natoms = len(base)
     hydrogens = np.flatnonzero(base == 1)
@@ -338,6 +341,11 @@ def mixed_labeled(
             rcut, params=params,
         )  # fmt: skip
         energy[f], force[f, keep], virial[f] = e[0], fo[0], v[0]
+    if shuffle:
+        rng = np.random.default_rng(seed + 1)
+        for f in range(nframes):
+            order = rng.permutation(natoms)
+            coords[f], force[f], real[f] = coords[f, order], force[f, order], real[f, order]
     return {
         "coords": coords,
         "types": np.zeros(natoms, dtype=np.int64),

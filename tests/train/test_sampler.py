@@ -19,6 +19,7 @@ def test_batch_size_rules():
     assert batch_sizes(4, natoms) == [4, 4, 4, 4]
     assert batch_sizes([1, 2, 3, 4], natoms) == [1, 2, 3, 4]
     assert batch_sizes("mixed:4", natoms) == [4, 4, 4, 4]  # N frames whatever the size
+    assert batch_sizes("mixed:4", natoms, nframes=[9, 3, 1, 4]) == [4, 3, 1, 4]  # no copies
 
 
 def test_compositions_of_one_system_share_its_entries():
