@@ -111,3 +111,21 @@ def test_neighbor_stat_prints_the_total(mixed, tmp_path, capsys):
     assert lines[2].split() == ["type", "max", "neighbours", "sel", "(auto:1.1)"]
     assert lines[6].split() == ["all", "types", str(total), str(auto_sel([total])[0])]
     assert f"max_nbor_total: {total} (all types together)" in lines
+
+
+def test_table_for_an_input_with_one_sel(mixed, tmp_path):
+    """The summary of ``mdtrain neighbor-stat input.json`` when the input's descriptor takes
+    one sel: the input's sel beside the total, and what "auto" would pick."""
+    from mdtrain.commands.neighbor_stat import format_table
+    from mdtrain.neighbors.stat_file import neighbor_stat_to_dict
+
+    path, data = mixed
+    stat = compute_neighbor_stat(open_systems(path, TYPE_MAP), RCUT, 3, progress=False)
+    content = neighbor_stat_to_dict(stat, TYPE_MAP)
+    total = _brute_force(data)[1]
+    lines = format_table(stat, TYPE_MAP, content, "n.json", [40, 40, 40], mixed=True).splitlines()
+    assert lines[2].split()[-3:] == ["sel", "in", "input"]
+    assert lines[3].split()[-1] == "-" and lines[6].split()[-1] == "120"
+    assert f'takes one sel for all types: "auto" gives {auto_sel([total])[0]}' in lines[-2]
+    per_type = format_table(stat, TYPE_MAP, content, "n.json", [7, 8, 9]).splitlines()
+    assert [row.split()[-1] for row in per_type[3:7]] == ["7", "8", "9", "-"]
