@@ -27,7 +27,9 @@ from mdtrain.data.system import MixedTypeFound, SetInfo, System, open_store
 from mdtrain.errors import MDTrainError
 
 REAL_TYPES = "real_atom_types"
-_PER_ATOM = {"coord": 3, "force": 3}  # per-atom arrays a System reads: values per atom
+# arrays with values per frame; every other array (coord, force, atom_ener, atom_pref, drdq,
+# aparam, ...) has values per atom slot, which a composition takes for its real atoms
+_PER_FRAME = frozenset({"box", "energy", "virial", "fparam"})
 
 
 def open_systems(path: str, type_map: list[str] | None = None) -> list[System]:
@@ -223,20 +225,21 @@ class CompositionStore:
             return None
         shape, dtype = header
         count = len(self._rows[set_name])
-        width = _PER_ATOM.get(name)
-        if width is None or len(shape) == 0:
+        if name in _PER_FRAME or len(shape) == 0:
             return (count, *shape[1:]), dtype
-        if math.prod(shape[1:]) != width * self._natoms:
+        values = math.prod(shape[1:])
+        if values == 0 or values % self._natoms:
+            width = "3·" if name in ("coord", "force") else "k·"
             raise MDTrainError(
                 f"{self.where(set_name, name + '.npy')}: shape {list(shape)} does not match "
-                f"[nframes, {width * self._natoms}] ({self._natoms} atoms in type.raw)"
+                f"[nframes, {width}{self._natoms}] ({self._natoms} atoms in type.raw)"
             )
-        return (count, width * len(self._types)), dtype
+        return (count, values // self._natoms * len(self._types)), dtype
 
     def rows(self, set_name: str, name: str, rows: np.ndarray) -> np.ndarray:
         """Frames ``rows`` of this composition (sorted, unique), its real atoms only."""
         data = self._parent.rows(set_name, name, self._rows[set_name][rows])
-        if name not in _PER_ATOM:
+        if name in _PER_FRAME or data.ndim < 2:
             return data
         data = data.reshape(len(rows), self._natoms, -1)
         atoms = self._atoms[set_name]

@@ -222,3 +222,36 @@ def test_convert_to_mixed_and_back(mixed, tmp_path, to):
     theirs = dpdata.MultiSystems.from_file(back, fmt=reader)
     assert sum(s.get_nframes() for s in theirs) == 9 and len(theirs) == 3
     close_h5()
+
+
+def test_other_per_atom_arrays_follow_the_real_atoms(mixed):
+    """Arrays mdtrain may read besides coord and force (atom_pref, drdq, ...) are per atom
+    slot in the files: a composition gives them for its real atoms, in its atom order."""
+    path, data = mixed
+    slots = np.arange(12, dtype=np.float64)
+    for set_name, rows in (
+        ("set.000", slice(0, 4)),
+        ("set.001", slice(4, 8)),
+        ("set.002", slice(8, 9)),
+    ):
+        nframes = len(data["coords"][rows])
+        pref = np.tile(slots, (nframes, 1)) + 100 * np.arange(nframes)[:, None]
+        np.save(os.path.join(path, set_name, "atom_pref.npy"), pref)
+        np.save(os.path.join(path, set_name, "fparam.npy"), np.ones((nframes, 2)))
+    expected = _expected(data, MODEL_MAP)
+    for system, group in zip(open_systems(path, MODEL_MAP), expected.values(), strict=True):
+        store = system.store
+        for info in system.sets:
+            shape, _ = store.header(info.name, "atom_pref")
+            assert shape == (info.nframes, system.natoms)
+            assert store.header(info.name, "fparam")[0] == (info.nframes, 2)
+            got = store.rows(info.name, "atom_pref", np.arange(info.nframes))
+            frames = system.source_frames(info, np.arange(info.nframes))
+            for k, frame in enumerate(frames):
+                atoms = group["atoms"][group["frames"].index(frame)]
+                row = frame - int(info.name[-3:]) * 4
+                # the store lists them by the file's types; the System reorders by model type
+                np.testing.assert_array_equal(got[k][system.atom_order], slots[atoms] + 100 * row)
+    np.save(os.path.join(path, "set.000", "atom_pref.npy"), np.ones((4, 13)))
+    with pytest.raises(MDTrainError, match=r"atom_pref.npy: shape \[4, 13\] does not match"):
+        open_systems(path, MODEL_MAP)[0].store.header("set.000", "atom_pref")
