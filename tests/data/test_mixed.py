@@ -255,3 +255,48 @@ def test_other_per_atom_arrays_follow_the_real_atoms(mixed):
     np.save(os.path.join(path, "set.000", "atom_pref.npy"), np.ones((4, 13)))
     with pytest.raises(MDTrainError, match=r"atom_pref.npy: shape \[4, 13\] does not match"):
         open_systems(path, MODEL_MAP)[0].store.header("set.000", "atom_pref")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_reads_what_dpdata_writes(tmp_path, fmt):
+    """dpdata's own mixed-type writers (``deepmd/npy/mixed``, ``deepmd/hdf5/mixed``, padded
+    with virtual atoms): the frames of each composition come back as written."""
+    systems = []
+    for k, (nmol, ncomp) in enumerate([(3, 1), (4, 2)]):
+        data = mixed_labeled(nframes=4, nmol=nmol, seed=k, ncomp=ncomp)
+        folder = write_npy_system(tmp_path / f"plain{k}", **data | {"real_types": None})
+        for system in open_systems(folder, ["O", "H", "X"]):
+            frames = system.frames(np.arange(system.nframes))
+            systems.append((system, frames))
+    multi = dpdata.MultiSystems(type_map=["O", "H", "X"])
+    for system, frames in systems:
+        names = ["O", "H", "X"]
+        multi.append(
+            dpdata.LabeledSystem(
+                data={
+                    "atom_names": names,
+                    "atom_numbs": np.bincount(system.atype, minlength=3).tolist(),
+                    "atom_types": system.atype,
+                    "coords": frames["coord"],
+                    "cells": frames["box"],
+                    "energies": frames["energy"],
+                    "forces": frames["force"],
+                    "virials": frames["virial"],
+                    "orig": np.zeros(3),
+                }
+            )
+        )
+    out = str(tmp_path / ("dp.h5" if fmt == "hdf5" else "dp"))
+    getattr(multi, f"to_deepmd_{fmt}_mixed")(out, atom_numb_pad=8)
+    read = {s.path.rpartition("[")[2]: s for s in open_all(expand_systems([out]), ["O", "H", "X"])}
+    assert len(read) == len(systems)
+    for system, frames in systems:
+        label = "".join(
+            f"{n}{c}" for n, c in zip("OHX", np.bincount(system.atype, minlength=3)) if c
+        )
+        got = read[f"{label}]"]
+        assert got.natoms == system.natoms and got.nframes == system.nframes
+        back = got.frames(np.arange(got.nframes))
+        for key in frames:
+            np.testing.assert_allclose(back[key], frames[key], rtol=1e-6, atol=1e-6)
+    close_h5()
