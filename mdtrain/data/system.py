@@ -96,6 +96,13 @@ class System:
         # the system as the input names it: a mixed-type system's compositions share it
         self.source: str = getattr(store, "source", store.path)
         self.type_map = list(type_map) if type_map else None
+        names = store.set_names()
+        if names and store.header(names[0], "real_atom_types") is not None:
+            # before type.raw is read: a mixed-type system's type.raw holds placeholders
+            raise MixedTypeFound(
+                f"system {self.path}: mixed-type (set.*/real_atom_types.npy): open it with "
+                "mdtrain.data.open_systems"
+            )
         own_types = store.types()
         if own_types is None:
             raise MDTrainError(f"system {self.path}: type.raw is missing")
@@ -111,7 +118,7 @@ class System:
         self.atype = model_types[self.atom_order]
         self.periodic = not store.nopbc()
         self._drdq_width = 0
-        self.sets, self.labels = self._scan_sets()
+        self.sets, self.labels = self._scan_sets(names)
         self.nframes = sum(s.nframes for s in self.sets)
         if self.nframes == 0:
             raise MDTrainError(f"system {self.path}: has no frames (every set.* is empty)")
@@ -199,15 +206,9 @@ class System:
             )
         return int(shape[0])
 
-    def _scan_sets(self) -> tuple[list[SetInfo], frozenset[str]]:
-        names = self._store.set_names()
+    def _scan_sets(self, names: list[str]) -> tuple[list[SetInfo], frozenset[str]]:
         if not names:
             raise MDTrainError(f"system {self.path}: no set.* directories (no frames)")
-        if self._store.header(names[0], "real_atom_types") is not None:
-            raise MixedTypeFound(
-                f"system {self.path}: mixed-type (set.*/real_atom_types.npy): open it with "
-                "mdtrain.data.open_systems"
-            )
         sets: list[SetInfo] = []
         labels: frozenset[str] | None = None
         start = 0

@@ -300,3 +300,14 @@ def test_reads_what_dpdata_writes(tmp_path, fmt):
         for key in frames:
             np.testing.assert_allclose(back[key], frames[key], rtol=1e-6, atol=1e-6)
     close_h5()
+
+
+def test_type_raw_placeholders_are_not_read_as_elements(tmp_path):
+    """dpdata's type.raw of zeros names type_map.raw's first element, which the frames
+    need not hold (nor the model's type_map)."""
+    data = mixed_labeled(nframes=3)
+    real = data["real_types"]
+    data["real_types"] = np.where(real >= 0, real + 1, -1)
+    data["type_map"] = ["Zz", *data["type_map"]]
+    path = write_npy_system(tmp_path / "mixed", **data)
+    assert [s.nframes for s in open_systems(path, ["O", "H", "X"])] == [1, 1, 1]
