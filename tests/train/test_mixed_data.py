@@ -67,9 +67,25 @@ def test_check_train_neighbor_stat_and_test_on_mixed_data(tmp_path, capsys):
     report = tmp_path / "test.json"
     model = str(out / "model.ckpt.pt")
     assert (
-        main(["test", "-m", model, "-s", str(tmp_path / "data" / "mixed"), "--json", str(report)])
+        main(
+            [
+                "test",
+                "-m",
+                model,
+                "-s",
+                str(tmp_path / "data" / "mixed"),
+                "--json",
+                str(report),
+                "-d",
+                str(tmp_path / "detail"),
+            ]
+        )  # fmt: skip
         == 0
     )
+    # DeePMD-kit's detail files: the first system names the header, every frame a row
+    lines = (tmp_path / "detail.e.out").read_text().splitlines()
+    first = open_systems(str(tmp_path / "data" / "mixed"), ["H", "O", "X"])[0]
+    assert lines[0] == f"# {first.path}: data_e pred_e" and len(lines) == 1 + 9
     per_system = json.loads(report.read_text())["systems"]
     mixed = str(tmp_path / "data" / "mixed")
     assert sorted(per_system) == sorted(s.path for s in open_systems(mixed, TYPE_MAP))
