@@ -26,7 +26,7 @@ import torch
 
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import BACKENDS, build_model
-from mdtrain.model.stats import compute_descriptor_stats
+from mdtrain.model.stats import PairStatSums
 from mdtrain.neighbors.nlist import build_nlist
 from mdtrain.train.optimizer import make_adam
 
@@ -116,14 +116,9 @@ def main() -> None:
     coord, atype = water_box()
     box = np.eye(3) * BOX
     nlist, shift, counts = build_nlist(coord, box, atype, model.rcut, model.sel)
-    batch = {
-        "coord": coord[None],
-        "box": box[None],
-        "atype": atype,
-        "nlist": nlist[None],
-        "shift": shift[None],
-    }
-    davg, dstd = compute_descriptor_stats([batch], model)
+    sums = PairStatSums.of_model(model)
+    sums.add_frame(coord, box, atype)
+    davg, dstd = model.descriptor.stats_from_items(sums.items())
     model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
     model.set_out_bias([-93.5, -187.0 / 2])
     inputs = (

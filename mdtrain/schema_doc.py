@@ -37,7 +37,21 @@ def _objects(node: dict, root: dict, path: str) -> list[tuple[str, dict]]:
     found = [(path, node)] if "properties" in node else []
     for name, sub in node.get("properties", {}).items():
         found += _objects(sub, root, f"{path}.{name}" if path else name)
+    key = node.get("x-discriminator")
+    for branch in node.get("anyOf", []) if key else []:
+        found += _objects(branch, root, _branch_path(path, branch, key, root))
     return found
+
+
+def _branch_path(path: str, branch: dict, key: str, root: dict) -> str:
+    """``model.descriptor (type se_e2_a)``: the title of one branch of a discriminated union."""
+    value = resolve(branch, root)["properties"][key]["enum"][0]
+    return f"{path} ({key} {value})"
+
+
+def _anchor(title: str) -> str:
+    """The Markdown heading anchor of ``## `title` ``."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
 
 
 def _section(path: str, node: dict, root: dict) -> str:
@@ -59,9 +73,12 @@ def _section(path: str, node: dict, root: dict) -> str:
         if sub.get("x-value-aliases"):
             pairs = sub["x-value-aliases"].items()
             text += " Accepted aliases: " + ", ".join(f"`{a}` for `{v}`" for a, v in pairs) + "."
+        child = f"{path}.{name}" if path else name
         if "properties" in sub:
-            child = f"{path}.{name}" if path else name
             text += f" See [`{child}`](#{child.replace('.', '')})."
+        if sub.get("x-discriminator"):
+            links = [_branch_path(child, b, sub["x-discriminator"], root) for b in sub["anyOf"]]
+            text += " One of " + ", ".join(f"[`{p}`](#{_anchor(p)})" for p in links) + "."
         lines.append(f"| `{name}` | {_cell(_type_text(sub, root))} | {default} | {_cell(text)} |")
     off = node.get("x-off-defaults")
     if off:

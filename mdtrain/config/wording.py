@@ -15,7 +15,15 @@ from typing import Any
 
 from jsonschema.exceptions import ValidationError
 
-from mdtrain.schema import json_types, load_schema, property_aliases, resolve, schema_types
+from mdtrain.schema import (
+    discriminator_values,
+    json_types,
+    load_schema,
+    matching_branches,
+    property_aliases,
+    resolve,
+    schema_types,
+)
 
 _TYPE_NAMES = {
     "object": "an object",
@@ -92,7 +100,24 @@ def describe(error: ValidationError) -> list[str]:
 def _describe_union(error: ValidationError, where: str, node: dict) -> list[str]:
     """For anyOf: when one branch has the value's type, its own errors are the useful ones."""
     branches = node.get(error.validator, [])
-    fitting = [i for i, b in enumerate(branches) if _fits_type(error.instance, resolve(b))]
+    key, value = node.get("x-discriminator"), error.instance
+    if key and isinstance(value, dict):
+        if key not in value:
+            return [f"{join(error.absolute_path, key)}: missing (required)"]
+        if not matching_branches(value, node):
+            names = []
+            for branch in branches:
+                accepted = discriminator_values(resolve(branch), key)
+                alias = f" (alias {', '.join(accepted[1:])})" if accepted[1:] else ""
+                names.append(f"{accepted[0]}{alias}")
+            return [
+                f"{join(error.absolute_path, key)}: {show(value[key])} is not supported; "
+                f"supported: {', '.join(names)}"
+            ]
+        picked = [resolve(b) for b in branches]
+        fitting = [i for i, b in enumerate(picked) if b in matching_branches(value, node)]
+    else:
+        fitting = [i for i, b in enumerate(branches) if _fits_type(value, resolve(b))]
     if len(fitting) == 1:
         inner = [e for e in error.context if e.relative_schema_path[0] == fitting[0]]
         if inner:
@@ -138,8 +163,11 @@ def _key_index() -> dict[str, list[str]]:
     def visit(node: dict, path: str) -> None:
         node = resolve(node)
         for name, sub in node.get("properties", {}).items():
-            index.setdefault(name, []).append(path)
+            if path not in index.setdefault(name, []):
+                index[name].append(path)
             visit(sub, f"{path}.{name}" if path else name)
+        for branch in node.get("anyOf", []) if node.get("x-discriminator") else []:
+            visit(branch, path)
 
     visit(load_schema(), "")
     return index

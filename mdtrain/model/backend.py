@@ -37,6 +37,8 @@ from mdtrain.model.energy import EnergyModel
 log = logging.getLogger("mdtrain.model")
 
 BACKENDS = ("kernels", "fused", "reference")
+# The descriptors the explicit-derivative backends implement; every other runs the reference.
+ACCELERATED_DESCRIPTORS = ("se_e2_a",)
 BACKEND_ENV = "MDTRAIN_BACKEND"
 _announced: set[str] = set()
 
@@ -44,6 +46,8 @@ _announced: set[str] = set()
 def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
     """Why the explicit-derivative backends cannot run this model, or None."""
     desc, fit = config["descriptor"], config["fitting_net"]
+    if desc["type"] not in ACCELERATED_DESCRIPTORS:
+        return f"model.descriptor.type is {desc['type']!r} (accelerated: se_e2_a only)"
     for where, part in (("descriptor", desc), ("fitting_net", fit)):
         if part["activation_function"] != "tanh":
             return (

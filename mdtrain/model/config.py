@@ -11,23 +11,8 @@ import copy
 from typing import Any
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptors.registry import descriptor_class
 
-DESCRIPTOR_DEFAULTS: dict[str, Any] = {
-    "type": "se_e2_a",
-    "rcut": 6.0,
-    "rcut_smth": 0.5,
-    "neuron": [10, 20, 40],
-    "axis_neuron": 4,
-    "activation_function": "tanh",
-    "resnet_dt": False,
-    "type_one_side": False,
-    "precision": "default",
-    "trainable": True,
-    "seed": None,
-    "exclude_types": [],
-    "env_protection": 0.0,
-    "set_davg_zero": False,
-}
 FITTING_DEFAULTS: dict[str, Any] = {
     "type": "ener",
     "numb_fparam": 0,
@@ -59,7 +44,6 @@ _ACTIVATION_BEFORE = {"gelu": "gelu_erf"}
 _NETWORKS = ("descriptor", "fitting_net")
 # Settings accepted only at their default value: key -> value meaning "off".
 _UNSUPPORTED = {
-    "descriptor": {},
     "fitting_net": {
         "numb_fparam": 0,
         "numb_aparam": 0,
@@ -141,11 +125,13 @@ def normalize_model_config(model_config: dict) -> dict:
     ):
         raise MDTrainError("model/type_map: a non-empty list of element names is required")
     ntypes = len(type_map)
-    desc = _fill(cfg.get("descriptor") or {}, DESCRIPTOR_DEFAULTS, "model/descriptor")
+    given = cfg.get("descriptor") or {}
+    if not isinstance(given, dict):
+        raise MDTrainError("model/descriptor: expected a JSON object")
+    desc_cls = descriptor_class(given.get("type", "se_e2_a"))
+    desc = _fill(given, desc_cls.defaults, "model/descriptor")
+    desc["type"] = desc_cls.type_name
     fit = _fill(cfg.get("fitting_net") or {}, FITTING_DEFAULTS, "model/fitting_net")
-    if desc["type"] not in ("se_e2_a", "se_a"):
-        raise MDTrainError(f"model/descriptor/type: {desc['type']!r} is not supported (se_e2_a)")
-    desc["type"] = "se_e2_a"
     if fit["type"] != "ener":
         raise MDTrainError(f"model/fitting_net/type: {fit['type']!r} is not supported (ener)")
     sel = desc.get("sel")
@@ -159,16 +145,7 @@ def normalize_model_config(model_config: dict) -> dict:
         )
     if sum(sel) == 0:
         raise MDTrainError("model/descriptor/sel: all entries are 0")
-    if not float(desc["rcut_smth"]) < float(desc["rcut"]):
-        raise MDTrainError(
-            f"model/descriptor/rcut_smth: {desc['rcut_smth']} must be smaller than rcut {desc['rcut']}"
-        )
-    if not desc["neuron"]:
-        raise MDTrainError("model/descriptor/neuron: at least one layer is required")
-    if not 0 < int(desc["axis_neuron"]) <= int(desc["neuron"][-1]):
-        raise MDTrainError(
-            f"model/descriptor/axis_neuron: {desc['axis_neuron']} must be in 1..neuron[-1]"
-        )
+    desc_cls.check_config(desc, ntypes, "model/descriptor")
     for pair in desc["exclude_types"]:
         if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):
             raise MDTrainError(f"model/descriptor/exclude_types: bad pair {pair!r}")

@@ -1,4 +1,4 @@
-"""The energy model: se_e2_a descriptor + per-type fitting + energy bias, with exact forces
+"""The energy model: a descriptor (``mdtrain.model.descriptors``) + per-type fitting + energy bias, with exact forces
 and virials by automatic differentiation. This is the reference implementation (plain
 operations, any activation, TorchScript); ``mdtrain.model.accel`` holds faster ones with the
 same parameters, and ``mdtrain.model.backend.build_model`` chooses between them once.
@@ -20,13 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.model.config import normalize_model_config
-from mdtrain.model.descriptor import DescriptorSeA
+from mdtrain.model.descriptors import build_descriptor
 from mdtrain.model.fitting import EnergyFitting
 from mdtrain.model.network import check_activation, dtype_of
 
 
 class EnergyModel(nn.Module):
-    """se_e2_a energy model. ``forward`` returns energy, atom_energy, force and virial."""
+    """Energy model of any registered descriptor. ``forward`` returns energy, atom_energy, force and virial."""
 
     type_map: list[str]
     rcut: float
@@ -46,25 +46,7 @@ class EnergyModel(nn.Module):
         self.ntypes = len(self.type_map)
         self.rcut = float(desc["rcut"])
         self.sel = [int(s) for s in desc["sel"]]
-        self.descriptor = DescriptorSeA(
-            ntypes=self.ntypes,
-            sel=self.sel,
-            rcut=self.rcut,
-            rcut_smth=float(desc["rcut_smth"]),
-            neuron=[int(n) for n in desc["neuron"]],
-            axis_neuron=int(desc["axis_neuron"]),
-            type_one_side=bool(desc["type_one_side"]),
-            resnet_dt=bool(desc["resnet_dt"]),
-            activation=check_activation(
-                desc["activation_function"], "model/descriptor/activation_function"
-            ),
-            dtype=dtype_of(desc["precision"], "model/descriptor/precision"),
-            seed=desc["seed"],
-            exclude_types=desc["exclude_types"],
-            set_davg_zero=bool(desc["set_davg_zero"]),
-            env_protection=float(desc["env_protection"]),
-            trainable=bool(desc["trainable"]),
-        )
+        self.descriptor = build_descriptor(desc, self.ntypes)
         self.fitting = EnergyFitting(
             ntypes=self.ntypes,
             dim_in=self.descriptor.dim_out,

@@ -1,9 +1,11 @@
 """The statistics cache (``training.stat_file``, HDF5): reading, writing, and the keys that
-make a cached entry valid. ``stats.py`` computes the numbers; this module only stores them.
+make a cached entry valid. ``stats/`` computes the numbers; this module only stores them.
 
-Layout: ``/<type_map joined by spaces>/<sha1 of the descriptor settings>/{r_0, a_0, r_1, ...}``
+Layout: ``/<type_map joined by spaces>/<sha1 of the descriptor settings>/{r_0, a_0, r_1, ...}`` (the
+descriptor's ``stat_groups`` per type)
 and ``/<type_map>/bias_atom_energy``, ``std_atom_energy`` (ntypes, 1). The hash covers every
-setting that changes the numbers (rcut, rcut_smth, sel, exclusions, env_protection), at full
+setting that changes the numbers (the descriptor's ``stat_settings``: type, rcut, rcut_smth,
+sel, exclusions, env_protection), at full
 precision, so a changed setting never reuses stale entries. The root attribute ``DATA_ATTR``
 holds a summary of the training data, to warn when the file is reused for other data.
 """
@@ -24,16 +26,7 @@ from mdtrain.errors import MDTrainError
 
 def descriptor_stat_hash(model) -> str:
     """sha1 of every descriptor setting the env-matrix sums depend on."""
-    desc = model.descriptor
-    settings = {
-        "type": "se_e2_a",
-        "ntypes": desc.ntypes,
-        "rcut": repr(float(desc.rcut)),
-        "rcut_smth": repr(float(desc.rcut_smth)),
-        "sel": list(desc.sel),
-        "exclude_types": sorted(list(p) for p in desc.exclude_types),
-        "env_protection": repr(float(desc.env_protection)),
-    }
+    settings = model.descriptor.stat_settings()
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

@@ -10,7 +10,10 @@ uses a few ``x-`` keywords that validators ignore:
 - ``x-error``: the message shown when the value is rejected;
 - ``x-off-defaults``: DeePMD keys of an object that mdtrain does not implement, with their
   "off" value: accepted (and dropped) only at that value;
-- ``x-ignored``: DeePMD keys of an object that are accepted and dropped whatever their value.
+- ``x-ignored``: DeePMD keys of an object that are accepted and dropped whatever their value;
+- ``x-discriminator``: on an object with ``anyOf`` branches (the descriptor), the key whose
+  value picks the branch (the branch whose property of that name lists it in its ``enum``
+  or its ``x-value-aliases``).
 """
 
 from __future__ import annotations
@@ -70,15 +73,26 @@ def schema_types(node: dict) -> set[str]:
 
 
 def matching_branches(value: Any, node: dict, root: dict | None = None) -> list[dict]:
-    """The resolved ``anyOf``/``oneOf`` branches whose declared type fits ``value``."""
+    """The resolved ``anyOf``/``oneOf`` branches whose declared type fits ``value`` (and,
+    under an ``x-discriminator``, whose discriminating key accepts the value's)."""
     branches = node.get("anyOf", []) + node.get("oneOf", [])
+    key = node.get("x-discriminator")
     found = []
     for branch in branches:
         branch = resolve(branch, root)
         declared = schema_types(branch)
-        if not declared or declared & json_types(value):
+        if declared and not declared & json_types(value):
+            continue
+        picked = not (key and isinstance(value, dict) and key in value)
+        if picked or value[key] in discriminator_values(branch, key, root):
             found.append(branch)
     return found
+
+
+def discriminator_values(branch: dict, key: str, root: dict | None = None) -> list[Any]:
+    """The values of ``key`` a branch accepts: its ``enum``, then its value aliases."""
+    prop = resolve(branch.get("properties", {}).get(key, {}), root)
+    return list(prop.get("enum", [])) + list(prop.get("x-value-aliases", {}))
 
 
 def property_aliases(node: dict, root: dict | None = None) -> dict[str, str]:

@@ -52,7 +52,8 @@ def test_rows_show_type_default_and_required():
     assert "| `type_map` | list of string | *required* |" in text
     assert "| `decay_rate` | number > 0, ≤ 1 or null | `null` |" in text
     assert '| `backend` | `"auto"` or `"nccl"` or `"gloo"` or `"mpi"` | `"auto"` |' in text
-    assert "(#modeldescriptor)" in text and "## `model.descriptor`" in text
+    assert "(#modeldescriptor-type-se_e2_a)" in text
+    assert "## `model.descriptor (type se_e2_a)`" in text
 
 
 def test_module_prints_the_reference():

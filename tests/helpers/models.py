@@ -40,17 +40,25 @@ def small_config(descriptor: dict | None = None, fitting: dict | None = None, **
 def set_random_stats(model: EnergyModel, seed: int = 0) -> EnergyModel:
     """Non-trivial davg/dstd (tiled per centre type, angular mean 0, as statistics give) and bias."""
     rng = np.random.default_rng(seed)
-    desc = model.descriptor
-    davg = np.zeros((desc.ntypes, desc.nnei, 4))
-    dstd = np.ones((desc.ntypes, desc.nnei, 4))
-    for t in range(desc.ntypes):
-        if not desc.set_davg_zero:
-            davg[t, :, 0] = rng.uniform(0.05, 0.3)
-        dstd[t, :, 0] = rng.uniform(0.1, 0.4)
-        dstd[t, :, 1:] = rng.uniform(0.05, 0.2)
-    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    model.set_out_bias(rng.uniform(-3, -1, size=desc.ntypes))
+    random_env_stats(model.descriptor, rng, model.descriptor.set_davg_zero)
+    model.set_out_bias(rng.uniform(-3, -1, size=model.descriptor.ntypes))
     return model
+
+
+def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) -> None:
+    """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
+    type, a mean for the first group only (the radial column), a std per group."""
+    davg = np.zeros((desc.ntypes, desc.nnei, desc.ncols))
+    dstd = np.ones((desc.ntypes, desc.nnei, desc.ncols))
+    for t in range(desc.ntypes):
+        for g, (a, b) in enumerate(desc.stat_columns):
+            if g == 0:
+                if not davg_zero:
+                    davg[t, :, a:b] = rng.uniform(0.05, 0.3)
+                dstd[t, :, a:b] = rng.uniform(0.1, 0.4)
+            else:
+                dstd[t, :, a:b] = rng.uniform(0.05, 0.2)
+    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
 
 
 def make_model(descriptor: dict | None = None, fitting: dict | None = None, **kw) -> EnergyModel:
@@ -158,15 +166,8 @@ def tiny_model(seed: int = 0, config: dict | None = None) -> EnergyModel:
     """An untrained float64 model with non-trivial statistics (so outputs are not flat)."""
     model = EnergyModel(config or TINY_CONFIG)
     rng = np.random.default_rng(seed)
-    desc = model.descriptor
-    davg = np.zeros((desc.ntypes, desc.nnei, 4))
-    dstd = np.ones((desc.ntypes, desc.nnei, 4))
-    for t in range(desc.ntypes):
-        davg[t, :, 0] = rng.uniform(0.05, 0.3)
-        dstd[t, :, 0] = rng.uniform(0.1, 0.4)
-        dstd[t, :, 1:] = rng.uniform(0.05, 0.2)
-    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    model.set_out_bias(rng.uniform(-3, -1, size=desc.ntypes))
+    random_env_stats(model.descriptor, rng)
+    model.set_out_bias(rng.uniform(-3, -1, size=model.descriptor.ntypes))
     return model.eval()
 
 

@@ -14,13 +14,9 @@ from mdtrain.data import open_system
 from mdtrain.model.autocast import Bf16EmbeddingNet
 from mdtrain.model.backend import build_model, choose_backend, to_device
 from mdtrain.model.config import normalize_model_config
-from mdtrain.model.stats import (
-    collect_stat_batches,
-    compute_or_load_stats,
-    descriptor_stat_sums,
-    stat_inputs,
-)
+from mdtrain.model.stats import collect_stat_batches, compute_or_load_stats, stat_inputs
 from tests.helpers.models import batch, set_random_stats, small_config
+from tests.helpers.padded_stats import descriptor_stat_sums
 from tests.helpers.placement import (
     OTHER,
     OtherDevice,

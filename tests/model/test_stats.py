@@ -15,51 +15,15 @@ from mdtrain.model.stats import (
     PairStatSums,
     StatCollector,
     collect_stat_batches,
-    compute_descriptor_stats,
     compute_energy_bias,
     compute_or_load_stats,
-    descriptor_stat_items,
     stat_batch_plan,
     stream_stat_inputs,
 )
-from tests.helpers.models import small_config, triclinic, water_like
+from tests.helpers.models import small_config
+from tests.helpers.padded_stats import compute_descriptor_stats, descriptor_stat_items
 from tests.helpers.reference import ref_neighbours, ref_switch
-
-
-class FakeSystem:
-    """The parts of mdtrain.data.System that statistics use."""
-
-    def __init__(self, coord, box, atype, energy=None, path="fake"):
-        self.coord, self.box, self.atype, self.energy = coord, box, atype, energy
-        self.path, self.natoms, self.nframes = path, len(atype), len(coord)
-        self.periodic = box is not None
-
-    def has(self, label: str) -> bool:
-        return label == "energy" and self.energy is not None
-
-    def frames(self, indices, labels=None, positions=True) -> dict[str, np.ndarray]:
-        out = {"coord": self.coord[indices]} if positions else {}
-        if self.box is not None and positions:
-            out["box"] = self.box[indices]
-        if self.energy is not None:
-            out["energy"] = self.energy[indices]
-        return out
-
-
-def make_system(nmol, periodic, nframes, seed, bias=(-5.0, -1.0), path="sys", retype=0):
-    """Random water-like frames; ``retype`` O atoms relabelled H to vary the composition."""
-    rng = np.random.default_rng(seed)
-    box = triclinic(4.0 + nmol * 0.3, seed) if periodic else None
-    coords = []
-    for f in range(nframes):
-        coord, atype = water_like(nmol, box, seed=seed * 100 + f)
-        coords.append(coord)
-    atype = atype.copy()
-    atype[:retype] = 1
-    counts = np.bincount(atype, minlength=2)
-    energy = counts @ np.array(bias) + rng.normal(scale=0.01, size=nframes)
-    boxes = None if box is None else np.repeat(box[None], nframes, axis=0)
-    return FakeSystem(np.array(coords), boxes, atype, energy, path=path)
+from tests.helpers.stat_systems import make_system
 
 
 def direct_stats(systems, frames_per_system, rcut, rcut_smth, sel, ntypes):
@@ -119,7 +83,7 @@ def test_davg_dstd_match_numpy():
 def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch):
     """The streamed pass (pairs, chunks across systems) gives the items of the per-batch
     padded lists; small periodic cells (atoms see their own images) and no cell included."""
-    import mdtrain.model.stats as stats
+    import mdtrain.model.stats.pairs as stats
 
     padded_frames = []
     build = stats.build_nlist
@@ -132,7 +96,7 @@ def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch
     ]
     cfg = small_config(descriptor)
     model = EnergyModel(cfg)
-    expected = descriptor_stat_items(collect_stat_batches(systems, cfg, 3), model, False)
+    expected = descriptor_stat_items(collect_stat_batches(systems, cfg, 3), model)
     plan = stat_batch_plan(systems, 3)
     padded_frames.clear()
     got, counts, energies = stream_stat_inputs(systems, model, plan, show_progress=False)
@@ -150,7 +114,7 @@ def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch
 
 
 def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
-    import mdtrain.model.stats as stats
+    import mdtrain.model.descriptors.se_e2_a as stats
     from mdtrain.memory import simulated_oom
 
     systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
@@ -186,7 +150,7 @@ def test_statistics_gathered_by_the_neighbour_search(sel, monkeypatch):
     """The neighbour statistics' search feeds the data statistics (no second search): the
     same items as the streamed pass; when the model's lists cannot hold every neighbour the
     gathered sums are refused and the frames are searched again, truncated."""
-    import mdtrain.model.stats as stats
+    import mdtrain.model.stats.pairs as stats
     from mdtrain.neighbors.stat import compute_neighbor_stat
 
     systems = [make_system(3, True, 5, seed=1), make_system(2, False, 3, seed=2),
@@ -220,31 +184,6 @@ def test_statistics_gathered_by_the_neighbour_search(sel, monkeypatch):
     compute_or_load_stats(model, systems, None, 3)
     torch.testing.assert_close(model.descriptor.davg, davg, rtol=1e-12, atol=0)
     torch.testing.assert_close(model.descriptor.dstd, dstd, rtol=1e-12, atol=0)
-
-
-def test_statistics_back_off_on_out_of_memory(monkeypatch):
-    """Chunks that run out of memory are halved and retried: the statistics do not change."""
-    from mdtrain.memory import simulated_oom
-
-    systems = [make_system(3, True, 3, seed=1), make_system(2, False, 2, seed=2)]
-    cfg = small_config()
-    model = EnergyModel(cfg)
-    batches = collect_stat_batches(systems, cfg, nbatch=10)
-    expected = compute_descriptor_stats(batches, model)
-    original = model.descriptor.env_matrix
-    calls = []
-
-    def small_memory(diff, mask):
-        calls.append(diff.shape[0])
-        if diff.shape[0] > 1:
-            raise simulated_oom("CUDA out of memory. (test)")
-        return original(diff, mask)
-
-    monkeypatch.setattr(model.descriptor, "env_matrix", small_memory)
-    got = compute_descriptor_stats(batches, model)
-    assert max(calls) > 1 and calls.count(1) == 5  # failed chunks, then one frame at a time
-    for a, b in zip(got, expected, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
 def test_absent_type_and_set_davg_zero():

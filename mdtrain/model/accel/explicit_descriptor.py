@@ -1,7 +1,7 @@
 """The se_e2_a descriptor with its derivative written out: D and, later, dE/d(pair vector) from
 dE/dD, as explicit first-order operations instead of a second autograd pass.
 
-The reference (``mdtrain.model.descriptor``) gives D; forces then need ``autograd.grad`` with
+The reference (``mdtrain.model.descriptors.se_e2_a``) gives D; forces then need ``autograd.grad`` with
 ``create_graph`` and the force loss a double backward through every net. Here the embedding
 net returns G and dG/ds together, the environment matrix its derivative coefficients, and
 ``backward_explicit`` chains them by hand, so a force loss trains with one first-order backward.
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.embedding_nodes import EmbeddedBlock
-from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
+from mdtrain.model.descriptors.se_e2_a import DescriptorSeA, smooth_weight
 from mdtrain.model.network import EmbeddingNet
 
 

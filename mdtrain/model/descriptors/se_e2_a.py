@@ -7,33 +7,80 @@ the embedding net, as in DeePMD. Excluded type pairs are zeroed after normalisat
 slots are never excluded). ``T = Σ_t R̃_tᵀ G_t(s_t) / sum(sel)``, ``D = Tᵀ T[:, :axis]``.
 """
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from mdtrain.model.network import EmbeddingNet, child_seed
+from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptors.base import Descriptor, smooth_weight
+from mdtrain.model.descriptors.se_deepmd import se_from_deepmd, se_to_deepmd
+from mdtrain.model.network import EmbeddingNet, check_activation, child_seed, dtype_of
+
+__all__ = ["DescriptorSeA", "smooth_weight"]
+
+SE_E2_A_DEFAULTS: dict[str, Any] = {
+    "type": "se_e2_a",
+    "rcut": 6.0,
+    "rcut_smth": 0.5,
+    "neuron": [10, 20, 40],
+    "axis_neuron": 4,
+    "activation_function": "tanh",
+    "resnet_dt": False,
+    "type_one_side": False,
+    "precision": "default",
+    "trainable": True,
+    "seed": None,
+    "exclude_types": [],
+    "env_protection": 0.0,
+    "set_davg_zero": False,
+}
 
 
-def smooth_weight(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
-    """``1 - 10u³ + 15u⁴ - 6u⁵`` with ``u = (clamp(r) - rcut_smth)/(rcut - rcut_smth)``."""
-    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / (rcut - rcut_smth)
-    u3 = u * u * u
-    return u3 * (-6.0 * u * u + 15.0 * u - 10.0) + 1.0
+def check_embedding_config(desc: dict, where: str) -> None:
+    """The checks every per-type-block embedding descriptor (se_e2_a, se_e2_r) shares."""
+    if not float(desc["rcut_smth"]) < float(desc["rcut"]):
+        raise MDTrainError(
+            f"{where}/rcut_smth: {desc['rcut_smth']} must be smaller than rcut {desc['rcut']}"
+        )
+    if not desc["neuron"]:
+        raise MDTrainError(f"{where}/neuron: at least one layer is required")
 
 
-class DescriptorSeA(nn.Module):
+def embedding_kwargs(desc: dict, where: str = "model/descriptor") -> dict[str, Any]:
+    """Constructor arguments every embedding descriptor takes, from a filled config."""
+    return {
+        "rcut": float(desc["rcut"]),
+        "rcut_smth": float(desc["rcut_smth"]),
+        "neuron": [int(n) for n in desc["neuron"]],
+        "type_one_side": bool(desc["type_one_side"]),
+        "resnet_dt": bool(desc["resnet_dt"]),
+        "activation": check_activation(desc["activation_function"], f"{where}/activation_function"),
+        "dtype": dtype_of(desc["precision"], f"{where}/precision"),
+        "seed": desc["seed"],
+        "exclude_types": desc["exclude_types"],
+        "set_davg_zero": bool(desc["set_davg_zero"]),
+        "env_protection": float(desc["env_protection"]),
+        "trainable": bool(desc["trainable"]),
+    }
+
+
+class DescriptorSeA(Descriptor):
     """se_e2_a descriptor. Buffers ``davg``/``dstd`` (ntypes, sum(sel), 4) are float64."""
 
-    ntypes: int
-    nnei: int
-    sel: list[int]
+    type_name = "se_e2_a"
+    aliases = ("se_a",)
+    defaults = SE_E2_A_DEFAULTS
+    stat_groups = ("r", "a")
+    stat_columns = ((0, 1), (1, 4))
+    stat_mirror = (1.0, -1.0)
+    ncols = 4
+    deepmd_types = ("se_e2_a", "se_a")
+
     offsets: list[int]
-    rcut: float
-    rcut_smth: float
-    env_protection: float
     axis_neuron: int
     neuron_out: int
     type_one_side: bool
-    has_exclusions: bool
 
     def __init__(
         self,
@@ -54,18 +101,10 @@ class DescriptorSeA(nn.Module):
         trainable: bool = True,
     ) -> None:
         super().__init__()
-        self.ntypes = ntypes
-        self.sel = [int(s) for s in sel]
-        self.nnei = sum(self.sel)
-        self.offsets = [sum(self.sel[:t]) for t in range(ntypes + 1)]
-        self.rcut = float(rcut)
-        self.rcut_smth = float(rcut_smth)
-        self.env_protection = float(env_protection)
+        self.init_common(ntypes, sel, rcut, rcut_smth, exclude_types, set_davg_zero, env_protection)
         self.axis_neuron = int(axis_neuron)
         self.neuron_out = int(neuron[-1])
         self.type_one_side = bool(type_one_side)
-        self.set_davg_zero = bool(set_davg_zero)
-        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
         self.dtype = dtype
         # Embedding nets: one per neighbour type, or one per (centre, neighbour) pair with flat
         # index centre + neighbour·ntypes.
@@ -78,29 +117,51 @@ class DescriptorSeA(nn.Module):
         )
         for p in self.networks.parameters():
             p.requires_grad_(trainable)
-        self.register_buffer("davg", torch.zeros(ntypes, self.nnei, 4, dtype=torch.float64))
-        self.register_buffer("dstd", torch.ones(ntypes, self.nnei, 4, dtype=torch.float64))
-        # keep[ci, tj]: False for excluded pairs; the extra index ntypes stands for padding.
-        keep = torch.ones(ntypes + 1, ntypes + 1, dtype=torch.bool)
-        for a, b in self.exclude_types:
-            keep[a, b] = False
-            keep[b, a] = False
-        self.register_buffer("pair_keep", keep, persistent=False)
-        self.has_exclusions = len(self.exclude_types) > 0
+
+    @classmethod
+    def check_config(cls, desc: dict, ntypes: int, where: str) -> None:
+        check_embedding_config(desc, where)
+        if not 0 < int(desc["axis_neuron"]) <= int(desc["neuron"][-1]):
+            raise MDTrainError(
+                f"{where}/axis_neuron: {desc['axis_neuron']} must be in 1..neuron[-1]"
+            )
+
+    @classmethod
+    def from_config(cls, desc: dict, ntypes: int) -> "DescriptorSeA":
+        return cls(
+            ntypes=ntypes,
+            sel=[int(s) for s in desc["sel"]],
+            axis_neuron=int(desc["axis_neuron"]),
+            **embedding_kwargs(desc),
+        )
 
     @property
     def dim_out(self) -> int:
         return self.neuron_out * self.axis_neuron
 
-    def set_stats(self, davg: Tensor, dstd: Tensor) -> None:
-        """Install statistics of shape (ntypes, nnei, 4)."""
-        self.davg.copy_(torch.as_tensor(davg, dtype=torch.float64))
-        self.dstd.copy_(torch.as_tensor(dstd, dtype=torch.float64))
+    def to_deepmd(self, cfg: dict, type_map: list[str]) -> dict:
+        out = se_to_deepmd(self, cfg, type_map, "se_e2_a")
+        out["axis_neuron"] = int(self.axis_neuron)
+        return out
 
-    def keep_mask(self, nlist: Tensor, atype: Tensor) -> Tensor:
-        """(nf, N, nnei) bool: False where the (centre, neighbour) type pair is excluded."""
-        ntype_j = torch.where(nlist >= 0, atype[nlist.clamp(min=0)], self.ntypes)
-        return self.pair_keep[atype.unsqueeze(-1), ntype_j]
+    @classmethod
+    def from_deepmd(cls, r: Any, d: dict, state: dict) -> dict:
+        axis = int(r.get(d, "axis_neuron", "model/descriptor"))
+        return {"type": "se_e2_a", "axis_neuron": axis, **se_from_deepmd(r, d, state, 4)}
+
+    def embedding_nets(self) -> list[nn.Module]:
+        return list(self.networks)
+
+    def pair_stat_terms(self, d: Tensor) -> list[Tensor]:
+        """[s, s², a_x + a_y + a_z, |a|²] of the raw row ``[s, a] = w(r)/(r+p)·[1, d/(r+p)]``
+        (``env_matrix``'s formula, ``p`` its ``env_protection``)."""
+        ones = torch.ones(3, dtype=d.dtype, device=d.device)
+        r2 = (d * d) @ ones
+        r = torch.sqrt(r2)
+        rp = r + self.env_protection
+        s = smooth_weight(r, self.rcut_smth, self.rcut) / rp
+        q = s / rp  # a = d · q
+        return [s, s * s, (d @ ones) * q, r2 * (q * q)]
 
     def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
         """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""

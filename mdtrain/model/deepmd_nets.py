@@ -1,0 +1,157 @@
+"""DeePMD-kit's serialised networks (layers, embedding and fitting nets, collections) both
+ways, and the reader that checks a DeePMD dict while it is read: the pieces every part's
+``.dp`` mapping (``deepmd_format.py``, each descriptor's ``to_deepmd``/``from_deepmd``)
+shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mdtrain.errors import MDTrainError
+
+PRECISION_NAMES = {torch.float64: "float64", torch.float32: "float32"}
+# What a DeePMD file may name a precision; "default" is DeePMD-kit's global float64.
+PRECISIONS = {"float64": "float64", "float32": "float32", "default": "float64"}
+# DeePMD-kit's activation names that equal ours (its "gelu" is the tanh approximation).
+ACTIVATIONS = ("tanh", "relu", "relu6", "softplus", "sigmoid", "silu", "gelu", "gelu_tf")
+
+
+def to_numpy(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> np.ndarray:
+    return tensor.detach().to("cpu", dtype or tensor.dtype).numpy().copy()
+
+
+def activation_out(name: str, where: str) -> str:
+    if name in ("linear", "none"):
+        return "none"
+    if name == "gelu_tf":  # the tanh form: DeePMD-kit's "gelu" everywhere (its TensorFlow
+        return "gelu"  # "gelu_tf" is tf.nn.gelu, ~1e-9 away from it)
+    if name not in ACTIVATIONS:
+        raise MDTrainError(f"{where}: activation {name!r} has no DeePMD-kit equivalent")
+    return name
+
+
+def layer_dict(layer: torch.nn.Module, activation: str, resnet: bool, trainable: bool) -> dict:
+    precision = PRECISION_NAMES[layer.weight.dtype]
+    idt = layer.idt
+    return {
+        "@class": "Layer",
+        "@version": 2,
+        "bias": True,
+        "use_timestep": idt is not None,
+        "activation_function": activation,
+        "resnet": resnet,
+        "precision": precision,
+        "trainable": trainable,
+        "@variables": {
+            "w": to_numpy(layer.weight),
+            "b": to_numpy(layer.bias),
+            "idt": None if idt is None else to_numpy(idt),
+        },
+    }
+
+
+def embedding_net_dict(net: torch.nn.Module, neuron: list[int], cfg: dict, act: str) -> dict:
+    trainable = bool(cfg["trainable"])
+    return {
+        "@class": "EmbeddingNetwork",
+        "@version": 2,
+        "in_dim": 1,
+        "neuron": list(neuron),
+        "activation_function": act,
+        "resnet_dt": bool(cfg["resnet_dt"]),
+        "bias": True,
+        "precision": PRECISION_NAMES[net.layers[0].weight.dtype],
+        "layers": [layer_dict(layer, act, True, trainable) for layer in net.layers],
+    }
+
+
+def fitting_net_dict(net: torch.nn.Module, dim_in: int, cfg: dict, act: str) -> dict:
+    trainable = bool(cfg["trainable"])
+    *hidden, out = net.layers
+    return {
+        "@class": "FittingNetwork",
+        "@version": 1,
+        "in_dim": dim_in,
+        "out_dim": 1,
+        "neuron": list(cfg["neuron"]),
+        "activation_function": act,
+        "resnet_dt": bool(cfg["resnet_dt"]),
+        "precision": PRECISION_NAMES[out.weight.dtype],
+        "bias_out": True,
+        "layers": [layer_dict(layer, act, True, trainable) for layer in hidden]
+        + [layer_dict(out, "none", False, trainable)],
+    }
+
+
+def collection_dict(networks: list[dict], ndim: int, ntypes: int, kind: str) -> dict:
+    return {
+        "@class": "NetworkCollection",
+        "@version": 1,
+        "ndim": ndim,
+        "ntypes": ntypes,
+        "network_type": kind,
+        "networks": networks,
+    }
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+class Reader:
+    """Checks a DeePMD dict while it is read; every refusal names the file and the key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, what: str) -> MDTrainError:
+        return MDTrainError(f"{self.source}: {where}: {what}")
+
+    def get(self, d: Any, key: str, where: str) -> Any:
+        if not isinstance(d, dict) or key not in d:
+            raise self.fail(where, f"missing {key!r}")
+        return d[key]
+
+    def off(self, d: dict, key: str, where: str, what: str, allowed: tuple = (None,)) -> None:
+        value = d.get(key)
+        empty = isinstance(value, list | dict) and all(v is None for v in value)
+        if value not in allowed and not empty:
+            raise self.fail(f"{where}/{key}", f"{what} is not supported by mdtrain ({value!r})")
+
+    def array(self, variables: dict, key: str, where: str) -> np.ndarray:
+        value = self.get(variables, key, f"{where}/@variables")
+        if value is None:
+            raise self.fail(f"{where}/@variables/{key}", "missing array")
+        return np.asarray(value)
+
+
+def activation_in(r: Reader, name: Any, where: str) -> str:
+    if not isinstance(name, str) or name.lower() not in (*ACTIVATIONS, "linear", "none"):
+        raise r.fail(where, f"activation {name!r} is not supported by mdtrain")
+    return name.lower()
+
+
+def network_layers(r: Reader, net: dict, where: str, prefix: str, state: dict) -> list[dict]:
+    layers = r.get(net, "layers", where)
+    for i, layer in enumerate(layers):
+        lw = f"{where}/layers/{i}"
+        if layer.get("bias", True) is not True:
+            raise r.fail(lw, "a layer without bias is not supported by mdtrain")
+        variables = r.get(layer, "@variables", lw)
+        w = r.array(variables, "w", lw)
+        if w.ndim != 2:
+            raise r.fail(f"{lw}/@variables/w", f"expected a matrix, got shape {w.shape}")
+        state[f"{prefix}.layers.{i}.weight"] = torch.from_numpy(w.copy())
+        state[f"{prefix}.layers.{i}.bias"] = torch.from_numpy(r.array(variables, "b", lw).ravel())
+        if variables.get("idt") is not None:
+            idt = np.asarray(variables["idt"]).ravel()
+            state[f"{prefix}.layers.{i}.idt"] = torch.from_numpy(idt)
+    return layers
+
+
+def precision_in(r: Reader, value: Any, where: str) -> str:
+    if value not in PRECISIONS:
+        raise r.fail(f"{where}/precision", f"{value!r} is not supported by mdtrain")
+    return PRECISIONS[value]

@@ -1,0 +1,59 @@
+"""The small descriptor settings the descriptor battery (``tests/model/
+test_descriptor_battery.py``) runs every registered descriptor with. A descriptor added to
+the registry without an entry here fails the battery: add its tiny settings (a few neurons,
+``sel`` for the test frames: O-H water within 3.5 Å)."""
+
+from __future__ import annotations
+
+import copy
+
+BATTERY: dict[str, dict] = {
+    "se_e2_a": {
+        "type": "se_e2_a",
+        "sel": [16, 32],
+        "rcut": 3.5,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8],
+        "axis_neuron": 4,
+        "resnet_dt": True,
+        "seed": 1,
+    },
+    "se_e2_r": {
+        "type": "se_e2_r",
+        "sel": [16, 32],
+        "rcut": 3.5,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8],
+        "resnet_dt": True,
+        "seed": 1,
+    },
+}
+# Variants each run too: settings that change the arithmetic.
+VARIANTS: dict[str, list[dict]] = {
+    "se_e2_a": [{"type_one_side": True}, {"type_one_side": False}],
+    "se_e2_r": [{"type_one_side": True}, {"type_one_side": False}],
+}
+
+
+def battery_config(name: str, variant: dict | None = None, **descriptor) -> dict:
+    """The model section of a tiny model with descriptor ``name`` (settings overridden)."""
+    desc = copy.deepcopy(BATTERY[name])
+    desc.update(variant or {})
+    desc.update(descriptor)
+    return {
+        "type_map": ["O", "H"],
+        "descriptor": desc,
+        "fitting_net": {"neuron": [8, 8], "resnet_dt": True, "seed": 2},
+    }
+
+
+def battery_cases() -> list[tuple[str, dict]]:
+    """(descriptor, variant) of every registered descriptor: what the battery runs."""
+    from mdtrain.model.descriptors import DESCRIPTORS
+
+    return [(name, v) for name in DESCRIPTORS for v in VARIANTS.get(name, [{}])]
+
+
+def case_id(case: tuple[str, dict]) -> str:
+    name, variant = case
+    return name + "".join(f"-{k}={v}" for k, v in variant.items())

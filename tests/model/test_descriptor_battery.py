@@ -1,0 +1,258 @@
+"""The battery every registered descriptor runs (parametrised over the registry, so a new
+descriptor cannot skip it): forces and virials against finite differences, invariances,
+extensivity, float32, periodic and not, exclusions, statistics from pairs against the padded
+lists, a restart, TorchScript and the calculator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model import EnergyModel
+from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptors import DESCRIPTORS, canonical_type
+from mdtrain.model.stats import collect_stat_batches, stat_batch_plan, stream_stat_inputs
+from mdtrain.schema import discriminator_values, load_schema, resolve
+from tests.helpers.descriptor_battery import BATTERY, battery_cases, battery_config, case_id
+from tests.helpers.models import evaluate, set_random_stats, strained, triclinic, water_like
+from tests.helpers.padded_stats import descriptor_stat_items
+from tests.helpers.stat_systems import make_system
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
+
+CASES = battery_cases()
+IDS = [case_id(c) for c in CASES]
+NAMES = list(DESCRIPTORS)
+H = 1e-5
+
+
+def model_of(case, **descriptor) -> EnergyModel:
+    name, variant = case
+    return set_random_stats(EnergyModel(battery_config(name, variant, **descriptor))).eval()
+
+
+def frame(periodic: bool, seed: int = 1, nmol: int = 3):
+    box = triclinic(5.2, seed=seed) if periodic else None
+    coord, atype = water_like(nmol, box, seed=seed)
+    return coord, box, atype
+
+
+def energy(model, coord, box, atype) -> float:
+    return float(evaluate(model, coord, box, atype)["energy"])
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_every_descriptor_has_battery_settings_and_a_schema_section():
+    schema = load_schema()
+    branches = [resolve(b, schema) for b in schema["$defs"]["descriptor"]["anyOf"]]
+    in_schema = {discriminator_values(b, "type")[0]: b for b in branches}
+    assert set(in_schema) == set(DESCRIPTORS) == set(BATTERY)
+    for name, cls in DESCRIPTORS.items():
+        accepted = discriminator_values(in_schema[name], "type")
+        assert accepted == [name, *cls.aliases]
+        keys = set(in_schema[name]["properties"])
+        assert keys == set(cls.defaults) | {"sel"}, name  # every key, DeePMD-kit's defaults
+        for key, value in cls.defaults.items():
+            assert in_schema[name]["properties"][key].get("default", value) == value, key
+        for alias in cls.aliases:
+            assert canonical_type(alias) == name
+
+
+def test_unknown_and_unimplemented_types_name_the_supported_ones():
+    for bad, what in (("se_bogus", "not a descriptor type"), ("dpa2", "not implemented")):
+        with pytest.raises(MDTrainError, match=what) as info:
+            normalize_model_config(battery_config("se_e2_a", type=bad))
+        assert "se_e2_a (alias se_a)" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("periodic", [True, False], ids=["pbc", "nopbc"])
+def test_forces_and_virial_match_finite_differences(case, periodic):
+    model = model_of(case)
+    coord, box, atype = frame(periodic)
+    out = evaluate(model, coord, box, atype)
+    assert np.abs(out["force"]).max() > 1e-4  # a non-trivial check
+    fd = np.zeros_like(coord)
+    for i in range(len(coord)):
+        for k in range(3):
+            plus, minus = coord.copy(), coord.copy()
+            plus[i, k] += H
+            minus[i, k] -= H
+            fd[i, k] = -(energy(model, plus, box, atype) - energy(model, minus, box, atype)) / (
+                2 * H
+            )
+    assert rel_err(out["force"], fd) < 1e-6
+    dE = np.zeros((3, 3))
+    for a in range(3):
+        for b in range(3):
+            eps = np.zeros((3, 3))
+            eps[a, b] = H
+            e_p = energy(model, *strained(coord, box, eps), atype)
+            e_m = energy(model, *strained(coord, box, -eps), atype)
+            dE[a, b] = (e_p - e_m) / (2 * H)
+    assert rel_err(out["virial"], -dE.T) < 1e-6
+    assert out["energy"] == pytest.approx(out["atom_energy"].sum(), rel=1e-13)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("periodic", [True, False], ids=["pbc", "nopbc"])
+def test_rotation_translation_and_permutation_invariance(case, periodic):
+    model = model_of(case)
+    coord, box, atype = frame(periodic, seed=2)
+    ref = evaluate(model, coord, box, atype)
+    rot = np.linalg.qr(np.random.default_rng(3).normal(size=(3, 3)))[0]
+    out = evaluate(model, coord @ rot, None if box is None else box @ rot, atype)
+    assert out["energy"] == pytest.approx(ref["energy"], rel=1e-12)
+    np.testing.assert_allclose(out["force"], ref["force"] @ rot, atol=1e-10)
+    np.testing.assert_allclose(out["virial"], rot.T @ ref["virial"] @ rot, atol=1e-10)
+    out = evaluate(model, coord + np.array([0.7, -1.3, 2.1]), box, atype)
+    assert out["energy"] == pytest.approx(ref["energy"], rel=1e-12)
+    np.testing.assert_allclose(out["force"], ref["force"], atol=1e-10)
+    perm = np.random.default_rng(4).permutation(len(atype))
+    out = evaluate(model, coord[perm], box, atype[perm])
+    assert out["energy"] == pytest.approx(ref["energy"], rel=1e-12)
+    np.testing.assert_allclose(out["force"], ref["force"][perm], atol=1e-10)
+    np.testing.assert_allclose(out["atom_energy"], ref["atom_energy"][perm], atol=1e-10)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_supercell_doubles_the_energy(case):
+    model = model_of(case)
+    coord, box, atype = frame(True, seed=5)
+    ref = evaluate(model, coord, box, atype)
+    big_coord = np.concatenate([coord, coord + box[0]])
+    big_box = box * np.array([[2.0], [1.0], [1.0]])
+    big_atype = np.concatenate([atype, atype])
+    order = np.argsort(big_atype, kind="stable")
+    out = evaluate(model, big_coord[order], big_box, big_atype[order])
+    assert out["energy"] == pytest.approx(2 * ref["energy"], rel=1e-12)
+    np.testing.assert_allclose(out["virial"], 2 * ref["virial"], atol=1e-9)
+    force = np.concatenate([ref["force"], ref["force"]])[order]
+    np.testing.assert_allclose(out["force"], force, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_float32_follows_float64(case):
+    model = model_of(case)
+    m32 = EnergyModel(
+        battery_config(case[0], case[1], precision="float32")
+        | {"fitting_net": {"neuron": [8, 8], "resnet_dt": True, "precision": "float32"}}
+    )
+    m32.load_state_dict(model.state_dict())
+    m32.eval()
+    assert m32.descriptor.embedding_nets()[0].layers[0].weight.dtype == torch.float32
+    coord, box, atype = frame(True, seed=6)
+    ref, out = evaluate(model, coord, box, atype), evaluate(m32, coord, box, atype)
+    assert out["energy"].dtype == np.float64
+    assert out["energy"] == pytest.approx(ref["energy"], rel=1e-5)
+    assert rel_err(out["force"], ref["force"]) < 1e-4
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_excluded_pairs_do_not_interact(case):
+    """O and H alone within rcut, their pair excluded: the energy does not depend on their
+    distance and there are no forces."""
+    model = model_of(case, exclude_types=[[0, 1]])
+    atype = np.array([0, 1])
+    energies = []
+    for d in (1.0, 1.5, 2.5):
+        out = evaluate(model, np.array([[0.0, 0.0, 0.0], [d, 0.3, 0.1]]), None, atype)
+        np.testing.assert_allclose(out["force"], 0.0, atol=1e-14)
+        energies.append(float(out["energy"]))
+    assert energies == pytest.approx([energies[0]] * 3, rel=1e-14)
+    free = model_of(case)
+    far = evaluate(free, np.array([[0.0, 0.0, 0.0], [1.0, 0.3, 0.1]]), None, atype)
+    assert np.abs(far["force"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("exclude", [[], [[0, 1]]], ids=["all", "excluded"])
+def test_statistics_from_pairs_equal_those_of_the_padded_lists(case, exclude):
+    systems = [make_system(3, True, 3, 1), make_system(2, False, 2, 2), make_system(1, True, 2, 4)]
+    cfg = battery_config(case[0], case[1], exclude_types=exclude)
+    model = EnergyModel(cfg)
+    expected = descriptor_stat_items(collect_stat_batches(systems, cfg, 2), model)
+    got = stream_stat_inputs(systems, model, stat_batch_plan(systems, 2), show_progress=False)[0]
+    assert got.keys() == expected.keys()
+    assert set(got) == {f"{g}_{t}" for g in model.descriptor.stat_groups for t in range(2)}
+    for key, item in expected.items():
+        assert got[key].number == item.number, key
+        assert got[key].sum == pytest.approx(item.sum, rel=1e-12, abs=1e-13), key
+        assert got[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12), key
+    davg, dstd = model.descriptor.stats_from_items(got)
+    assert davg.shape == dstd.shape == tuple(model.descriptor.davg.shape)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_checkpoint_state_rebuilds_the_same_model_and_scripts(case):
+    model = model_of(case)
+    again = EnergyModel(model.get_model_config())
+    again.load_state_dict(model.state_dict())
+    coord, box, atype = frame(True, seed=7)
+    ref = evaluate(model, coord, box, atype)
+    out = evaluate(again.eval(), coord, box, atype)
+    for key in ("energy", "force", "virial"):
+        np.testing.assert_array_equal(out[key], ref[key])  # bit for bit
+    out = evaluate(torch.jit.script(again), coord, box, atype)
+    for key in ("energy", "force", "virial"):
+        np.testing.assert_allclose(out[key], ref[key], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_calculator_freeze_and_test_commands(name, tmp_path):
+    from ase import Atoms
+
+    from mdtrain.cli import main
+    from mdtrain.infer.calculator import MDTrainCalculator
+    from mdtrain.train.checkpoint import save_checkpoint
+    from tests.helpers.datagen import water_labeled, write_npy_system
+
+    model = model_of((name, {}))
+    ckpt = tmp_path / "model.ckpt.pt"
+    save_checkpoint(
+        ckpt, {"model_config": model.get_model_config(), "model_state": model.state_dict()}
+    )
+    frozen = tmp_path / "frozen.pth"
+    assert main(["freeze", str(ckpt), "-o", str(frozen)]) == 0
+    coord, box, atype = frame(True, seed=8)
+    ref = evaluate(model, coord, box, atype)
+    symbols = ["O" if t == 0 else "H" for t in atype]
+    for path in (str(ckpt), str(frozen)):
+        atoms = Atoms(symbols, positions=coord, cell=box, pbc=True)
+        atoms.calc = MDTrainCalculator(path)
+        assert atoms.get_potential_energy() == pytest.approx(float(ref["energy"]), abs=1e-10)
+        np.testing.assert_allclose(atoms.get_forces(), ref["force"], atol=1e-10)
+    system = tmp_path / "sys"
+    write_npy_system(system, **water_labeled(2, 3, seed=3))
+    figures = tmp_path / "test.json"
+    assert main(["test", "-m", str(frozen), "-s", str(system), "--json", str(figures)]) == 0
+    assert "energy" in figures.read_text()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_deepmd_model_file_round_trip(case, tmp_path):
+    """``.dp`` export then import gives the same parameters and outputs bit for bit; what
+    has no .dp form is refused in one line naming the key."""
+    from mdtrain.model.deepmd_file import load_dp, write_dp
+
+    model = model_of(case)
+    path = tmp_path / "model.dp"
+    if case == ("se_e2_r", {"type_one_side": False}):
+        with pytest.raises(MDTrainError, match="model/descriptor/type_one_side"):
+            write_dp(model, path)
+        return
+    write_dp(model, path)
+    state = load_dp(path)
+    back = EnergyModel(state["model_config"])
+    back.load_state_dict(state["model_state"])
+    same = {"seed": None, "precision": "float64"}  # a file has no seed, "default" is float64
+    assert back.get_model_config()["descriptor"] == model.get_model_config()["descriptor"] | same
+    coord, box, atype = frame(True, seed=9)
+    ref, out = evaluate(model, coord, box, atype), evaluate(back.eval(), coord, box, atype)
+    for key in ("energy", "force", "virial"):
+        np.testing.assert_array_equal(out[key], ref[key])
