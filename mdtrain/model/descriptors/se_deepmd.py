@@ -68,8 +68,6 @@ def se_from_deepmd(r: Reader, d: dict, state: dict, ncols: int) -> dict[str, Any
     env = d.get("env_mat") or {}
     if env.get("use_exp_switch"):
         raise r.fail(f"{where}/env_mat/use_exp_switch", "the exponential switch is not supported")
-    if d.get("compress") is not None:
-        raise r.fail(f"{where}/compress", "a compressed (tabulated) model is not supported")
     ntypes = len(r.get(d, "sel", where))
     type_one_side = bool(d.get("type_one_side", False))
     collection = r.get(d, "embeddings", where)

@@ -47,6 +47,30 @@ def check_embedding_config(desc: dict, where: str) -> None:
         raise MDTrainError(f"{where}/neuron: at least one layer is required")
 
 
+def type_nets(
+    ntypes: int,
+    neuron: list[int],
+    type_one_side: bool,
+    activation: str,
+    resnet_dt: bool,
+    dtype: torch.dtype,
+    seed: int | None,
+    trainable: bool,
+) -> nn.ModuleList:
+    """The embedding nets of the se_e2 family: one per neighbour type, or one per (centre,
+    neighbour) pair with flat index centre + neighbour·ntypes."""
+    nnets = ntypes if type_one_side else ntypes * ntypes
+    nets = nn.ModuleList(
+        [
+            EmbeddingNet(list(neuron), activation, resnet_dt, dtype, child_seed(seed, k))
+            for k in range(nnets)
+        ]
+    )
+    for p in nets.parameters():
+        p.requires_grad_(trainable)
+    return nets
+
+
 def embedding_kwargs(desc: dict, where: str = "model/descriptor") -> dict[str, Any]:
     """Constructor arguments every embedding descriptor takes, from a filled config."""
     return {
@@ -106,17 +130,9 @@ class DescriptorSeA(Descriptor):
         self.neuron_out = int(neuron[-1])
         self.type_one_side = bool(type_one_side)
         self.dtype = dtype
-        # Embedding nets: one per neighbour type, or one per (centre, neighbour) pair with flat
-        # index centre + neighbour·ntypes.
-        nnets = ntypes if type_one_side else ntypes * ntypes
-        self.networks = nn.ModuleList(
-            [
-                EmbeddingNet(list(neuron), activation, resnet_dt, dtype, child_seed(seed, k))
-                for k in range(nnets)
-            ]
+        self.networks = type_nets(
+            ntypes, neuron, type_one_side, activation, resnet_dt, dtype, seed, trainable
         )
-        for p in self.networks.parameters():
-            p.requires_grad_(trainable)
 
     @classmethod
     def check_config(cls, desc: dict, ntypes: int, where: str) -> None:

@@ -21,8 +21,7 @@ from torch import Tensor, nn
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.base import Descriptor, smooth_weight
 from mdtrain.model.descriptors.se_deepmd import se_from_deepmd, se_to_deepmd
-from mdtrain.model.descriptors.se_e2_a import check_embedding_config, embedding_kwargs
-from mdtrain.model.network import EmbeddingNet, child_seed
+from mdtrain.model.descriptors.se_e2_a import check_embedding_config, embedding_kwargs, type_nets
 
 SE_E2_R_DEFAULTS: dict[str, Any] = {
     "type": "se_e2_r",
@@ -78,16 +77,9 @@ class DescriptorSeR(Descriptor):
         self.neuron_out = int(neuron[-1])
         self.type_one_side = bool(type_one_side)
         self.dtype = dtype
-        # One net per neighbour type, or per (centre, neighbour) pair: index centre + t·ntypes.
-        nnets = ntypes if type_one_side else ntypes * ntypes
-        self.networks = nn.ModuleList(
-            [
-                EmbeddingNet(list(neuron), activation, resnet_dt, dtype, child_seed(seed, k))
-                for k in range(nnets)
-            ]
+        self.networks = type_nets(
+            ntypes, neuron, type_one_side, activation, resnet_dt, dtype, seed, trainable
         )
-        for p in self.networks.parameters():
-            p.requires_grad_(trainable)
 
     @classmethod
     def check_config(cls, desc: dict, ntypes: int, where: str) -> None:

@@ -1,0 +1,138 @@
+"""Descriptors other than se_e2_a (covered by test_export.py and test_deepmd_trained.py)
+against DeePMD-kit, both ways:
+
+- mdtrain's model, frozen to ``.dp`` by ``mdtrain freeze``, converted by DeePMD-kit's
+  PyTorch build (``dp convert-backend model.dp model.pth``, the environment that
+  ``MDTRAIN_DEEPMD_PT_PYTHON`` names; skipped without it) and evaluated by its ``DeepPot``:
+  energies, atom energies, forces and virials equal mdtrain's to 1e-10 of their largest
+  magnitude (float64); DeePMD's numpy ``.dp`` evaluator gives the energies. DeePMD-kit's
+  TensorFlow backend (``.pb``) is run too and its energy difference printed, not asserted:
+  for se_e2_r it differs from DeePMD-kit's own numpy and PyTorch evaluation of the same file
+  (0.2 to 1.7 relative, measured with 3.2.0);
+- a model trained by DeePMD-kit (``dp --tf train``, 20 steps), frozen and converted to
+  ``.dp``: mdtrain reads it and gives DeepPot's numbers on the frozen graph to 1e-10.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdtrain.cli import main
+from mdtrain.infer.load import load_model
+from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
+from tests.helpers.deepmd import DeePMD, deepmd_input, frames_npz, rel_diff
+from tests.helpers.descriptor_battery import battery_config
+from tests.helpers.models import evaluate, save_tiny_checkpoint, set_random_stats
+
+pytestmark = pytest.mark.interop
+
+KEYS = ("energy", "atom_energy", "force", "virial")
+# descriptor -> settings of the cases exported (those with a .dp form)
+EXPORTED = {
+    "se_e2_r": {
+        "one_side": {"type_one_side": True},
+        "exclude": {"type_one_side": True, "exclude_types": [[1, 1]]},
+    },
+}
+# descriptor -> DeePMD-kit input settings of the model it trains
+TRAINED = {"se_e2_r": {"type": "se_e2_r", "type_one_side": True, "axis_neuron": None}}
+
+
+PT_ENV_VAR = "MDTRAIN_DEEPMD_PT_PYTHON"
+
+
+@pytest.fixture(scope="module")
+def deepmd_pt() -> DeePMD:
+    """DeePMD-kit 3.2.0 with its PyTorch backend (an environment of its own)."""
+    value = os.environ.get(PT_ENV_VAR, "").strip()
+    if not value:
+        pytest.skip(f"set {PT_ENV_VAR} to the Python of a DeePMD-kit 3.2.0 [torch] environment")
+    return DeePMD(Path(value).expanduser().absolute())
+
+
+def ours(model, coord, atype, box) -> dict[str, np.ndarray]:
+    out = [evaluate(model, c, None if box is None else box[f], atype) for f, c in enumerate(coord)]
+    return {k: np.stack([o[k] for o in out]) for k in KEYS}
+
+
+CASES = [(d, c) for d, cases in EXPORTED.items() for c in cases]
+
+
+@pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{d}-{c}" for d, c in CASES])
+def test_deepmd_evaluates_the_export_as_mdtrain(deepmd, deepmd_pt, tmp_path, name, case):
+    from mdtrain.model import EnergyModel
+
+    model = set_random_stats(EnergyModel(battery_config(name, EXPORTED[name][case]))).eval()
+    ckpt = save_tiny_checkpoint(tmp_path / "model.pt", model)
+    assert main(["freeze", ckpt, "-o", str(tmp_path / "model.dp")]) == 0
+    groups = {
+        "water": random_water_like(2, 8, 6.4, seed=21),
+        "triclinic": random_water_like(2, 1, 3.3, seed=22, triclinic=True),
+        "cluster": (*random_water_like(2, 4, 6.0, seed=23)[:2], None),
+    }
+    jobs: dict = {"pb": {"convert": [["model.dp", "model.pb"]], "evaluate": []}}
+    jobs["pth"] = {"convert": [["model.dp", "model.pth"]], "evaluate": []}
+    for group, (coord, atype, box) in groups.items():
+        frames_npz(tmp_path / f"{group}.npz", coord, atype, box)
+        for kind, job in (("pb", "pb"), ("dp", "pb"), ("pth", "pth")):
+            jobs[job]["evaluate"].append(
+                {"model": f"model.{kind}", "frames": f"{group}.npz", "out": f"{group}-{kind}.npz"}
+            )
+    errors = deepmd.driver(jobs["pb"], tmp_path)
+    (tmp_path / "deepmd_job.errors.json").rename(tmp_path / "tf.errors.json")
+    errors.update(deepmd_pt.driver(jobs["pth"], tmp_path))
+    errors.pop("model.pb", None)  # the TensorFlow side is shown, not asserted
+    assert not {k: v for k, v in errors.items() if not k.endswith("-pb.npz")}, errors
+    reread = load_model(tmp_path / "model.dp")
+    worst = {}
+    for group, (coord, atype, box) in groups.items():
+        mine = ours(model, coord, atype, box)
+        pth = dict(np.load(tmp_path / f"{group}-pth.npz"))
+        dp = dict(np.load(tmp_path / f"{group}-dp.npz"))
+        back = ours(reread, coord, atype, box)
+        for key in KEYS:
+            worst[f"{group}/{key}/pth"] = rel_diff(pth[key], mine[key])
+            worst[f"{group}/{key}/reread"] = rel_diff(back[key], mine[key])
+        pb_file = tmp_path / f"{group}-pb.npz"
+        if pb_file.exists():
+            tf = rel_diff(np.load(pb_file)["energy"], mine["energy"])
+            print(f"{name} {case} {group}: TensorFlow .pb energy differs by {tf:.1e}")
+        worst[f"{group}/energy/dp"] = rel_diff(dp["energy"], mine["energy"])
+    print(name, case, json.dumps({k: f"{v:.1e}" for k, v in worst.items()}))
+    assert max(worst.values()) < 1e-10, worst
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+def test_mdtrain_reads_a_model_deepmd_trained(deepmd, tmp_path, name):
+    write_npy_system(tmp_path / "data", **water_labeled(10, seed=41))
+    test = water_labeled(3, seed=42, triclinic=True)
+    system = write_npy_system(tmp_path / "test", **test)
+    config = deepmd_input(TRAINED[name])
+    config["model"]["descriptor"] = {
+        k: v for k, v in config["model"]["descriptor"].items() if v is not None
+    }
+    config["training"].update(numb_steps=20, disp_freq=20, save_freq=20)
+    (tmp_path / "input.json").write_text(json.dumps(config, indent=1))
+    deepmd.dp_cmd(["--tf", "train", "input.json"], tmp_path)
+    deepmd.dp_cmd(["--tf", "freeze", "-o", "frozen_model.pb"], tmp_path)
+    deepmd.dp_cmd(["convert-backend", "frozen_model.pb", "model.dp"], tmp_path)
+    frames_npz(tmp_path / "frames.npz", test["coords"], test["types"], test["boxes"])
+    job = {"evaluate": [{"model": "frozen_model.pb", "frames": "frames.npz", "out": "pb.npz"}]}
+    errors = deepmd.driver(job, tmp_path)
+    assert not errors, errors
+    model = load_model(tmp_path / "model.dp")
+    assert model.get_model_config()["descriptor"]["type"] == name
+    mine = ours(model, test["coords"], test["types"], test["boxes"])
+    pb = dict(np.load(tmp_path / "pb.npz"))
+    worst = {key: rel_diff(mine[key], pb[key]) for key in KEYS}
+    print(name, json.dumps({k: f"{v:.1e}" for k, v in worst.items()}))
+    assert max(worst.values()) < 1e-10, worst
+    figures = tmp_path / "mt.json"
+    assert (
+        main(["test", "-m", str(tmp_path / "model.dp"), "-s", system, "--json", str(figures)]) == 0
+    )
