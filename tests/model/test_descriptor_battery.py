@@ -256,3 +256,31 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
     ref, out = evaluate(model, coord, box, atype), evaluate(back.eval(), coord, box, atype)
     for key in ("energy", "force", "virial"):
         np.testing.assert_array_equal(out[key], ref[key])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_training_restarts_exactly(name, tmp_path):
+    """A short training run with the statistics and stat file, then the same run resumed from
+    its middle checkpoint: the same parameters and learning curve, bit for bit."""
+    import json
+    import os
+
+    from mdtrain.cli import main
+    from tests.helpers.training import lcurve_rows, load_params, make_project
+
+    inp = make_project(tmp_path, stat_file="stat.hdf5")
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"] = battery_config(name)["descriptor"] | {"sel": "auto"}
+    inp.write_text(json.dumps(config))
+    out = tmp_path / "out"
+    assert main(["train", str(inp), "-o", str(out)]) == 0
+    full = load_params(out / "model.ckpt-6.pt")
+    rows = lcurve_rows(out / "lcurve.out")
+    assert np.isfinite(rows[:, 1:]).all()
+    os.remove(out / "model.ckpt-6.pt")
+    assert main(["train", str(inp), "-o", str(out), "--restart", str(out / "model.ckpt-3.pt")]) == 0
+    again = load_params(out / "model.ckpt-6.pt")
+    assert full.keys() == again.keys()
+    for key in full:
+        assert torch.equal(full[key], again[key]), key
+    np.testing.assert_array_equal(lcurve_rows(out / "lcurve.out"), rows)
