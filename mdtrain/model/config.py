@@ -139,12 +139,7 @@ def normalize_model_config(model_config: dict) -> dict:
         raise MDTrainError(
             f"model/descriptor/sel: {sel!r} must be resolved to a list before building the model"
         )
-    if len(sel) != ntypes or not all(isinstance(s, int) and s >= 0 for s in sel):
-        raise MDTrainError(
-            f"model/descriptor/sel: expected {ntypes} non-negative integers (one per type_map entry), got {sel}"
-        )
-    if sum(sel) == 0:
-        raise MDTrainError("model/descriptor/sel: all entries are 0")
+    desc_cls.check_sel(sel, ntypes, "model/descriptor/sel")
     desc_cls.check_config(desc, ntypes, "model/descriptor")
     for pair in desc["exclude_types"]:
         if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):

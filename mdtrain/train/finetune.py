@@ -34,7 +34,7 @@ log = logging.getLogger("mdtrain")
 # Descriptor/fitting settings that fix the weights' meaning: the pretrained model's are used.
 _ARCHITECTURE = {
     "descriptor": (
-        "rcut", "rcut_smth", "neuron", "axis_neuron", "type_one_side", "resnet_dt",
+        "type", "rcut", "rcut_smth", "neuron", "axis_neuron", "type_one_side", "resnet_dt",
         "activation_function", "precision", "env_protection", "set_davg_zero",
     ),
     "fitting_net": ("neuron", "resnet_dt", "activation_function", "precision"),
@@ -74,7 +74,7 @@ def finetune_config(config: dict, pretrained: dict, path: str) -> dict:
         )
     for section, keys in _ARCHITECTURE.items():
         given = model.get(section) or {}
-        differ = [k for k in keys if k in given and _same(given[k]) != _same(old[section][k])]
+        differ = [k for k in keys if k in given and _same(given[k]) != _same(old[section].get(k))]
         if differ:
             log.warning(
                 "--finetune: model.%s %s taken from the pretrained model %s (the input's "

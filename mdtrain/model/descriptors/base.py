@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mdtrain.errors import MDTrainError
+
 STD_PROTECTION = 1e-2
 STD_DEFAULT = 0.1
 
@@ -130,6 +132,18 @@ class Descriptor(nn.Module):
     def check_config(cls, desc: dict, ntypes: int, where: str) -> None:
         """Raise MDTrainError (naming ``where``/key) for a filled config it cannot build."""
         raise NotImplementedError
+
+    @classmethod
+    def check_sel(cls, sel: list, ntypes: int, where: str) -> None:
+        """A resolved ``sel``: one count per type (a mixed-types descriptor overrides this
+        to take ``[total]``)."""
+        if len(sel) != ntypes or not all(isinstance(s, int) and s >= 0 for s in sel):
+            raise MDTrainError(
+                f"{where}: expected {ntypes} non-negative integers (one per type_map entry), "
+                f"got {sel}"
+            )
+        if sum(sel) == 0:
+            raise MDTrainError(f"{where}: all entries are 0")
 
     @classmethod
     def from_config(cls, desc: dict, ntypes: int) -> "Descriptor":
