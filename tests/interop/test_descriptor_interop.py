@@ -3,21 +3,21 @@ against DeePMD-kit, both ways:
 
 - mdtrain's model, frozen to ``.dp`` by ``mdtrain freeze``, converted by DeePMD-kit's
   PyTorch build (``dp convert-backend model.dp model.pth``, the environment that
-  ``MDTRAIN_DEEPMD_PT_PYTHON`` names; skipped without it) and evaluated by its ``DeepPot``:
+  ``MDTRAIN_DEEPMD_PT_PYTHON`` names: the ``deepmd_pt`` fixture; skipped without it) and evaluated by its ``DeepPot``:
   energies, atom energies, forces and virials equal mdtrain's to 1e-10 of their largest
   magnitude (float64); DeePMD's numpy ``.dp`` evaluator gives the energies. DeePMD-kit's
   TensorFlow backend (``.pb``) is run too and its energy difference printed, not asserted:
   for se_e2_r it differs from DeePMD-kit's own numpy and PyTorch evaluation of the same file
-  (0.2 to 1.7 relative, measured with 3.2.0);
-- a model trained by DeePMD-kit (``dp --tf train``, 20 steps), frozen and converted to
-  ``.dp``: mdtrain reads it and gives DeepPot's numbers on the frozen graph to 1e-10.
+  (energies about 20 % apart, measured with 3.2.0);
+- a model trained by DeePMD-kit (``dp --pt train``, 20 steps), frozen (``model.pth``) and
+  converted to ``.dp``: mdtrain reads it and gives DeepPot's numbers on ``model.pth`` to
+  1e-10, and ``mdtrain test -m model.dp`` gives ``dp --pt test -m model.pth``'s errors.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
+import re
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ import pytest
 from mdtrain.cli import main
 from mdtrain.infer.load import load_model
 from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
-from tests.helpers.deepmd import DeePMD, deepmd_input, frames_npz, rel_diff
+from tests.helpers.deepmd import deepmd_input, frames_npz, rel_diff
 from tests.helpers.descriptor_battery import battery_config
 from tests.helpers.models import evaluate, save_tiny_checkpoint, set_random_stats
 
@@ -41,18 +41,6 @@ EXPORTED = {
 }
 # descriptor -> DeePMD-kit input settings of the model it trains
 TRAINED = {"se_e2_r": {"type": "se_e2_r", "type_one_side": True, "axis_neuron": None}}
-
-
-PT_ENV_VAR = "MDTRAIN_DEEPMD_PT_PYTHON"
-
-
-@pytest.fixture(scope="module")
-def deepmd_pt() -> DeePMD:
-    """DeePMD-kit 3.2.0 with its PyTorch backend (an environment of its own)."""
-    value = os.environ.get(PT_ENV_VAR, "").strip()
-    if not value:
-        pytest.skip(f"set {PT_ENV_VAR} to the Python of a DeePMD-kit 3.2.0 [torch] environment")
-    return DeePMD(Path(value).expanduser().absolute())
 
 
 def ours(model, coord, atype, box) -> dict[str, np.ndarray]:
@@ -108,7 +96,7 @@ def test_deepmd_evaluates_the_export_as_mdtrain(deepmd, deepmd_pt, tmp_path, nam
 
 
 @pytest.mark.parametrize("name", list(TRAINED))
-def test_mdtrain_reads_a_model_deepmd_trained(deepmd, tmp_path, name):
+def test_mdtrain_reads_a_model_deepmd_trained(deepmd_pt, tmp_path, name):
     write_npy_system(tmp_path / "data", **water_labeled(10, seed=41))
     test = water_labeled(3, seed=42, triclinic=True)
     system = write_npy_system(tmp_path / "test", **test)
@@ -118,21 +106,27 @@ def test_mdtrain_reads_a_model_deepmd_trained(deepmd, tmp_path, name):
     }
     config["training"].update(numb_steps=20, disp_freq=20, save_freq=20)
     (tmp_path / "input.json").write_text(json.dumps(config, indent=1))
-    deepmd.dp_cmd(["--tf", "train", "input.json"], tmp_path)
-    deepmd.dp_cmd(["--tf", "freeze", "-o", "frozen_model.pb"], tmp_path)
-    deepmd.dp_cmd(["convert-backend", "frozen_model.pb", "model.dp"], tmp_path)
+    deepmd_pt.dp_cmd(["--pt", "train", "input.json"], tmp_path)
+    deepmd_pt.dp_cmd(["--pt", "freeze", "-o", "model.pth"], tmp_path)
+    deepmd_pt.dp_cmd(["convert-backend", "model.pth", "model.dp"], tmp_path)
+    dp_test = deepmd_pt.dp_cmd(["--pt", "test", "-m", "model.pth", "-s", "test"], tmp_path)
     frames_npz(tmp_path / "frames.npz", test["coords"], test["types"], test["boxes"])
-    job = {"evaluate": [{"model": "frozen_model.pb", "frames": "frames.npz", "out": "pb.npz"}]}
-    errors = deepmd.driver(job, tmp_path)
+    job = {"evaluate": [{"model": "model.pth", "frames": "frames.npz", "out": "pth.npz"}]}
+    errors = deepmd_pt.driver(job, tmp_path)
     assert not errors, errors
     model = load_model(tmp_path / "model.dp")
     assert model.get_model_config()["descriptor"]["type"] == name
     mine = ours(model, test["coords"], test["types"], test["boxes"])
-    pb = dict(np.load(tmp_path / "pb.npz"))
-    worst = {key: rel_diff(mine[key], pb[key]) for key in KEYS}
+    theirs = dict(np.load(tmp_path / "pth.npz"))
+    worst = {key: rel_diff(mine[key], theirs[key]) for key in KEYS}
     print(name, json.dumps({k: f"{v:.1e}" for k, v in worst.items()}))
     assert max(worst.values()) < 1e-10, worst
     figures = tmp_path / "mt.json"
     assert (
         main(["test", "-m", str(tmp_path / "model.dp"), "-s", system, "--json", str(figures)]) == 0
     )
+    found = json.loads(figures.read_text())["total"]
+    for label, key in (("Energy RMSE", "energy_rmse"), ("Force  RMSE", "force_rmse")):
+        printed = re.findall(rf"{label}\s*:\s*(\S+)", dp_test)
+        assert printed, f"no {label!r} in dp test's output"
+        assert found[key] == pytest.approx(float(printed[-1]), rel=1e-6), key
