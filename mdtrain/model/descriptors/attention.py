@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseLayer, LayerNorm
+from mdtrain.model.descriptors.layers import DenseLayer, LayerNorm
 from mdtrain.model.network import child_seed
 
 SHIFT = 20.0  # DeePMD-kit's attnw_shift
@@ -88,7 +88,8 @@ class GatedAttentionLayer(nn.Module):
         out = self.out_proj(torch.matmul(weights, v))
         return self.norm(g + out)
 
-    def to_deepmd(self, nnei: int, ln_eps: float, trainable_ln: bool) -> dict:
+    def to_deepmd(self, nnei: int, ln_eps: float, trainable_ln: bool, precision: str) -> dict:
+        """DeePMD-kit's layer dict; ``precision`` the configured name ("default" stays)."""
         common = {
             "nnei": nnei,
             "embed_dim": self.in_proj.n_in,
@@ -98,7 +99,7 @@ class GatedAttentionLayer(nn.Module):
             "scaling_factor": self.scaling_factor,
             "normalize": self.normalize,
             "temperature": self.temperature,
-            "precision": DTYPE_NAMES[self.in_proj.weight.dtype],
+            "precision": precision,
         }
         attention = {
             **common,
@@ -113,7 +114,7 @@ class GatedAttentionLayer(nn.Module):
             "trainable_ln": trainable_ln,
             "ln_eps": ln_eps,
             "attention_layer": attention,
-            "attn_layer_norm": self.norm.to_deepmd(),
+            "attn_layer_norm": self.norm.to_deepmd(precision),
         }
 
     def load_deepmd(self, data: dict, where: str) -> None:
@@ -132,9 +133,7 @@ class GatedAttentionLayer(nn.Module):
             raise MDTrainError(f"{where}: in_proj has the wrong shape")
 
 
-def attention_to_deepmd(
-    layers: nn.ModuleList, nnei: int, embed_dim: int, settings: dict, dtype: torch.dtype
-) -> dict:
+def attention_to_deepmd(layers: nn.ModuleList, nnei: int, embed_dim: int, settings: dict) -> dict:
     """DeePMD-kit's ``NeighborGatedAttention`` dict of a stack of layers."""
     return {
         "@class": "NeighborGatedAttention",
@@ -150,8 +149,11 @@ def attention_to_deepmd(
         "temperature": settings["temperature"],
         "trainable_ln": settings["trainable_ln"],
         "ln_eps": settings["ln_eps"],
-        "precision": DTYPE_NAMES[dtype],
+        "precision": settings["precision"],
         "attention_layers": [
-            layer.to_deepmd(nnei, settings["ln_eps"], settings["trainable_ln"]) for layer in layers
+            layer.to_deepmd(
+                nnei, settings["ln_eps"], settings["trainable_ln"], settings["precision"]
+            )
+            for layer in layers
         ],
     }

@@ -205,13 +205,14 @@ class LayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
-    def to_deepmd(self) -> dict:
+    def to_deepmd(self, precision: str | None = None) -> dict:
+        """``precision``: the name to write (DeePMD-kit keeps the configured "default")."""
         return {
             "@class": "LayerNorm",
             "@version": 1,
             "eps": self.eps,
             "trainable": self.weight.requires_grad,
-            "precision": DTYPE_NAMES[self.weight.dtype],
+            "precision": precision or DTYPE_NAMES[self.weight.dtype],
             "@variables": {"w": as_numpy(self.weight), "b": as_numpy(self.bias)},
         }
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptor import smooth_weight
+from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
 from mdtrain.model.descriptors.attention import GatedAttentionLayer
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
@@ -131,7 +131,6 @@ class DescriptorSeAtten(nn.Module):
         stripped_type_embedding: bool | None = None,
         type_map: list[str] | None = None,
         seed: int | None = None,
-        version: int = 1,
     ) -> None:
         super().__init__()
         where = f"model/descriptor ({self.type_name})"
@@ -167,7 +166,7 @@ class DescriptorSeAtten(nn.Module):
             "concat_output_tebd": bool(concat_output_tebd), "type_one_side": bool(type_one_side),
             "resnet_dt": bool(resnet_dt), "use_tebd_bias": bool(use_tebd_bias), "lmax": lmax,
             "activation_function": activation_name(activation_function, where),
-            "trainable": bool(trainable), "type_map": type_map, "version": int(version),
+            "trainable": bool(trainable), "type_map": type_map, "precision": precision,
         }  # fmt: skip
         s = self.settings
         self.axis_neuron, self.ng, self.tebd_dim = s["axis_neuron"], s["neuron"][-1], s["tebd_dim"]
@@ -232,15 +231,9 @@ class DescriptorSeAtten(nn.Module):
     def dim_out(self) -> int:
         return self.ng * self.axis_neuron + (self.tebd_dim if self.concat_output_tebd else 0)
 
-    def set_stats(self, davg: Tensor, dstd: Tensor) -> None:
-        """Install statistics of shape (ntypes, sel, 4)."""
-        self.davg.copy_(torch.as_tensor(davg, dtype=torch.float64))
-        self.dstd.copy_(torch.as_tensor(dstd, dtype=torch.float64))
-
-    def keep_mask(self, nlist: Tensor, atype: Tensor) -> Tensor:
-        """(nf, N, nnei) bool: False where the (centre, neighbour) type pair is excluded."""
-        ntype_j = torch.where(nlist >= 0, atype[nlist.clamp(min=0)], self.ntypes)
-        return self.pair_keep[atype.unsqueeze(-1), ntype_j]
+    # the same statistics buffers and exclusion rule as se_e2_a's
+    set_stats = DescriptorSeA.set_stats
+    keep_mask = DescriptorSeA.keep_mask
 
     def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
         """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""

@@ -74,7 +74,7 @@ def to_deepmd(desc: DescriptorSeAtten) -> dict:
         "type_map": s["type_map"],
         "precision": DTYPE_NAMES[desc.dtype],
         "embeddings": _collection(desc.embedding, desc.ntypes),
-        "attention_layers": attention_to_deepmd(desc.attention, desc.nnei, desc.ng, s, desc.dtype),
+        "attention_layers": attention_to_deepmd(desc.attention, desc.nnei, desc.ng, s),
         "env_mat": {
             "rcut": desc.rcut,
             "rcut_smth": desc.rcut_smth,
@@ -127,8 +127,11 @@ def from_deepmd(data: dict, where: str = "descriptor") -> DescriptorSeAtten:
         raise MDTrainError(f"{where}/env_mat/use_exp_switch: not supported")
     settings = {k: data[k] for k in _SETTINGS if k in data}
     settings.setdefault("use_tebd_bias", True)  # version 1 files had biased type embeddings
-    precision = str(data.get("precision", "float64"))
-    settings["precision"] = precision if precision in ("float32", "float64") else "default"
+    # the configured name ("default" or a dtype) survives in the type embedding's dict
+    precision = str((data.get("type_embedding") or {}).get("precision", data.get("precision")))
+    if precision not in ("default", "float32", "float64"):
+        raise MDTrainError(f"{where}/precision: {precision!r} is not supported")
+    settings["precision"] = precision
     settings["lmax"] = data.get("lmax")
     ntypes, sel = int(data["ntypes"]), data["sel"]
     if kind == "se_atten_v2":

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseNet, activation_name
+from mdtrain.model.descriptors.layers import DenseNet, activation_name
 from mdtrain.model.network import dtype_of
 
 
@@ -47,6 +47,7 @@ class TypeEmbedNet(nn.Module):
         self.padding = bool(padding)
         self.type_map = list(type_map) if type_map is not None else None
         self.dtype = dtype_of(precision, where)
+        self.precision = precision
         self.activation = activation_name(activation_function, where)
         self.net = DenseNet(
             ntypes,
@@ -72,13 +73,17 @@ class TypeEmbedNet(nn.Module):
 
     def to_deepmd(self) -> dict:
         net = self.net.to_deepmd()
+        if self.activation == "linear":  # DeePMD-kit's spelling for its type embeddings
+            net["activation_function"] = "Linear"
+            for layer in net["layers"]:
+                layer["activation_function"] = "Linear"
         return {
             "@class": "TypeEmbedNet",
             "@version": 2,
             "ntypes": self.ntypes,
             "neuron": net["neuron"],
             "resnet_dt": net["resnet_dt"],
-            "precision": DTYPE_NAMES[self.dtype],
+            "precision": self.precision,
             "activation_function": "Linear" if self.activation == "linear" else self.activation,
             "trainable": self.net.layers[0].weight.requires_grad,
             "padding": self.padding,
@@ -96,12 +101,14 @@ class TypeEmbedNet(nn.Module):
         if data.get("use_econf_tebd"):
             raise MDTrainError(f"{where}: use_econf_tebd is not supported")
         precision = str(data.get("precision", "default"))
+        if precision not in ("default", "float32", "float64"):
+            raise MDTrainError(f"{where}/precision: {precision!r} is not supported")
         obj = cls(
             int(data["ntypes"]),
             list(data["neuron"]),
             str(data.get("activation_function", "tanh")),
             bool(data.get("resnet_dt", False)),
-            precision if precision in ("float32", "float64") else "default",
+            precision,
             bool(data.get("trainable", True)),
             padding=bool(data.get("padding", False)),
             use_tebd_bias=bool(data.get("use_tebd_bias", True)),  # version 1 had biases

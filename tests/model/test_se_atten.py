@@ -1,0 +1,209 @@
+"""se_atten (DPA-1) and se_atten_v2 against DeePMD-kit 3.2's own numpy implementation (the
+committed fixture ``tests/fixtures/deepmd/se_atten.npz``), its serialised form both ways, its
+statistics, and the properties an energy built on it must have (forces = −dE/dR by finite
+differences, rotation and permutation invariance)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptors.mixed_stats import mixed_env_stat_items
+from mdtrain.model.descriptors.se_atten import (
+    DEFAULTS,
+    DescriptorSeAtten,
+    DescriptorSeAttenV2,
+)
+from mdtrain.model.descriptors.se_atten_io import from_deepmd, to_deepmd
+from mdtrain.model.stats import davg_dstd_from_items
+from tests.helpers import deepmd_descriptors as fixture
+
+VARIANTS = [v for v in fixture.variants() if not v.startswith("e3")]
+
+
+def evaluate(desc, group: str, coord=None, box=None, requires_grad: bool = False):
+    """D of a fixture frame group (or of ``coord``/``box`` with that group's types), lists
+    built by mdtrain's type-mixed neighbour list."""
+    frames = fixture.frames(group)
+    coord = frames["coord"] if coord is None else coord
+    box = frames["box"] if box is None else box
+    nlist, shift = fixture.mixed_inputs(coord, box, desc.rcut, desc.nnei)
+    coord_t = torch.tensor(coord, requires_grad=requires_grad)
+    box_t = None if box is None else torch.as_tensor(box)
+    diff = fixture.pair_diff(coord_t, box_t, nlist, shift)
+    return desc(diff, nlist, torch.as_tensor(frames["atype"])), coord_t
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+@pytest.mark.parametrize("group", fixture.GROUPS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_descriptor_matches_deepmd(variant: str, group: str) -> None:
+    desc = from_deepmd(fixture.serialized(variant))
+    assert isinstance(desc, DescriptorSeAttenV2) == variant.startswith("v2")
+    d, _ = evaluate(desc, group)
+    want = fixture.expected(variant, group)
+    assert d.shape == want.shape == (*fixture.frames(group)["coord"].shape[:2], desc.dim_out)
+    assert rel_err(d.detach().numpy(), want) < 1e-10
+
+
+def _canonical(obj):
+    """Serialised dicts compared by meaning: DeePMD-kit spells the identity "Linear" or
+    "none"; arrays by value."""
+    if isinstance(obj, dict):
+        return {k: _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return ("array", obj.dtype.name, obj.shape, obj.tobytes())
+    if isinstance(obj, str) and obj.lower() in ("linear", "none"):
+        return "identity"
+    return obj
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_serialised_form_round_trip(variant: str) -> None:
+    """to_deepmd(from_deepmd(x)) is DeePMD-kit's own dict x, key for key, bit for bit."""
+    original = fixture.serialized(variant)
+    assert _canonical(to_deepmd(from_deepmd(original))) == _canonical(original)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_config_builds_deepmd_layout(variant: str) -> None:
+    """The argcheck-filled section builds a descriptor of DeePMD-kit's shapes and settings."""
+    config = fixture.config(variant)
+    built = DescriptorSeAtten.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
+    loaded = from_deepmd(fixture.serialized(variant))
+    shapes = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in loaded.state_dict().items()}
+    assert built.settings == loaded.settings
+    assert type(built) is type(loaded) and built.dim_out == loaded.dim_out
+    again = DescriptorSeAtten.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
+    assert all(torch.equal(a, b) for a, b in zip(built.parameters(), again.parameters()))
+
+
+@pytest.mark.parametrize("variant", ["default", "smooth", "layer0_one_side_excl", "v2"])
+def test_statistics_match_deepmd(variant: str) -> None:
+    """davg/dstd from mdtrain's type-mixed lists equal DeePMD-kit's compute_input_stats on the
+    same frames (both groups; exclusions and padding counted as DeePMD-kit does)."""
+    data = fixture.serialized(variant)
+    desc = from_deepmd(data)
+    frames = []
+    for group in fixture.GROUPS:
+        g = fixture.frames(group)
+        for k in range(len(g["coord"])):
+            frames.append((g["coord"][k], None if g["box"] is None else g["box"][k], g["atype"]))
+    items = mixed_env_stat_items(desc, frames)
+    davg, dstd = davg_dstd_from_items(items, desc.ntypes, desc.nnei, desc.set_davg_zero)
+    assert rel_err(dstd, data["@variables"]["dstd"]) < 1e-12
+    assert rel_err(davg, data["@variables"]["davg"]) < 1e-12 or not davg.any()
+    assert np.array_equal(davg == 0, data["@variables"]["davg"] == 0)
+
+
+@pytest.mark.parametrize("group", fixture.GROUPS)
+@pytest.mark.parametrize("variant", ["default", "strip", "strip_one_side_smooth", "lmax3", "v2"])
+def test_forces_finite_differences(variant: str, group: str) -> None:
+    """dE/dR of E = Σ c·D (fixed random c) by autograd equals central differences, with the
+    lists held fixed; the cluster has a centre without neighbours (gradients stay finite)."""
+    desc = from_deepmd(fixture.serialized(variant))
+    frames = fixture.frames(group)
+    nlist, shift = fixture.mixed_inputs(frames["coord"], frames["box"], desc.rcut, desc.nnei)
+    box = None if frames["box"] is None else torch.as_tensor(frames["box"])
+    atype = torch.as_tensor(frames["atype"])
+    weights = torch.as_tensor(np.random.default_rng(5).normal(size=(desc.dim_out,)))
+
+    def energy(coord: torch.Tensor) -> torch.Tensor:
+        return (desc(fixture.pair_diff(coord, box, nlist, shift), nlist, atype) * weights).sum()
+
+    coord = torch.tensor(frames["coord"], requires_grad=True)
+    (grad,) = torch.autograd.grad(energy(coord), coord)
+    assert torch.isfinite(grad).all()
+    h = 1e-5
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        for f, i, c in zip(
+            rng.integers(0, coord.shape[0], 6),
+            rng.integers(0, coord.shape[1], 6),
+            rng.integers(0, 3, 6),
+        ):
+            plus, minus = coord.detach().clone(), coord.detach().clone()
+            plus[f, i, c] += h
+            minus[f, i, c] -= h
+            numeric = (energy(plus) - energy(minus)) / (2 * h)
+            assert abs(float(numeric) - float(grad[f, i, c])) < 1e-7 * max(1.0, abs(float(numeric)))
+
+
+def _rotation(seed: int) -> np.ndarray:
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(3, 3)))
+    return q * np.sign(np.linalg.det(q))
+
+
+@pytest.mark.parametrize("variant", ["default", "smooth", "strip", "lmax3", "v2"])
+def test_rotation_and_translation_invariance(variant: str) -> None:
+    desc = from_deepmd(fixture.serialized(variant))
+    frames = fixture.frames("periodic")
+    rot = _rotation(3)
+    d0, _ = evaluate(desc, "periodic")
+    d1, _ = evaluate(desc, "periodic", frames["coord"] @ rot.T + 0.7, frames["box"] @ rot.T)
+    assert rel_err(d1.detach().numpy(), d0.detach().numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("variant", ["default", "smooth", "strip", "temperature", "v2"])
+def test_permutation_invariance(variant: str) -> None:
+    """Atoms permuted (keeping atom 0: DeePMD-kit gives empty slots atom 0's type, which
+    enters D when davg ≠ 0) and slots shuffled: D follows the atoms."""
+    desc = from_deepmd(fixture.serialized(variant))
+    frames = fixture.frames("cluster")
+    coord, atype = frames["coord"], frames["atype"]
+    perm = np.concatenate([[0], 1 + np.random.default_rng(2).permutation(len(atype) - 1)])
+    nlist, shift = fixture.mixed_inputs(coord, None, desc.rcut, desc.nnei)
+    diff = fixture.pair_diff(torch.as_tensor(coord), None, nlist, shift)
+    d0 = desc(diff, nlist, torch.as_tensor(atype))
+    inverse = np.argsort(perm)
+    nlist_p = torch.where(nlist >= 0, torch.as_tensor(inverse)[nlist.clamp(min=0)], -1)[:, perm]
+    slots = torch.as_tensor(np.random.default_rng(4).permutation(desc.nnei))
+    d1 = desc(diff[:, perm][:, :, slots], nlist_p[:, :, slots], torch.as_tensor(atype[perm]))
+    assert rel_err(d1.detach().numpy(), d0[:, perm].detach().numpy()) < 1e-12
+
+
+def test_defaults_and_fixed_keys() -> None:
+    desc = DescriptorSeAtten(2, 20)
+    assert desc.sel == [20] and desc.mixed_types and desc.set_davg_zero
+    assert desc.dim_out == 40 * 4 + 8 and not desc.strip and not desc.smooth
+    assert len(desc.attention) == DEFAULTS["attn_layer"] == 2
+    v2 = DescriptorSeAttenV2(2, [8, 12])
+    assert v2.sel == [20] and v2.strip and v2.smooth and not v2.set_davg_zero
+    assert DescriptorSeAtten(2, 20, stripped_type_embedding=True).strip
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: DescriptorSeAtten(2, 20, attn_mask=True), "attn_mask"),
+        (lambda: DescriptorSeAtten(2, 20, tebd_input_mode="sum"), "tebd_input_mode"),
+        (lambda: DescriptorSeAtten(2, 20, lmax=5), "lmax"),
+        (lambda: DescriptorSeAtten(2, 20, use_econf_tebd=True), "use_econf_tebd"),
+        (lambda: DescriptorSeAtten(2, 20, activation_function="silut"), "activation_function"),
+        (lambda: DescriptorSeAttenV2(2, 20, tebd_input_mode="concat"), "tebd_input_mode"),
+        (lambda: DescriptorSeAtten.from_config({"type": "se_atten", "sel": 4, "atn": 3}, 2), "atn"),
+        (lambda: DescriptorSeAtten.from_config({"type": "se_atten_v2", "sel": 4, "smooth_type_embedding": False}, 2), "smooth_type_embedding"),
+    ],
+)  # fmt: skip
+def test_refused_settings_name_the_key(build, message: str) -> None:
+    with pytest.raises(MDTrainError, match=message):
+        build()
+
+
+def test_refused_deepmd_files_name_the_key() -> None:
+    data = fixture.serialized("smooth")
+    for key, value in (("compress", {"x": 1}), ("use_econf_tebd", True), ("type", "dpa2")):
+        with pytest.raises(MDTrainError, match=key if key != "type" else "dpa2"):
+            from_deepmd({**data, key: value})
+    broken = {**data, "@variables": {**data["@variables"], "davg": np.zeros((3, 2, 4))}}
+    with pytest.raises(MDTrainError, match="davg"):
+        from_deepmd(broken)
