@@ -1,4 +1,4 @@
-"""se_atten (DPA-1) and se_atten_v2 against DeePMD-kit 3.2's own numpy implementation (the
+"""se_atten (DPA-1), se_atten_v2 and se_e3_tebd against DeePMD-kit 3.2's own numpy implementation (the
 committed fixture ``tests/fixtures/deepmd/se_atten.npz``), its serialised form both ways, its
 statistics, and the properties an energy built on it must have (forces = −dE/dR by finite
 differences, rotation and permutation invariance)."""
@@ -16,11 +16,20 @@ from mdtrain.model.descriptors.se_atten import (
     DescriptorSeAtten,
     DescriptorSeAttenV2,
 )
-from mdtrain.model.descriptors.se_atten_io import from_deepmd, to_deepmd
+from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd
 from mdtrain.model.stats import davg_dstd_from_items
 from tests.helpers import deepmd_descriptors as fixture
 
-VARIANTS = [v for v in fixture.variants() if not v.startswith("e3")]
+VARIANTS = fixture.variants()
+CLASSES = {
+    "dpa1": DescriptorSeAtten,
+    "se_atten_v2": DescriptorSeAttenV2,
+    "se_e3_tebd": DescriptorSeE3Tebd,
+}
+
+
+def from_deepmd(data: dict):
+    return CLASSES[data["type"]].from_deepmd(data)
 
 
 def evaluate(desc, group: str, coord=None, box=None, requires_grad: bool = False):
@@ -45,22 +54,22 @@ def rel_err(a, b) -> float:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_descriptor_matches_deepmd(variant: str, group: str) -> None:
     desc = from_deepmd(fixture.serialized(variant))
-    assert isinstance(desc, DescriptorSeAttenV2) == variant.startswith("v2")
+    assert type(desc) is CLASSES[fixture.serialized(variant)["type"]]
     d, _ = evaluate(desc, group)
     want = fixture.expected(variant, group)
     assert d.shape == want.shape == (*fixture.frames(group)["coord"].shape[:2], desc.dim_out)
     assert rel_err(d.detach().numpy(), want) < 1e-10
 
 
-def _canonical(obj):
+def _canonical(obj, values: bool = True):
     """Serialised dicts compared by meaning: DeePMD-kit spells the identity "Linear" or
-    "none"; arrays by value."""
+    "none"; arrays by value (or by dtype and shape only)."""
     if isinstance(obj, dict):
-        return {k: _canonical(v) for k, v in obj.items()}
+        return {k: _canonical(v, values) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_canonical(v) for v in obj]
+        return [_canonical(v, values) for v in obj]
     if isinstance(obj, np.ndarray):
-        return ("array", obj.dtype.name, obj.shape, obj.tobytes())
+        return ("array", obj.dtype.name, obj.shape, obj.tobytes() if values else None)
     if isinstance(obj, str) and obj.lower() in ("linear", "none"):
         return "identity"
     return obj
@@ -70,24 +79,27 @@ def _canonical(obj):
 def test_serialised_form_round_trip(variant: str) -> None:
     """to_deepmd(from_deepmd(x)) is DeePMD-kit's own dict x, key for key, bit for bit."""
     original = fixture.serialized(variant)
-    assert _canonical(to_deepmd(from_deepmd(original))) == _canonical(original)
+    assert _canonical(from_deepmd(original).to_deepmd()) == _canonical(original)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_config_builds_deepmd_layout(variant: str) -> None:
     """The argcheck-filled section builds a descriptor of DeePMD-kit's shapes and settings."""
     config = fixture.config(variant)
-    built = DescriptorSeAtten.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
+    cls = DescriptorSeE3Tebd if config["type"] == "se_e3_tebd" else DescriptorSeAtten
+    built = cls.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
     loaded = from_deepmd(fixture.serialized(variant))
     shapes = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     assert shapes == {k: tuple(v.shape) for k, v in loaded.state_dict().items()}
-    assert built.settings == loaded.settings
+    assert _canonical(built.to_deepmd(), values=False) == _canonical(
+        loaded.to_deepmd(), values=False
+    )
     assert type(built) is type(loaded) and built.dim_out == loaded.dim_out
-    again = DescriptorSeAtten.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
+    again = cls.from_config({**config, "seed": 1}, ntypes=3, type_map=["O", "H", "C"])
     assert all(torch.equal(a, b) for a, b in zip(built.parameters(), again.parameters()))
 
 
-@pytest.mark.parametrize("variant", ["default", "smooth", "layer0_one_side_excl", "v2"])
+@pytest.mark.parametrize("variant", ["default", "smooth", "layer0_one_side_excl", "v2", "e3_tebd"])
 def test_statistics_match_deepmd(variant: str) -> None:
     """davg/dstd from mdtrain's type-mixed lists equal DeePMD-kit's compute_input_stats on the
     same frames (both groups; exclusions and padding counted as DeePMD-kit does)."""
@@ -106,7 +118,9 @@ def test_statistics_match_deepmd(variant: str) -> None:
 
 
 @pytest.mark.parametrize("group", fixture.GROUPS)
-@pytest.mark.parametrize("variant", ["default", "strip", "strip_one_side_smooth", "lmax3", "v2"])
+@pytest.mark.parametrize(
+    "variant", ["default", "strip", "strip_one_side_smooth", "lmax3", "v2", "e3_tebd_strip"]
+)
 def test_forces_finite_differences(variant: str, group: str) -> None:
     """dE/dR of E = Σ c·D (fixed random c) by autograd equals central differences, with the
     lists held fixed; the cluster has a centre without neighbours (gradients stay finite)."""
@@ -143,7 +157,7 @@ def _rotation(seed: int) -> np.ndarray:
     return q * np.sign(np.linalg.det(q))
 
 
-@pytest.mark.parametrize("variant", ["default", "smooth", "strip", "lmax3", "v2"])
+@pytest.mark.parametrize("variant", ["default", "smooth", "strip", "lmax3", "v2", "e3_tebd"])
 def test_rotation_and_translation_invariance(variant: str) -> None:
     desc = from_deepmd(fixture.serialized(variant))
     frames = fixture.frames("periodic")
@@ -153,7 +167,9 @@ def test_rotation_and_translation_invariance(variant: str) -> None:
     assert rel_err(d1.detach().numpy(), d0.detach().numpy()) < 1e-12
 
 
-@pytest.mark.parametrize("variant", ["default", "smooth", "strip", "temperature", "v2"])
+@pytest.mark.parametrize(
+    "variant", ["default", "smooth", "strip", "temperature", "v2", "e3_tebd_strip"]
+)
 def test_permutation_invariance(variant: str) -> None:
     """Atoms permuted (keeping atom 0: DeePMD-kit gives empty slots atom 0's type, which
     enters D when davg ≠ 0) and slots shuffled: D follows the atoms."""
@@ -203,7 +219,9 @@ def test_refused_deepmd_files_name_the_key() -> None:
     data = fixture.serialized("smooth")
     for key, value in (("compress", {"x": 1}), ("use_econf_tebd", True), ("type", "dpa2")):
         with pytest.raises(MDTrainError, match=key if key != "type" else "dpa2"):
-            from_deepmd({**data, key: value})
+            DescriptorSeAtten.from_deepmd({**data, key: value})
+    with pytest.raises(MDTrainError, match="dpa1"):
+        DescriptorSeE3Tebd.from_deepmd(data)
     broken = {**data, "@variables": {**data["@variables"], "davg": np.zeros((3, 2, 4))}}
     with pytest.raises(MDTrainError, match="davg"):
         from_deepmd(broken)

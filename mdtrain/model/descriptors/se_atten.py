@@ -231,6 +231,19 @@ class DescriptorSeAtten(nn.Module):
     def dim_out(self) -> int:
         return self.ng * self.axis_neuron + (self.tebd_dim if self.concat_output_tebd else 0)
 
+    def to_deepmd(self) -> dict:
+        """DeePMD-kit's serialised descriptor dict (se_atten_io.py)."""
+        from mdtrain.model.descriptors.se_atten_io import to_deepmd
+
+        return to_deepmd(self)
+
+    @classmethod
+    def from_deepmd(cls, data: dict, where: str = "descriptor") -> DescriptorSeAtten:
+        """From DeePMD-kit's serialised dict, "dpa1"/"se_atten" or "se_atten_v2" (se_atten_io.py)."""
+        from mdtrain.model.descriptors.se_atten_io import from_deepmd
+
+        return from_deepmd(data, where)
+
     # the same statistics buffers and exclusion rule as se_e2_a's
     set_stats = DescriptorSeA.set_stats
     keep_mask = DescriptorSeA.keep_mask

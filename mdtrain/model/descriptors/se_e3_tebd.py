@@ -1,0 +1,253 @@
+"""The se_e3_tebd descriptor (three-body embedding with type embedding), DeePMD-kit 3.2.
+
+Type-mixed list of ``sel`` slots (as se_atten's). With the normalised rows ``R̃`` (excluded
+pairs 0, padded slots ``−davg/dstd``), every pair of slots (j, k) of a centre gives the
+angle term ``e_jk = R̃_j[1:]·R̃_k[1:]``; an embedding of it and of the two neighbours' type
+embeddings ("concat": one net of ``[e_jk, T_j, T_k]``; "strip": ``G = G_e(1 + G_t)`` with
+``G_t`` a net of ``[T_j, T_k]``, switched off smoothly by ``w_j·w_k`` with ``smooth``)
+is contracted back with it: ``D = Σ_jk e_jk G_jk / sel²``, then the centre's type embedding
+when ``concat_output_tebd``. Empty slots take atom 0's type, as in DeePMD-kit. Cost and
+memory grow as sel² per atom.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptor import DescriptorSeA
+from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseNet, activation_name, as_numpy, load
+from mdtrain.model.descriptors.se_atten import env_rows
+from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
+from mdtrain.model.network import child_seed, dtype_of
+
+# DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel and seed have none.
+DEFAULTS: dict = {
+    "rcut": 6.0,
+    "rcut_smth": 0.5,
+    "neuron": [10, 20, 40],
+    "tebd_dim": 8,
+    "tebd_input_mode": "concat",
+    "resnet_dt": False,
+    "set_davg_zero": True,
+    "activation_function": "tanh",
+    "env_protection": 0.0,
+    "smooth": True,
+    "exclude_types": [],
+    "precision": "default",
+    "trainable": True,
+    "concat_output_tebd": True,
+    "use_econf_tebd": False,
+    "use_tebd_bias": True,
+}
+
+
+class DescriptorSeE3Tebd(nn.Module):
+    """se_e3_tebd. Buffers ``davg``/``dstd`` (ntypes, sel, 4) float64."""
+
+    type_name = "se_e3_tebd"
+    aliases = ()
+    defaults = DEFAULTS
+    mixed_types = True
+    stat_groups = ("r", "a")
+    stat_columns = ((0, 1), (1, 4))
+    stat_mirror = (1.0, -1.0)
+    ncols = 4
+
+    def __init__(
+        self,
+        ntypes: int,
+        sel: int | list[int],
+        rcut: float = 6.0,
+        rcut_smth: float = 0.5,
+        neuron: list[int] = (10, 20, 40),
+        tebd_dim: int = 8,
+        tebd_input_mode: str = "concat",
+        resnet_dt: bool = False,
+        set_davg_zero: bool = True,
+        activation_function: str = "tanh",
+        env_protection: float = 0.0,
+        smooth: bool = True,
+        exclude_types: list[list[int]] | None = None,
+        precision: str = "default",
+        trainable: bool = True,
+        concat_output_tebd: bool = True,
+        use_econf_tebd: bool = False,
+        use_tebd_bias: bool = True,
+        type_map: list[str] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        where = f"model/descriptor ({self.type_name})"
+        if tebd_input_mode not in ("concat", "strip"):
+            raise MDTrainError(
+                f"{where}/tebd_input_mode: {tebd_input_mode!r} is not concat or strip"
+            )
+        total = sum(sel) if isinstance(sel, (list, tuple)) else int(sel)
+        self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
+        self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
+        self.env_protection = float(env_protection)
+        self.set_davg_zero = bool(set_davg_zero)
+        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
+        self.has_exclusions = bool(self.exclude_types)
+        self.dtype = dtype_of(precision, where)
+        self.precision = precision
+        self.neuron = [int(n) for n in neuron]
+        self.ng, self.tebd_dim = self.neuron[-1], int(tebd_dim)
+        self.strip, self.smooth = tebd_input_mode == "strip", bool(smooth)
+        self.concat_output_tebd = bool(concat_output_tebd)
+        self.activation = activation_name(activation_function, where)
+        self.resnet_dt, self.trainable, self.type_map = bool(resnet_dt), bool(trainable), type_map
+        self.type_embedding = TypeEmbedNet(
+            ntypes, [tebd_dim], "linear", precision=precision, trainable=trainable,
+            seed=child_seed(seed, 1), padding=True, use_econf_tebd=use_econf_tebd,
+            use_tebd_bias=use_tebd_bias, type_map=type_map,
+        )  # fmt: skip
+        args = (self.activation, resnet_dt, True, self.dtype)
+        net_in = 1 if self.strip else 1 + 2 * self.tebd_dim
+        self.embedding = DenseNet(net_in, self.neuron, *args, child_seed(seed, 0), trainable)
+        self.embedding_strip = (
+            DenseNet(2 * self.tebd_dim, self.neuron, *args, child_seed(seed, 2), trainable)
+            if self.strip
+            else None
+        )
+        self.register_buffer("davg", torch.zeros(self.ntypes, total, 4, dtype=torch.float64))
+        self.register_buffer("dstd", torch.ones(self.ntypes, total, 4, dtype=torch.float64))
+        keep = torch.ones(self.ntypes + 1, self.ntypes + 1, dtype=torch.bool)
+        for a, b in self.exclude_types:
+            keep[a, b] = keep[b, a] = False
+        self.register_buffer("pair_keep", keep, persistent=False)
+
+    @classmethod
+    def from_config(cls, desc: dict, ntypes: int, type_map: list[str] | None = None):
+        """From a filled ``model.descriptor`` section (``sel`` resolved to numbers)."""
+        unknown = sorted(set(desc) - set(DEFAULTS) - {"type", "sel", "seed"})
+        if unknown:
+            raise MDTrainError(f"model/descriptor (se_e3_tebd): unknown key {unknown[0]!r}")
+        settings = {**DEFAULTS, **{k: v for k, v in desc.items() if k != "type"}}
+        return cls(ntypes, type_map=type_map, **settings)
+
+    @property
+    def dim_out(self) -> int:
+        return self.ng + (self.tebd_dim if self.concat_output_tebd else 0)
+
+    # the same statistics buffers and exclusion rule as se_e2_a's
+    set_stats = DescriptorSeA.set_stats
+    keep_mask = DescriptorSeA.keep_mask
+
+    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
+        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
+        return env_rows(diff, mask, self.rcut_smth, self.rcut, self.env_protection)[0]
+
+    def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """D (nf, N, dim_out) from ``diff`` (nf, N, sel, 3), ``nlist`` (nf, N, sel) with -1
+        padding and ``atype`` (N,)."""
+        nf, natoms, nnei = nlist.shape
+        raw, sw = env_rows(
+            diff.to(self.dtype), nlist >= 0, self.rcut_smth, self.rcut, self.env_protection
+        )
+        rr = (raw - self.davg.to(self.dtype)[atype]) / self.dstd.to(self.dtype)[atype]
+        valid = nlist >= 0
+        if self.has_exclusions:
+            keep = self.keep_mask(nlist, atype)
+            rr = rr * keep.unsqueeze(-1).to(rr.dtype)
+            valid = valid & keep
+            sw = sw * keep.unsqueeze(-1).to(sw.dtype)
+        a = rr[..., 1:]
+        env = torch.matmul(a, a.transpose(-1, -2)).unsqueeze(-1)  # (nf, N, j, k, 1)
+        tebd = self.type_embedding()
+        nei_type = atype[torch.where(valid, nlist, 0)]  # empty slots: atom 0's type
+        shape = (nf, natoms, nnei, nnei, self.tebd_dim)
+        if not self.strip:
+            t_j = tebd[nei_type].unsqueeze(3).expand(shape)
+            t_k = tebd[nei_type].unsqueeze(2).expand(shape)
+            g = self.embedding(torch.cat([env, t_j, t_k], dim=-1))
+        else:
+            n, width = tebd.shape  # pairs (j, k) -> [T_j, T_k]
+            pairs = torch.cat(
+                [tebd.unsqueeze(1).expand(n, n, width), tebd.unsqueeze(0).expand(n, n, width)], -1
+            )
+            g_t = self.embedding_strip(pairs)[nei_type.unsqueeze(3), nei_type.unsqueeze(2)]
+            if self.smooth:
+                g_t = g_t * sw.unsqueeze(3) * sw.unsqueeze(2)
+            g_s = self.embedding(env)
+            g = g_s * g_t + g_s
+        d = (env * g).sum(dim=(2, 3)) / float(nnei * nnei)
+        if self.concat_output_tebd:
+            d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
+        return d
+
+    def to_deepmd(self) -> dict:
+        """DeePMD-kit's serialised form (``DescrptSeTTebd.serialize()``'s keys)."""
+        act = "none" if self.activation == "linear" else self.activation
+        data = {
+            "@class": "Descriptor", "type": "se_e3_tebd", "@version": 1, "rcut": self.rcut,
+            "rcut_smth": self.rcut_smth, "sel": list(self.sel), "ntypes": self.ntypes,
+            "neuron": list(self.neuron), "tebd_dim": self.tebd_dim,
+            "tebd_input_mode": "strip" if self.strip else "concat",
+            "set_davg_zero": self.set_davg_zero, "activation_function": act,
+            "resnet_dt": self.resnet_dt, "concat_output_tebd": self.concat_output_tebd,
+            "use_econf_tebd": False, "type_map": self.type_map,
+            "precision": DTYPE_NAMES[self.dtype], "embeddings": _collection(self.embedding, self.ntypes),
+            "env_mat": {"rcut": self.rcut, "rcut_smth": self.rcut_smth,
+                        "protection": self.env_protection, "use_exp_switch": False},
+            "type_embedding": self.type_embedding.to_deepmd(),
+            "exclude_types": [list(p) for p in self.exclude_types],
+            "env_protection": self.env_protection, "smooth": self.smooth,
+            "@variables": {"davg": as_numpy(self.davg.to(self.dtype)),
+                           "dstd": as_numpy(self.dstd.to(self.dtype))},
+            "trainable": self.trainable,
+        }  # fmt: skip
+        if self.strip:
+            data["embeddings_strip"] = _collection(self.embedding_strip, self.ntypes)
+        return data
+
+    @classmethod
+    def from_deepmd(cls, data: dict, where: str = "descriptor") -> DescriptorSeE3Tebd:
+        """From DeePMD-kit's serialised se_e3_tebd dict, refusing by name what it cannot run."""
+        if data.get("type") != "se_e3_tebd":
+            raise MDTrainError(f"{where}: type {data.get('type')!r} is not se_e3_tebd")
+        for key in ("compress", "use_econf_tebd"):
+            if data.get(key):
+                raise MDTrainError(f"{where}/{key}: not supported")
+        if (data.get("env_mat") or {}).get("use_exp_switch"):
+            raise MDTrainError(f"{where}/env_mat/use_exp_switch: not supported")
+        names = ("rcut", "rcut_smth", "neuron", "tebd_dim", "tebd_input_mode", "resnet_dt",
+                 "set_davg_zero", "activation_function", "env_protection", "smooth",
+                 "exclude_types", "trainable", "concat_output_tebd", "type_map")  # fmt: skip
+        settings = {k: data[k] for k in names if k in data}
+        tebd = data["type_embedding"]
+        settings["precision"] = str(tebd.get("precision", data.get("precision")))
+        if settings["precision"] not in ("default", "float32", "float64"):
+            raise MDTrainError(f"{where}/precision: {settings['precision']!r} is not supported")
+        desc = cls(int(data["ntypes"]), data["sel"], **settings)
+        desc.type_embedding = TypeEmbedNet.from_deepmd(tebd, f"{where}/type_embedding")
+        for key, attr in (("embeddings", "embedding"), ("embeddings_strip", "embedding_strip")):
+            if getattr(desc, attr) is None:
+                continue
+            nets = (data.get(key) or {}).get("networks") or []
+            if len(nets) != 1:
+                raise MDTrainError(f"{where}/{key}: expected one embedding network")
+            net = DenseNet.from_deepmd(nets[0], desc.dtype, f"{where}/{key}")
+            if net.n_in != getattr(desc, attr).n_in or net.dim_out != desc.ng:
+                raise MDTrainError(f"{where}/{key}: widths do not match neuron and tebd_dim")
+            setattr(desc, attr, net)
+        variables = data["@variables"]
+        load(desc.davg, np.asarray(variables["davg"], dtype=np.float64), f"{where}/davg")
+        load(desc.dstd, np.asarray(variables["dstd"], dtype=np.float64), f"{where}/dstd")
+        for p in desc.parameters():
+            p.requires_grad_(p.requires_grad and desc.trainable)
+        return desc
+
+
+def _collection(net: DenseNet, ntypes: int) -> dict:
+    return {
+        "@class": "NetworkCollection",
+        "@version": 1,
+        "ndim": 0,
+        "ntypes": ntypes,
+        "network_type": "embedding_network",
+        "networks": [net.to_deepmd()],
+    }
