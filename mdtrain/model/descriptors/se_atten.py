@@ -19,12 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
 from mdtrain.model.descriptors.attention import GatedAttentionLayer
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
+from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
-from mdtrain.model.network import child_seed, dtype_of
+from mdtrain.model.network import child_seed
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_atten_args); sel and seed have none.
 DEFAULTS: dict = {
@@ -67,16 +67,6 @@ V2_DEFAULTS = {
 }
 
 
-def env_rows(diff: Tensor, mask: Tensor, rcut_smth: float, rcut: float, protection: float):
-    """Raw rows (…, 4) ``w/(r+p)·[1, d/(r+p)]`` and the switch ``w`` (…, 1); 0 where ~mask."""
-    far = torch.full_like(diff, 2.0 * rcut)
-    diff = torch.where(mask.unsqueeze(-1), diff, far)  # r > 0: finite gradients
-    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-    w = smooth_weight(r, rcut_smth, rcut) * mask.unsqueeze(-1).to(diff.dtype)
-    inv = w / (r + protection)
-    return torch.cat([inv, diff * (inv / (r + protection))], dim=-1), w
-
-
 def unit_rows(x: Tensor) -> Tensor:
     """``x/max(|x|, 1e-12)`` over the last axis, with a zero gradient at x = 0."""
     sq = (x * x).sum(dim=-1, keepdim=True)
@@ -84,17 +74,12 @@ def unit_rows(x: Tensor) -> Tensor:
     return x / torch.clamp(norm, min=1e-12)
 
 
-class DescriptorSeAtten(nn.Module):
+class DescriptorSeAtten(MixedTypesDescriptor):
     """se_atten / se_atten_v2. Buffers ``davg``/``dstd`` (ntypes, sel, 4) float64."""
 
     type_name = "se_atten"
     aliases = ("dpa1",)
     defaults = DEFAULTS
-    mixed_types = True
-    stat_groups = ("r", "a")
-    stat_columns = ((0, 1), (1, 4))
-    stat_mirror = (1.0, -1.0)
-    ncols = 4
 
     def __init__(
         self,
@@ -145,16 +130,12 @@ class DescriptorSeAtten(nn.Module):
         lmax = 1 if lmax is None else int(lmax)
         if lmax not in (1, 2, 3, 4):
             raise MDTrainError(f"{where}/lmax: {lmax} is not between 1 and 4")
-        total = sum(sel) if isinstance(sel, (list, tuple)) else int(sel)
         if int(axis_neuron) > int(neuron[-1]):
             raise MDTrainError(f"{where}/axis_neuron: {axis_neuron} exceeds neuron[-1]")
-        self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
-        self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
-        self.env_protection = float(env_protection)
-        self.set_davg_zero = bool(set_davg_zero)
-        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
-        self.has_exclusions = bool(self.exclude_types)
-        self.dtype = dtype_of(precision, where)
+        self.init_mixed(
+            ntypes, sel, rcut, rcut_smth, env_protection, set_davg_zero, exclude_types,
+            precision, where,
+        )  # fmt: skip
         self.settings = {
             "neuron": [int(n) for n in neuron], "axis_neuron": int(axis_neuron),
             "tebd_dim": int(tebd_dim), "tebd_input_mode": tebd_input_mode, "attn": int(attn),
@@ -207,12 +188,6 @@ class DescriptorSeAtten(nn.Module):
         )
         gain = torch.normal(0.0, 0.1, (max(lmax - 1, 0),), generator=_gen(seed, 4))
         self.degree_gain = nn.Parameter(gain.to(self.dtype), trainable) if lmax > 1 else None
-        self.register_buffer("davg", torch.zeros(self.ntypes, total, 4, dtype=torch.float64))
-        self.register_buffer("dstd", torch.ones(self.ntypes, total, 4, dtype=torch.float64))
-        keep = torch.ones(self.ntypes + 1, self.ntypes + 1, dtype=torch.bool)
-        for a, b in self.exclude_types:
-            keep[a, b] = keep[b, a] = False
-        self.register_buffer("pair_keep", keep, persistent=False)
 
     @classmethod
     def from_config(cls, desc: dict, ntypes: int, type_map: list[str] | None = None):
@@ -244,28 +219,12 @@ class DescriptorSeAtten(nn.Module):
 
         return from_deepmd(data, where)
 
-    # the same statistics buffers and exclusion rule as se_e2_a's
-    set_stats = DescriptorSeA.set_stats
-    keep_mask = DescriptorSeA.keep_mask
-
-    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
-        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
-        return env_rows(diff, mask, self.rcut_smth, self.rcut, self.env_protection)[0]
-
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """D (nf, N, dim_out) from ``diff`` (nf, N, sel, 3), ``nlist`` (nf, N, sel) with -1
         padding (any order of the slots gives the same D) and ``atype`` (N,)."""
         nf, natoms, nnei = nlist.shape
         diff = diff.to(self.dtype)
-        raw, sw = env_rows(diff, nlist >= 0, self.rcut_smth, self.rcut, self.env_protection)
-        davg, dstd = self.davg.to(self.dtype)[atype], self.dstd.to(self.dtype)[atype]
-        rr = (raw - davg) / dstd
-        valid = nlist >= 0
-        if self.has_exclusions:
-            keep = self.keep_mask(nlist, atype)
-            rr = rr * keep.unsqueeze(-1).to(rr.dtype)
-            valid = valid & keep
-            sw = sw * keep.unsqueeze(-1).to(sw.dtype)
+        rr, sw, valid = self.normalized_rows(diff, nlist, atype)
         tebd = self.type_embedding()  # (ntypes + 1, tebd_dim)
         nei_type = atype[torch.where(valid, nlist, 0)]  # empty slots: atom 0's type
         centre = atype.view(1, natoms, 1).expand(nf, natoms, nnei)
@@ -280,7 +239,7 @@ class DescriptorSeAtten(nn.Module):
         if self.lmax > 1:
             basis = moment_basis(
                 basis, (diff * (nlist >= 0).unsqueeze(-1).to(diff.dtype)).reshape(-1, nnei, 3),
-                sw.reshape(-1, nnei, 1), dstd[..., :1].expand(nf, -1, -1, -1).reshape(-1, nnei, 1),
+                sw.reshape(-1, nnei, 1), self._radial_std(atype, nf),
                 mask2, self.lmax, self.env_protection,
             )  # fmt: skip
         t = torch.matmul(g.transpose(1, 2), basis) / nnei  # (B, ng, moments)
@@ -291,6 +250,11 @@ class DescriptorSeAtten(nn.Module):
         if self.concat_output_tebd:
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
+
+    def _radial_std(self, atype: Tensor, nf: int) -> Tensor:
+        """(nf·N, sel, 1): the radial dstd of each slot's centre type."""
+        std = self.dstd.to(self.dtype)[atype][..., :1]
+        return std.expand(nf, -1, -1, -1).reshape(-1, self.nnei, 1)
 
     def _embed(self, s: Tensor, tebd: Tensor, nei_type: Tensor, centre: Tensor, sw: Tensor):
         """G (nf, N, nnei, ng) of the radial column ``s`` and the type embeddings."""

@@ -12,7 +12,13 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.attention import attention_to_deepmd
-from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseNet, as_numpy, load
+from mdtrain.model.descriptors.layers import DTYPE_NAMES, as_numpy, load
+from mdtrain.model.descriptors.mixed_base import (
+    configured_precision,
+    net_collection,
+    one_net,
+    refuse_unsupported,
+)
 from mdtrain.model.descriptors.se_atten import DescriptorSeAtten, DescriptorSeAttenV2
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 
@@ -24,17 +30,6 @@ _SETTINGS = (
     "type_one_side", "concat_output_tebd", "use_tebd_bias", "exclude_types",
     "env_protection", "trainable", "type_map",
 )  # fmt: skip
-
-
-def _collection(net: DenseNet, ntypes: int) -> dict:
-    return {
-        "@class": "NetworkCollection",
-        "@version": 1,
-        "ndim": 0,
-        "ntypes": ntypes,
-        "network_type": "embedding_network",
-        "networks": [net.to_deepmd()],
-    }
 
 
 def to_deepmd(desc: DescriptorSeAtten) -> dict:
@@ -73,7 +68,7 @@ def to_deepmd(desc: DescriptorSeAtten) -> dict:
         "use_tebd_bias": s["use_tebd_bias"],
         "type_map": s["type_map"],
         "precision": DTYPE_NAMES[desc.dtype],
-        "embeddings": _collection(desc.embedding, desc.ntypes),
+        "embeddings": net_collection(desc.embedding, desc.ntypes),
         "attention_layers": attention_to_deepmd(desc.attention, desc.nnei, desc.ng, s),
         "env_mat": {
             "rcut": desc.rcut,
@@ -84,10 +79,7 @@ def to_deepmd(desc: DescriptorSeAtten) -> dict:
         "type_embedding": desc.type_embedding.to_deepmd(),
         "exclude_types": [list(p) for p in desc.exclude_types],
         "env_protection": desc.env_protection,
-        "@variables": {
-            "davg": as_numpy(desc.davg.to(desc.dtype)),
-            "dstd": as_numpy(desc.dstd.to(desc.dtype)),
-        },
+        "@variables": desc.stats_to_deepmd(),
         "trainable": s["trainable"],
         "spin": None,
     }
@@ -97,17 +89,8 @@ def to_deepmd(desc: DescriptorSeAtten) -> dict:
         data["lmax"] = desc.lmax
         data["@variables"]["degree_gain_raw"] = as_numpy(desc.degree_gain)
     if desc.strip:
-        data["embeddings_strip"] = _collection(desc.embedding_strip, desc.ntypes)
+        data["embeddings_strip"] = net_collection(desc.embedding_strip, desc.ntypes)
     return data
-
-
-def _one_net(data: dict, key: str, where: str) -> dict:
-    collection = data.get(key)
-    if not isinstance(collection, dict) or len(collection.get("networks") or []) != 1:
-        raise MDTrainError(f"{where}/{key}: expected one embedding network")
-    if int(collection.get("ndim", 0)) != 0:
-        raise MDTrainError(f"{where}/{key}: expected a type-independent network (ndim 0)")
-    return collection["networks"][0]
 
 
 def from_deepmd(data: dict, where: str = "descriptor") -> DescriptorSeAtten:
@@ -115,23 +98,10 @@ def from_deepmd(data: dict, where: str = "descriptor") -> DescriptorSeAtten:
     kind = data.get("type")
     if kind not in ("dpa1", "se_atten", "se_atten_v2"):
         raise MDTrainError(f"{where}: type {kind!r} is not se_atten (dpa1) or se_atten_v2")
-    for key in ("compress", "spin"):
-        if data.get(key):
-            raise MDTrainError(f"{where}/{key}: not supported (a compressed or spin model)")
-    if data.get("use_econf_tebd"):
-        raise MDTrainError(f"{where}/use_econf_tebd: not supported")
-    if data.get("attn_mask"):
-        raise MDTrainError(f"{where}/attn_mask: true is not supported")
-    env = data.get("env_mat") or {}
-    if env.get("use_exp_switch"):
-        raise MDTrainError(f"{where}/env_mat/use_exp_switch: not supported")
+    refuse_unsupported(data, where)
     settings = {k: data[k] for k in _SETTINGS if k in data}
     settings.setdefault("use_tebd_bias", True)  # version 1 files had biased type embeddings
-    # the configured name ("default" or a dtype) survives in the type embedding's dict
-    precision = str((data.get("type_embedding") or {}).get("precision", data.get("precision")))
-    if precision not in ("default", "float32", "float64"):
-        raise MDTrainError(f"{where}/precision: {precision!r} is not supported")
-    settings["precision"] = precision
+    settings["precision"] = configured_precision(data, where)
     settings["lmax"] = data.get("lmax")
     ntypes, sel = int(data["ntypes"]), data["sel"]
     if kind == "se_atten_v2":
@@ -141,12 +111,9 @@ def from_deepmd(data: dict, where: str = "descriptor") -> DescriptorSeAtten:
         desc = DescriptorSeAtten(ntypes, sel, **settings)
     dtype = desc.dtype
     trainable = bool(data.get("trainable", True))
-    desc.embedding = DenseNet.from_deepmd(
-        _one_net(data, "embeddings", where), dtype, f"{where}/embeddings"
-    )
+    desc.embedding = one_net(data, "embeddings", dtype, where)
     if desc.strip:
-        net = _one_net(data, "embeddings_strip", where)
-        desc.embedding_strip = DenseNet.from_deepmd(net, dtype, f"{where}/embeddings_strip")
+        desc.embedding_strip = one_net(data, "embeddings_strip", dtype, where)
     desc.type_embedding = TypeEmbedNet.from_deepmd(
         data["type_embedding"], f"{where}/type_embedding"
     )
@@ -158,8 +125,7 @@ def from_deepmd(data: dict, where: str = "descriptor") -> DescriptorSeAtten:
     for k, (layer, layer_data) in enumerate(zip(desc.attention, layers)):
         layer.load_deepmd(layer_data, f"{where}/attention_layers/{k}")
     variables = data["@variables"]
-    load(desc.davg, np.asarray(variables["davg"], dtype=np.float64), f"{where}/davg")
-    load(desc.dstd, np.asarray(variables["dstd"], dtype=np.float64), f"{where}/dstd")
+    desc.stats_from_deepmd(variables, where)
     if desc.degree_gain is not None:
         load(desc.degree_gain, np.ravel(variables["degree_gain_raw"]), f"{where}/degree_gain_raw")
     for p in desc.parameters():

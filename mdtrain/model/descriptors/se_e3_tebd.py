@@ -12,16 +12,20 @@ memory grow as sel² per atom.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptor import DescriptorSeA
-from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseNet, activation_name, as_numpy, load
-from mdtrain.model.descriptors.se_atten import env_rows
+from mdtrain.model.descriptors.layers import DTYPE_NAMES, DenseNet, activation_name
+from mdtrain.model.descriptors.mixed_base import (
+    MixedTypesDescriptor,
+    configured_precision,
+    net_collection,
+    one_net,
+    refuse_unsupported,
+)
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
-from mdtrain.model.network import child_seed, dtype_of
+from mdtrain.model.network import child_seed
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel and seed have none.
 DEFAULTS: dict = {
@@ -44,17 +48,12 @@ DEFAULTS: dict = {
 }
 
 
-class DescriptorSeE3Tebd(nn.Module):
+class DescriptorSeE3Tebd(MixedTypesDescriptor):
     """se_e3_tebd. Buffers ``davg``/``dstd`` (ntypes, sel, 4) float64."""
 
     type_name = "se_e3_tebd"
     aliases = ()
     defaults = DEFAULTS
-    mixed_types = True
-    stat_groups = ("r", "a")
-    stat_columns = ((0, 1), (1, 4))
-    stat_mirror = (1.0, -1.0)
-    ncols = 4
 
     def __init__(
         self,
@@ -85,14 +84,10 @@ class DescriptorSeE3Tebd(nn.Module):
             raise MDTrainError(
                 f"{where}/tebd_input_mode: {tebd_input_mode!r} is not concat or strip"
             )
-        total = sum(sel) if isinstance(sel, (list, tuple)) else int(sel)
-        self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
-        self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
-        self.env_protection = float(env_protection)
-        self.set_davg_zero = bool(set_davg_zero)
-        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
-        self.has_exclusions = bool(self.exclude_types)
-        self.dtype = dtype_of(precision, where)
+        self.init_mixed(
+            ntypes, sel, rcut, rcut_smth, env_protection, set_davg_zero, exclude_types,
+            precision, where,
+        )  # fmt: skip
         self.precision = precision
         self.neuron = [int(n) for n in neuron]
         self.ng, self.tebd_dim = self.neuron[-1], int(tebd_dim)
@@ -113,12 +108,6 @@ class DescriptorSeE3Tebd(nn.Module):
             if self.strip
             else None
         )
-        self.register_buffer("davg", torch.zeros(self.ntypes, total, 4, dtype=torch.float64))
-        self.register_buffer("dstd", torch.ones(self.ntypes, total, 4, dtype=torch.float64))
-        keep = torch.ones(self.ntypes + 1, self.ntypes + 1, dtype=torch.bool)
-        for a, b in self.exclude_types:
-            keep[a, b] = keep[b, a] = False
-        self.register_buffer("pair_keep", keep, persistent=False)
 
     @classmethod
     def from_config(cls, desc: dict, ntypes: int, type_map: list[str] | None = None):
@@ -133,28 +122,11 @@ class DescriptorSeE3Tebd(nn.Module):
     def dim_out(self) -> int:
         return self.ng + (self.tebd_dim if self.concat_output_tebd else 0)
 
-    # the same statistics buffers and exclusion rule as se_e2_a's
-    set_stats = DescriptorSeA.set_stats
-    keep_mask = DescriptorSeA.keep_mask
-
-    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
-        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
-        return env_rows(diff, mask, self.rcut_smth, self.rcut, self.env_protection)[0]
-
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """D (nf, N, dim_out) from ``diff`` (nf, N, sel, 3), ``nlist`` (nf, N, sel) with -1
         padding and ``atype`` (N,)."""
         nf, natoms, nnei = nlist.shape
-        raw, sw = env_rows(
-            diff.to(self.dtype), nlist >= 0, self.rcut_smth, self.rcut, self.env_protection
-        )
-        rr = (raw - self.davg.to(self.dtype)[atype]) / self.dstd.to(self.dtype)[atype]
-        valid = nlist >= 0
-        if self.has_exclusions:
-            keep = self.keep_mask(nlist, atype)
-            rr = rr * keep.unsqueeze(-1).to(rr.dtype)
-            valid = valid & keep
-            sw = sw * keep.unsqueeze(-1).to(sw.dtype)
+        rr, sw, valid = self.normalized_rows(diff, nlist, atype)
         a = rr[..., 1:]
         env = torch.matmul(a, a.transpose(-1, -2)).unsqueeze(-1)  # (nf, N, j, k, 1)
         tebd = self.type_embedding()
@@ -190,18 +162,17 @@ class DescriptorSeE3Tebd(nn.Module):
             "set_davg_zero": self.set_davg_zero, "activation_function": act,
             "resnet_dt": self.resnet_dt, "concat_output_tebd": self.concat_output_tebd,
             "use_econf_tebd": False, "type_map": self.type_map,
-            "precision": DTYPE_NAMES[self.dtype], "embeddings": _collection(self.embedding, self.ntypes),
+            "precision": DTYPE_NAMES[self.dtype], "embeddings": net_collection(self.embedding, self.ntypes),
             "env_mat": {"rcut": self.rcut, "rcut_smth": self.rcut_smth,
                         "protection": self.env_protection, "use_exp_switch": False},
             "type_embedding": self.type_embedding.to_deepmd(),
             "exclude_types": [list(p) for p in self.exclude_types],
             "env_protection": self.env_protection, "smooth": self.smooth,
-            "@variables": {"davg": as_numpy(self.davg.to(self.dtype)),
-                           "dstd": as_numpy(self.dstd.to(self.dtype))},
+            "@variables": self.stats_to_deepmd(),
             "trainable": self.trainable,
         }  # fmt: skip
         if self.strip:
-            data["embeddings_strip"] = _collection(self.embedding_strip, self.ntypes)
+            data["embeddings_strip"] = net_collection(self.embedding_strip, self.ntypes)
         return data
 
     @classmethod
@@ -209,45 +180,22 @@ class DescriptorSeE3Tebd(nn.Module):
         """From DeePMD-kit's serialised se_e3_tebd dict, refusing by name what it cannot run."""
         if data.get("type") != "se_e3_tebd":
             raise MDTrainError(f"{where}: type {data.get('type')!r} is not se_e3_tebd")
-        for key in ("compress", "use_econf_tebd"):
-            if data.get(key):
-                raise MDTrainError(f"{where}/{key}: not supported")
-        if (data.get("env_mat") or {}).get("use_exp_switch"):
-            raise MDTrainError(f"{where}/env_mat/use_exp_switch: not supported")
+        refuse_unsupported(data, where)
         names = ("rcut", "rcut_smth", "neuron", "tebd_dim", "tebd_input_mode", "resnet_dt",
                  "set_davg_zero", "activation_function", "env_protection", "smooth",
                  "exclude_types", "trainable", "concat_output_tebd", "type_map")  # fmt: skip
         settings = {k: data[k] for k in names if k in data}
         tebd = data["type_embedding"]
-        settings["precision"] = str(tebd.get("precision", data.get("precision")))
-        if settings["precision"] not in ("default", "float32", "float64"):
-            raise MDTrainError(f"{where}/precision: {settings['precision']!r} is not supported")
+        settings["precision"] = configured_precision(data, where)
         desc = cls(int(data["ntypes"]), data["sel"], **settings)
         desc.type_embedding = TypeEmbedNet.from_deepmd(tebd, f"{where}/type_embedding")
         for key, attr in (("embeddings", "embedding"), ("embeddings_strip", "embedding_strip")):
-            if getattr(desc, attr) is None:
-                continue
-            nets = (data.get(key) or {}).get("networks") or []
-            if len(nets) != 1:
-                raise MDTrainError(f"{where}/{key}: expected one embedding network")
-            net = DenseNet.from_deepmd(nets[0], desc.dtype, f"{where}/{key}")
-            if net.n_in != getattr(desc, attr).n_in or net.dim_out != desc.ng:
-                raise MDTrainError(f"{where}/{key}: widths do not match neuron and tebd_dim")
-            setattr(desc, attr, net)
-        variables = data["@variables"]
-        load(desc.davg, np.asarray(variables["davg"], dtype=np.float64), f"{where}/davg")
-        load(desc.dstd, np.asarray(variables["dstd"], dtype=np.float64), f"{where}/dstd")
+            if getattr(desc, attr) is not None:
+                net = one_net(data, key, desc.dtype, where)
+                if net.n_in != getattr(desc, attr).n_in or net.dim_out != desc.ng:
+                    raise MDTrainError(f"{where}/{key}: widths do not match neuron and tebd_dim")
+                setattr(desc, attr, net)
+        desc.stats_from_deepmd(data["@variables"], where)
         for p in desc.parameters():
             p.requires_grad_(p.requires_grad and desc.trainable)
         return desc
-
-
-def _collection(net: DenseNet, ntypes: int) -> dict:
-    return {
-        "@class": "NetworkCollection",
-        "@version": 1,
-        "ndim": 0,
-        "ntypes": ntypes,
-        "network_type": "embedding_network",
-        "networks": [net.to_deepmd()],
-    }

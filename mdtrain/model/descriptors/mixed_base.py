@@ -1,0 +1,136 @@
+"""What the type-embedding descriptors (se_atten, se_atten_v2, se_e3_tebd) share: a type-mixed
+list of ``sel`` slots, se_e2_a's environment rows, statistics buffers and exclusion rule,
+and the pieces of DeePMD-kit's serialised form they have in common.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
+from mdtrain.model.descriptors.layers import DenseNet, as_numpy, load
+from mdtrain.model.network import dtype_of
+
+
+def env_rows(diff: Tensor, mask: Tensor, rcut_smth: float, rcut: float, protection: float):
+    """Raw rows (…, 4) ``w/(r+p)·[1, d/(r+p)]`` and the switch ``w`` (…, 1); 0 where ~mask."""
+    far = torch.full_like(diff, 2.0 * rcut)
+    diff = torch.where(mask.unsqueeze(-1), diff, far)  # r > 0: finite gradients
+    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+    w = smooth_weight(r, rcut_smth, rcut) * mask.unsqueeze(-1).to(diff.dtype)
+    inv = w / (r + protection)
+    return torch.cat([inv, diff * (inv / (r + protection))], dim=-1), w
+
+
+class MixedTypesDescriptor(nn.Module):
+    """Base of the type-mixed descriptors. Buffers ``davg``/``dstd`` (ntypes, sel, 4)
+    float64 (DeePMD-kit's shapes), ``pair_keep`` (ntypes+1, ntypes+1) bool."""
+
+    mixed_types = True
+    stat_groups = ("r", "a")
+    stat_columns = ((0, 1), (1, 4))
+    stat_mirror = (1.0, -1.0)
+    ncols = 4
+
+    def init_mixed(
+        self,
+        ntypes: int,
+        sel: int | list[int],
+        rcut: float,
+        rcut_smth: float,
+        env_protection: float,
+        set_davg_zero: bool,
+        exclude_types: list[list[int]] | None,
+        precision: str,
+        where: str,
+    ) -> None:
+        """Set the attributes and buffers of a list of ``sum(sel)`` slots over all types."""
+        total = sum(sel) if isinstance(sel, (list, tuple)) else int(sel)
+        self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
+        self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
+        self.env_protection = float(env_protection)
+        self.set_davg_zero = bool(set_davg_zero)
+        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
+        self.has_exclusions = bool(self.exclude_types)
+        self.dtype = dtype_of(precision, where)
+        self.register_buffer("davg", torch.zeros(self.ntypes, total, 4, dtype=torch.float64))
+        self.register_buffer("dstd", torch.ones(self.ntypes, total, 4, dtype=torch.float64))
+        keep = torch.ones(self.ntypes + 1, self.ntypes + 1, dtype=torch.bool)
+        for a, b in self.exclude_types:
+            keep[a, b] = keep[b, a] = False
+        self.register_buffer("pair_keep", keep, persistent=False)
+
+    # the same statistics buffers and exclusion rule as se_e2_a's
+    set_stats = DescriptorSeA.set_stats
+    keep_mask = DescriptorSeA.keep_mask
+
+    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
+        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
+        return env_rows(diff, mask, self.rcut_smth, self.rcut, self.env_protection)[0]
+
+    def normalized_rows(self, diff: Tensor, nlist: Tensor, atype: Tensor):
+        """``(rr, sw, valid)``: rows ``(raw − davg)/dstd`` of the centre's type (excluded
+        pairs 0, padded slots ``−davg/dstd``), the switch (…, 1) and the real, kept slots."""
+        raw, sw = env_rows(
+            diff.to(self.dtype), nlist >= 0, self.rcut_smth, self.rcut, self.env_protection
+        )
+        rr = (raw - self.davg.to(self.dtype)[atype]) / self.dstd.to(self.dtype)[atype]
+        valid = nlist >= 0
+        if self.has_exclusions:
+            keep = self.keep_mask(nlist, atype)
+            rr = rr * keep.unsqueeze(-1).to(rr.dtype)
+            valid = valid & keep
+            sw = sw * keep.unsqueeze(-1).to(sw.dtype)
+        return rr, sw, valid
+
+    def stats_to_deepmd(self) -> dict:
+        return {
+            "davg": as_numpy(self.davg.to(self.dtype)),
+            "dstd": as_numpy(self.dstd.to(self.dtype)),
+        }
+
+    def stats_from_deepmd(self, variables: dict, where: str) -> None:
+        load(self.davg, np.asarray(variables["davg"], dtype=np.float64), f"{where}/davg")
+        load(self.dstd, np.asarray(variables["dstd"], dtype=np.float64), f"{where}/dstd")
+
+
+def net_collection(net: DenseNet, ntypes: int) -> dict:
+    """DeePMD-kit's ``NetworkCollection`` of one type-independent embedding net."""
+    return {
+        "@class": "NetworkCollection",
+        "@version": 1,
+        "ndim": 0,
+        "ntypes": ntypes,
+        "network_type": "embedding_network",
+        "networks": [net.to_deepmd()],
+    }
+
+
+def one_net(data: dict, key: str, dtype: torch.dtype, where: str) -> DenseNet:
+    """The one net of DeePMD-kit's collection ``data[key]``."""
+    collection = data.get(key)
+    if not isinstance(collection, dict) or len(collection.get("networks") or []) != 1:
+        raise MDTrainError(f"{where}/{key}: expected one embedding network")
+    if int(collection.get("ndim", 0)) != 0:
+        raise MDTrainError(f"{where}/{key}: expected a type-independent network (ndim 0)")
+    return DenseNet.from_deepmd(collection["networks"][0], dtype, f"{where}/{key}")
+
+
+def configured_precision(data: dict, where: str) -> str:
+    """The precision as configured ("default" survives in the type embedding's dict)."""
+    precision = str((data.get("type_embedding") or {}).get("precision", data.get("precision")))
+    if precision not in ("default", "float32", "float64"):
+        raise MDTrainError(f"{where}/precision: {precision!r} is not supported")
+    return precision
+
+
+def refuse_unsupported(data: dict, where: str) -> None:
+    """One line naming what a DeePMD-kit file holds that these descriptors cannot run."""
+    for key in ("compress", "spin", "use_econf_tebd", "attn_mask"):
+        if data.get(key):
+            raise MDTrainError(f"{where}/{key}: not supported")
+    if (data.get("env_mat") or {}).get("use_exp_switch"):
+        raise MDTrainError(f"{where}/env_mat/use_exp_switch: not supported")
