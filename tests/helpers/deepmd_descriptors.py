@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tests.helpers.serialized_npz import read
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "deepmd" / "se_atten.npz"
 GROUPS = ("periodic", "cluster")
 
@@ -32,20 +34,7 @@ def config(variant: str) -> dict:
 
 def serialized(variant: str) -> dict:
     """DeePMD-kit's ``serialize()`` dict, arrays restored (dtype as written)."""
-    flat = _arrays()[f"{variant}/arrays"]
-
-    def restore(obj):
-        if isinstance(obj, dict) and set(obj) == {"@array"}:
-            offset, shape, dtype = obj["@array"]
-            size = int(np.prod(shape))
-            return flat[offset : offset + size].reshape(shape).astype(dtype)
-        if isinstance(obj, dict):
-            return {k: restore(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [restore(v) for v in obj]
-        return obj
-
-    return restore(json.loads(str(_arrays()[f"{variant}/model"])))
+    return read(_arrays(), variant)
 
 
 def frames(group: str) -> dict:
