@@ -19,6 +19,7 @@ from mdtrain.model.descriptors.se_atten import (
 from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd
 from mdtrain.model.stats import davg_dstd_from_items
 from tests.helpers import deepmd_descriptors as fixture
+from tests.helpers.placement import OTHER, OtherDevice
 
 VARIANTS = fixture.variants()
 CLASSES = {
@@ -225,3 +226,54 @@ def test_refused_deepmd_files_name_the_key() -> None:
     broken = {**data, "@variables": {**data["@variables"], "davg": np.zeros((3, 2, 4))}}
     with pytest.raises(MDTrainError, match="davg"):
         from_deepmd(broken)
+
+
+@pytest.mark.parametrize("variant", ["default", "strip_one_side_smooth", "lmax3", "e3_tebd_strip"])
+def test_torchscript_gives_the_same_descriptor(variant: str) -> None:
+    """Freezing scripts the model: the scripted descriptor equals the eager one bit for bit."""
+    desc = from_deepmd(fixture.serialized(variant))
+    scripted = torch.jit.script(desc)
+    for group in fixture.GROUPS:
+        frames = fixture.frames(group)
+        nlist, shift = fixture.mixed_inputs(frames["coord"], frames["box"], desc.rcut, desc.nnei)
+        box = None if frames["box"] is None else torch.as_tensor(frames["box"])
+        diff = fixture.pair_diff(torch.as_tensor(frames["coord"]), box, nlist, shift)
+        atype = torch.as_tensor(frames["atype"])
+        assert torch.equal(scripted(diff, nlist, atype), desc(diff, nlist, atype))
+
+
+@pytest.mark.parametrize("variant", ["smooth", "layer0_one_side_excl", "lmax3", "v2", "e3_tebd"])
+def test_float32_follows_float64(variant: str) -> None:
+    """A float32 descriptor (DeePMD-kit's ``precision``) computes in float32, near float64.
+
+    Not asserted without ``smooth_type_embedding``: there a neighbour just inside the cut-off
+    keeps its full attention weight while its row ``w(r)·d/r²`` is float32 rounding (the
+    switch polynomial cancels), so its direction, and D, can flip (1e-2 on the fixture's
+    frame; DeePMD-kit's float32 does the same)."""
+    data = fixture.serialized(variant)
+    double = from_deepmd(data)
+    single = from_deepmd(
+        {**data, "type_embedding": {**data["type_embedding"], "precision": "float32"}}
+    )
+    assert all(p.dtype == torch.float32 for p in single.parameters())
+    d64, _ = evaluate(double, "periodic")
+    d32, _ = evaluate(single, "periodic")
+    assert d32.dtype == torch.float32
+    assert rel_err(d32.detach().double().numpy(), d64.detach().numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("variant", ["default", "strip", "lmax3", "e3_tebd_strip"])
+def test_placement_on_another_device(variant: str) -> None:
+    """Every tensor the descriptor makes lies on its device (tests/helpers/placement.py)."""
+    desc = from_deepmd(fixture.serialized(variant))
+    frames = fixture.frames("cluster")
+    nlist, shift = fixture.mixed_inputs(frames["coord"], None, desc.rcut, desc.nnei)
+    diff = fixture.pair_diff(torch.as_tensor(frames["coord"]), None, nlist, shift)
+    atype = torch.as_tensor(frames["atype"])
+    want = desc(diff, nlist, atype)
+    with OtherDevice() as other:
+        moved = desc.to(OTHER)
+        got = moved(diff.to(OTHER), nlist.to(OTHER), atype.to(OTHER))
+        assert got.device == OTHER and other.cpu_factories == []
+        got = got.to("cpu")
+    assert torch.equal(torch.as_tensor(got), want)

@@ -9,16 +9,12 @@ slots are zeroed, ``attn_dotr`` multiplies by the cosines ``r̂_i·r̂_j``; the 
 projection of ``A v`` is added to ``G`` and layer-normalised.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.layers import DenseLayer, LayerNorm
 from mdtrain.model.network import child_seed
-
-SHIFT = 20.0  # DeePMD-kit's attnw_shift
 
 
 class GatedAttentionLayer(nn.Module):
@@ -72,13 +68,13 @@ class GatedAttentionLayer(nn.Module):
             k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
             v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
         logits = torch.matmul(q * self.scaling, k.transpose(1, 2))  # (B, i, j)
+        pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
         if self.smooth:
-            pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
-            logits = (logits + SHIFT) * pair_sw - SHIFT
+            logits = (logits + 20.0) * pair_sw - 20.0  # 20: DeePMD-kit's attnw_shift
         else:
-            # a finite floor, not -inf: a centre with no neighbour keeps finite gradients
-            floor = torch.finfo(logits.dtype).min
-            logits = logits.masked_fill(~mask.unsqueeze(1), floor)
+            # a finite floor, not -inf (exp of it is 0 all the same): a centre with no
+            # neighbour keeps finite values and gradients
+            logits = logits.masked_fill(~mask.unsqueeze(1), -1e30)
         weights = torch.softmax(logits, dim=-1)
         weights = weights * mask.unsqueeze(2).to(weights.dtype)
         if self.smooth:

@@ -8,8 +8,6 @@ DeePMD-kit's layer normalisation. Parameter names follow network.py: ``weight`` 
 ``bias``, ``idt``.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np
@@ -103,7 +101,7 @@ class DenseLayer(nn.Module):
         }
 
     @classmethod
-    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> DenseLayer:
+    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> "DenseLayer":
         variables = data["@variables"]
         w = np.asarray(variables["w"])
         b, idt = variables.get("b"), variables.get("idt")
@@ -176,7 +174,7 @@ class DenseNet(nn.Module):
         }
 
     @classmethod
-    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> DenseNet:
+    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> "DenseNet":
         layers = data.get("layers") or []
         if not layers:
             raise MDTrainError(f"{where}: an embedding network without layers")
@@ -217,7 +215,7 @@ class LayerNorm(nn.Module):
         }
 
     @classmethod
-    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> LayerNorm:
+    def from_deepmd(cls, data: dict, dtype: torch.dtype, where: str) -> "LayerNorm":
         w = np.ravel(data["@variables"]["w"])
         norm = cls(
             w.shape[0], float(data.get("eps", 1e-5)), bool(data.get("trainable", True)), dtype

@@ -3,8 +3,6 @@ list of ``sel`` slots, se_e2_a's environment rows, statistics buffers and exclus
 and the pieces of DeePMD-kit's serialised form they have in common.
 """
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 from torch import Tensor, nn

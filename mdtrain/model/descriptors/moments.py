@@ -7,35 +7,31 @@ switch over the protected distance and the centre type's radial std. The contrac
 ``D = (G^T R)(G^T R)_<^T`` weighs degree ``l``'s block by ``g_l²``, a trainable gain.
 """
 
-from __future__ import annotations
-
 import math
 
 import torch
 from torch import Tensor
 
-_S3, _S5_8, _S15, _S3_8 = math.sqrt(3.0), math.sqrt(5.0 / 8.0), math.sqrt(15.0), math.sqrt(3 / 8)
-
 
 def _degree2(x: Tensor, y: Tensor, z: Tensor, q: Tensor) -> list[Tensor]:
     return [
-        _S3 * x * y,
-        _S3 * y * z,
+        math.sqrt(3.0) * x * y,
+        math.sqrt(3.0) * y * z,
         0.5 * (3.0 * z * z - q),
-        _S3 * x * z,
-        0.5 * _S3 * (x * x - y * y),
+        math.sqrt(3.0) * x * z,
+        0.5 * math.sqrt(3.0) * (x * x - y * y),
     ]
 
 
 def _degree3(x: Tensor, y: Tensor, z: Tensor, q: Tensor) -> list[Tensor]:
     return [
-        _S5_8 * y * (3.0 * x * x - y * y),
-        _S15 * x * y * z,
-        _S3_8 * y * (5.0 * z * z - q),
+        math.sqrt(5.0 / 8.0) * y * (3.0 * x * x - y * y),
+        math.sqrt(15.0) * x * y * z,
+        math.sqrt(3.0 / 8.0) * y * (5.0 * z * z - q),
         0.5 * z * (5.0 * z * z - 3.0 * q),
-        _S3_8 * x * (5.0 * z * z - q),
-        0.5 * _S15 * z * (x * x - y * y),
-        _S5_8 * x * (x * x - 3.0 * y * y),
+        math.sqrt(3.0 / 8.0) * x * (5.0 * z * z - q),
+        0.5 * math.sqrt(15.0) * z * (x * x - y * y),
+        math.sqrt(5.0 / 8.0) * x * (x * x - 3.0 * y * y),
     ]
 
 

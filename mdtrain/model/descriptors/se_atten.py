@@ -13,8 +13,6 @@ atom 0, as DeePMD-kit's does. se_atten_v2 is se_atten with "strip" and the smoot
 embedding fixed. Weights in and out of DeePMD-kit's form: se_atten_io.py.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor, nn
 
@@ -80,6 +78,8 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     type_name = "se_atten"
     aliases = ("dpa1",)
     defaults = DEFAULTS
+    # TorchScript: branches on these are resolved when the model is scripted
+    __constants__ = ["strip", "smooth", "type_one_side", "concat_output_tebd", "lmax"]
 
     def __init__(
         self,
@@ -213,7 +213,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         return to_deepmd(self)
 
     @classmethod
-    def from_deepmd(cls, data: dict, where: str = "descriptor") -> DescriptorSeAtten:
+    def from_deepmd(cls, data: dict, where: str = "descriptor") -> "DescriptorSeAtten":
         """From DeePMD-kit's serialised dict, "dpa1"/"se_atten" or "se_atten_v2" (se_atten_io.py)."""
         from mdtrain.model.descriptors.se_atten_io import from_deepmd
 

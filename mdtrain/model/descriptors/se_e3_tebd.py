@@ -10,8 +10,6 @@ when ``concat_output_tebd``. Empty slots take atom 0's type, as in DeePMD-kit. C
 memory grow as sel² per atom.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 
@@ -54,6 +52,8 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
     type_name = "se_e3_tebd"
     aliases = ()
     defaults = DEFAULTS
+    # TorchScript: branches on these are resolved when the model is scripted
+    __constants__ = ["strip", "smooth", "concat_output_tebd"]
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         return data
 
     @classmethod
-    def from_deepmd(cls, data: dict, where: str = "descriptor") -> DescriptorSeE3Tebd:
+    def from_deepmd(cls, data: dict, where: str = "descriptor") -> "DescriptorSeE3Tebd":
         """From DeePMD-kit's serialised se_e3_tebd dict, refusing by name what it cannot run."""
         if data.get("type") != "se_e3_tebd":
             raise MDTrainError(f"{where}: type {data.get('type')!r} is not se_e3_tebd")

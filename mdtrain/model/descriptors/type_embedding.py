@@ -6,8 +6,6 @@ without biases, ``use_tebd_bias``). With ``padding`` a row of zeros is appended 
 recomputed on every call, so gradients reach the stack's weights.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor, nn
 
@@ -94,7 +92,7 @@ class TypeEmbedNet(nn.Module):
         }
 
     @classmethod
-    def from_deepmd(cls, data: dict, where: str = "type_embedding") -> TypeEmbedNet:
+    def from_deepmd(cls, data: dict, where: str = "type_embedding") -> "TypeEmbedNet":
         """A type embedding from DeePMD-kit's serialised ``TypeEmbedNet`` dict."""
         if data.get("@class") != "TypeEmbedNet":
             raise MDTrainError(f"{where}: expected a TypeEmbedNet, found {data.get('@class')!r}")
