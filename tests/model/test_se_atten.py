@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.mixed_stats import mixed_env_stat_items
+from mdtrain.model.descriptors.mixed_stats import mixed_env_stat_items, mixed_env_stat_sums
 from mdtrain.model.descriptors.se_atten import (
     DEFAULTS,
     DescriptorSeAtten,
@@ -18,6 +18,7 @@ from mdtrain.model.descriptors.se_atten import (
 )
 from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd
 from mdtrain.model.stats import davg_dstd_from_items
+from mdtrain.neighbors.nlist import neighbor_pairs
 from tests.helpers import deepmd_descriptors as fixture
 from tests.helpers.placement import OTHER, OtherDevice
 
@@ -100,6 +101,22 @@ def test_config_builds_deepmd_layout(variant: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(built.parameters(), again.parameters()))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_section_of_a_loaded_descriptor(variant: str) -> None:
+    """A descriptor read from DeePMD-kit's dict gives back the section argcheck filled for it
+    (``ln_eps`` unset means 1e-5), and that section builds the same layout."""
+    loaded = from_deepmd(fixture.serialized(variant))
+    section = loaded.to_config()
+    want = {**fixture.config(variant)}
+    want.update({k: None for k in set(section) - set(want)})  # unset keys without default
+    if want.get("ln_eps", 0) is None:
+        want["ln_eps"] = 1e-5
+    want["type"] = {"dpa1": "se_atten"}.get(want["type"], want["type"])
+    assert section == want
+    rebuilt = type(loaded).from_config(section, ntypes=3)
+    assert rebuilt.to_config() == section
+
+
 @pytest.mark.parametrize("variant", ["default", "smooth", "layer0_one_side_excl", "v2", "e3_tebd"])
 def test_statistics_match_deepmd(variant: str) -> None:
     """davg/dstd from mdtrain's type-mixed lists equal DeePMD-kit's compute_input_stats on the
@@ -116,6 +133,29 @@ def test_statistics_match_deepmd(variant: str) -> None:
     assert rel_err(dstd, data["@variables"]["dstd"]) < 1e-12
     assert rel_err(davg, data["@variables"]["davg"]) < 1e-12 or not davg.any()
     assert np.array_equal(davg == 0, data["@variables"]["davg"] == 0)
+
+
+@pytest.mark.parametrize("variant", ["smooth", "layer0_one_side_excl", "e3_tebd"])
+def test_pair_terms_sum_to_the_list_sums(variant: str) -> None:
+    """Streaming the statistics pair by pair (``pair_stat_terms``, what the statistics code
+    sums without building lists) equals the sums over the padded lists when no list is
+    truncated: the cluster, whose atoms have fewer neighbours than sel."""
+    desc = from_deepmd(fixture.serialized(variant))
+    g = fixture.frames("cluster")
+    atype = torch.as_tensor(g["atype"])
+    nlist, shift = fixture.mixed_inputs(g["coord"], None, desc.rcut, desc.nnei)
+    diff = fixture.pair_diff(torch.as_tensor(g["coord"]), None, nlist, shift)
+    want = mixed_env_stat_sums(desc, diff, nlist, atype)
+    pairs = neighbor_pairs(g["coord"][0], None, desc.rcut)
+    i, j = torch.as_tensor(pairs.i), torch.as_tensor(pairs.j)
+    coord = torch.as_tensor(g["coord"][0])
+    terms = desc.pair_stat_terms(coord[j] - coord[i])
+    keep = desc.pair_keep[atype[i], atype[j]].to(torch.float64)
+    sums = torch.stack(
+        [torch.zeros(3, dtype=torch.float64).index_add(0, atype[i], t * keep) for t in terms], 1
+    )
+    assert torch.allclose(sums[:, [0, 1]], want[:, 0, 1:], rtol=1e-12, atol=0)
+    assert torch.allclose(sums[:, [2, 3]], want[:, 1, 1:], rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("group", fixture.GROUPS)

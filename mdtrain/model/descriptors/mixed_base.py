@@ -69,6 +69,20 @@ class MixedTypesDescriptor(nn.Module):
         """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
         return env_rows(diff, mask, self.rcut_smth, self.rcut, self.env_protection)[0]
 
+    def pair_stat_terms(self, d: Tensor) -> list[Tensor]:
+        """Per pair (neighbour minus centre ``d`` (P, 3)): ``[s, s², a_x + a_y + a_z, |a|²]``
+        of its raw row ``[s, a]``, what it adds to its centre's ``r``/``a`` groups (the
+        padded slots add zeros; the slot count is the caller's: centres × sel)."""
+        rows, _ = env_rows(
+            d,
+            torch.ones_like(d[:, 0], dtype=torch.bool),
+            self.rcut_smth,
+            self.rcut,
+            self.env_protection,
+        )
+        s, a = rows[:, 0], rows[:, 1:]
+        return [s, s * s, a.sum(dim=-1), (a * a).sum(dim=-1)]
+
     def normalized_rows(self, diff: Tensor, nlist: Tensor, atype: Tensor):
         """``(rr, sw, valid)``: rows ``(raw − davg)/dstd`` of the centre's type (excluded
         pairs 0, padded slots ``−davg/dstd``), the switch (…, 1) and the real, kept slots."""

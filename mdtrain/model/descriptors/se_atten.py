@@ -202,6 +202,19 @@ class DescriptorSeAtten(MixedTypesDescriptor):
             return DescriptorSeAttenV2(ntypes, type_map=type_map, **settings)
         return cls(ntypes, type_map=type_map, **settings)
 
+    def to_config(self) -> dict:
+        """The filled ``model.descriptor`` section that builds this descriptor (argcheck's
+        keys; ``lmax`` 1 written as unset), ``seed`` left out."""
+        values = {
+            **self.settings,
+            "rcut": self.rcut, "rcut_smth": self.rcut_smth, "set_davg_zero": self.set_davg_zero,
+            "exclude_types": [list(p) for p in self.exclude_types],
+            "env_protection": self.env_protection, "attn_mask": False,
+            "stripped_type_embedding": None, "use_econf_tebd": False,
+            "lmax": None if self.lmax == 1 else self.lmax,
+        }  # fmt: skip
+        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in self.defaults}}
+
     @property
     def dim_out(self) -> int:
         return self.ng * self.axis_neuron + (self.tebd_dim if self.concat_output_tebd else 0)

@@ -118,6 +118,20 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         settings = {**DEFAULTS, **{k: v for k, v in desc.items() if k != "type"}}
         return cls(ntypes, type_map=type_map, **settings)
 
+    def to_config(self) -> dict:
+        """The filled ``model.descriptor`` section that builds this descriptor, ``seed`` left out."""
+        values = {
+            "rcut": self.rcut, "rcut_smth": self.rcut_smth, "neuron": list(self.neuron),
+            "tebd_dim": self.tebd_dim, "tebd_input_mode": "strip" if self.strip else "concat",
+            "resnet_dt": self.resnet_dt, "set_davg_zero": self.set_davg_zero,
+            "activation_function": self.activation, "env_protection": self.env_protection,
+            "smooth": self.smooth, "exclude_types": [list(p) for p in self.exclude_types],
+            "precision": self.precision, "trainable": self.trainable,
+            "concat_output_tebd": self.concat_output_tebd, "use_econf_tebd": False,
+            "use_tebd_bias": self.type_embedding.net.layers[0].bias is not None,
+        }  # fmt: skip
+        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in DEFAULTS}}
+
     @property
     def dim_out(self) -> int:
         return self.ng + (self.tebd_dim if self.concat_output_tebd else 0)
