@@ -58,29 +58,24 @@ class GatedAttentionLayer(nn.Module):
         self.out_proj = DenseLayer(hidden, embed_dim, dtype=dtype, seed=s1, trainable=trainable)
         self.norm = LayerNorm(embed_dim, ln_eps, trainable_ln and trainable, dtype)
 
-    def forward(self, g: Tensor, mask: Tensor, r_hat: Tensor, sw: Tensor) -> Tensor:
-        """``g`` (B, nnei, M), ``mask`` (B, nnei) bool, ``r_hat`` (B, nnei, 3), ``sw`` (B, nnei)."""
-        qkv = self.in_proj(g)
-        h = self.hidden
-        q, k, v = qkv[..., :h], qkv[..., h : 2 * h], qkv[..., 2 * h :]
-        if self.normalize:
-            q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True)
-            k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
-            v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    def forward(self, g: Tensor, key_mask: Tensor, pair_sw: Tensor, gate: Tensor) -> Tensor:
+        """``g`` (B, nnei, M); ``key_mask`` (B, 1, nnei) bool, ``pair_sw`` (B, nnei, nnei)
+        ``s_i·s_j`` and ``gate`` (B, nnei, nnei) the factor of the weights, from
+        `attention_inputs` (the same for every layer, so computed once)."""
+        # split, not slices: a slice's backward fills a zero tensor of the whole width
+        q, k, v = torch.split(self.in_proj(g), self.hidden, dim=-1)
+        if self.normalize:  # times 1/|x|: a product costs less than a quotient, both ways
+            q = q * torch.rsqrt((q * q).sum(dim=-1, keepdim=True))
+            k = k * torch.rsqrt((k * k).sum(dim=-1, keepdim=True))
+            v = v * torch.rsqrt((v * v).sum(dim=-1, keepdim=True))
         logits = torch.matmul(q * self.scaling, k.transpose(1, 2))  # (B, i, j)
-        pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
         if self.smooth:
             logits = (logits + 20.0) * pair_sw - 20.0  # 20: DeePMD-kit's attnw_shift
         else:
             # a finite floor, not -inf (exp of it is 0 all the same): a centre with no
             # neighbour keeps finite values and gradients
-            logits = logits.masked_fill(~mask.unsqueeze(1), -1e30)
-        weights = torch.softmax(logits, dim=-1)
-        weights = weights * mask.unsqueeze(2).to(weights.dtype)
-        if self.smooth:
-            weights = weights * pair_sw
-        if self.dotr:
-            weights = weights * torch.matmul(r_hat, r_hat.transpose(1, 2))
+            logits = logits.masked_fill(~key_mask, -1e30)
+        weights = torch.softmax(logits, dim=-1) * gate
         out = self.out_proj(torch.matmul(weights, v))
         return self.norm(g + out)
 
@@ -127,6 +122,22 @@ class GatedAttentionLayer(nn.Module):
             p.requires_grad_(trainable)
         if (self.in_proj.n_in, self.in_proj.n_out) != (self.norm.weight.shape[0], 3 * self.hidden):
             raise MDTrainError(f"{where}: in_proj has the wrong shape")
+
+
+def attention_inputs(
+    mask: Tensor, sw: Tensor, r_hat: Tensor, smooth: bool, dotr: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(key_mask, pair_sw, gate)`` of `GatedAttentionLayer.forward` from the slots' mask
+    (B, nnei) bool, switch (B, nnei) and unit directions (B, nnei, 3): the weights of a row
+    of an empty slot are 0, times ``s_i·s_j`` when ``smooth``, times ``r̂_i·r̂_j`` when
+    ``dotr``."""
+    pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
+    gate = mask.unsqueeze(2).to(sw.dtype).expand_as(pair_sw)
+    if smooth:
+        gate = gate * pair_sw
+    if dotr:
+        gate = gate * torch.matmul(r_hat, r_hat.transpose(1, 2))
+    return mask.unsqueeze(1), pair_sw, gate
 
 
 def attention_to_deepmd(layers: nn.ModuleList, nnei: int, embed_dim: int, settings: dict) -> dict:

@@ -79,8 +79,9 @@ class DenseLayer(nn.Module):
             y = y * self.idt
         if self.resnet and self.n_out == self.n_in:
             y = y + x
-        elif self.resnet and self.n_out == 2 * self.n_in:
-            y = y + torch.cat([x, x], dim=-1)
+        elif self.resnet and self.n_out == 2 * self.n_in:  # + [x, x], without building it
+            shape = y.shape
+            y = (y.reshape(-1, 2, self.n_in) + x.reshape(-1, 1, self.n_in)).reshape(shape)
         return y
 
     def to_deepmd(self) -> dict:

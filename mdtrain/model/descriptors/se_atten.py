@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.attention import GatedAttentionLayer
+from mdtrain.model.descriptors.attention import GatedAttentionLayer, attention_inputs
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
 from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
@@ -79,7 +79,9 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     aliases = ("dpa1",)
     defaults = DEFAULTS
     # TorchScript: branches on these are resolved when the model is scripted
-    __constants__ = ["strip", "smooth", "type_one_side", "concat_output_tebd", "lmax"]
+    __constants__ = [
+        "strip", "smooth", "type_one_side", "concat_output_tebd", "lmax", "settings_dotr"
+    ]  # fmt: skip
 
     def __init__(
         self,
@@ -153,6 +155,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         self.axis_neuron, self.ng, self.tebd_dim = s["axis_neuron"], s["neuron"][-1], s["tebd_dim"]
         self.strip, self.smooth = tebd_input_mode == "strip", s["smooth_type_embedding"]
         self.type_one_side, self.lmax = s["type_one_side"], lmax
+        self.settings_dotr = s["attn_dotr"]
         self.concat_output_tebd = s["concat_output_tebd"]
         self.type_embedding = TypeEmbedNet(
             ntypes, [tebd_dim], "linear", precision=precision, trainable=trainable,
@@ -246,8 +249,9 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         mask2, sw2 = valid.reshape(-1, nnei), sw.reshape(-1, nnei)
         if len(self.attention):
             r_hat = unit_rows(rr[..., 1:4]).reshape(-1, nnei, 3)
+            inputs = attention_inputs(mask2, sw2, r_hat, self.smooth, self.settings_dotr)
             for layer in self.attention:
-                g = layer(g, mask2, r_hat, sw2)
+                g = layer(g, inputs[0], inputs[1], inputs[2])
         basis = rr.reshape(-1, nnei, 4)
         if self.lmax > 1:
             basis = moment_basis(
