@@ -242,6 +242,10 @@ def test_defaults_and_fixed_keys() -> None:
     ("build", "message"),
     [
         (lambda: DescriptorSeAtten(2, 20, attn_mask=True), "attn_mask"),
+        (lambda: DescriptorSeAtten(2, 0), "sel"),
+        (lambda: DescriptorSeAtten(2, 20, rcut=3.0, rcut_smth=3.0), "rcut_smth"),
+        (lambda: DescriptorSeE3Tebd(2, 20, exclude_types=[[0, 2]]), "exclude_types"),
+        (lambda: DescriptorSeAtten(2, 20, neuron=[4, 8], axis_neuron=9), "axis_neuron"),
         (lambda: DescriptorSeAtten(2, 20, tebd_input_mode="sum"), "tebd_input_mode"),
         (lambda: DescriptorSeAtten(2, 20, lmax=5), "lmax"),
         (lambda: DescriptorSeAtten(2, 20, use_econf_tebd=True), "use_econf_tebd"),

@@ -46,7 +46,16 @@ class MixedTypesDescriptor(nn.Module):
         where: str,
     ) -> None:
         """Set the attributes and buffers of a list of ``sum(sel)`` slots over all types."""
-        total = sum(sel) if isinstance(sel, (list, tuple)) else int(sel)
+        total = sum(int(s) for s in sel) if isinstance(sel, (list, tuple)) else int(sel)
+        if total <= 0:
+            raise MDTrainError(f"{where}/sel: {sel!r} leaves no neighbour slot")
+        if not 0.0 <= float(rcut_smth) < float(rcut):
+            raise MDTrainError(f"{where}/rcut_smth: {rcut_smth} is not in [0, rcut = {rcut})")
+        for pair in exclude_types or []:
+            if len(pair) != 2 or not all(0 <= int(t) < int(ntypes) for t in pair):
+                raise MDTrainError(
+                    f"{where}/exclude_types: {list(pair)} is not a pair of types 0..{int(ntypes) - 1}"
+                )
         self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
         self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
         self.env_protection = float(env_protection)
