@@ -252,6 +252,7 @@ def test_defaults_and_fixed_keys() -> None:
         (lambda: DescriptorSeAtten(2, 20, activation_function="silut"), "activation_function"),
         (lambda: DescriptorSeAttenV2(2, 20, tebd_input_mode="concat"), "tebd_input_mode"),
         (lambda: DescriptorSeAtten.from_config({"type": "se_atten", "sel": 4, "atn": 3}, 2), "atn"),
+        (lambda: DescriptorSeE3Tebd.check_config({"type": "se_e3_tebd", "sel": 4, "tebd_input_mode": "sum"}, 2), "tebd_input_mode"),
         (lambda: DescriptorSeAtten.from_config({"type": "se_atten_v2", "sel": 4, "smooth_type_embedding": False}, 2), "smooth_type_embedding"),
     ],
 )  # fmt: skip

@@ -70,6 +70,12 @@ class MixedTypesDescriptor(nn.Module):
             keep[a, b] = keep[b, a] = False
         self.register_buffer("pair_keep", keep, persistent=False)
 
+    @classmethod
+    def check_config(cls, desc: dict, ntypes: int, where: str = "model/descriptor") -> None:
+        """Raise MDTrainError naming the key for a filled section it cannot build (by building
+        it: the nets of these descriptors are small)."""
+        cls.from_config(desc, ntypes)
+
     # the same statistics buffers and exclusion rule as se_e2_a's
     set_stats = DescriptorSeA.set_stats
     keep_mask = DescriptorSeA.keep_mask
