@@ -2,13 +2,14 @@
 
 It imports neither mdtrain nor torch. One JSON job file::
 
-    {"models": "models.npz", "frames": "frames.npz", "out": "out.npz"}
+    {"models": "models.npz", "frames": "frames.npz", "out": "out.npz", "backend": "numpy"}
 
 ``models.npz`` holds serialised descriptors (``tests/helpers/serialized_npz.py``; names in
 its ``names`` entry); ``frames.npz`` groups of frames (``<group>/coord`` (nf, N, 3),
 ``<group>/atype`` (N,), optional ``<group>/box`` (nf, 3, 3); group names in ``groups``).
-Each model is read by DeePMD-kit's own ``deserialize`` of its type and evaluated on every
-group with DeePMD-kit's type-mixed neighbour list; ``out.npz`` receives
+Each model is read by DeePMD-kit's own ``deserialize`` of its type (``backend`` "numpy":
+``deepmd.dpmodel``; "pt": ``deepmd.pt``, the backend ``dp --pt`` runs, which needs torch)
+and evaluated on every group with that backend's type-mixed neighbour list; ``out.npz`` receives
 ``<name>/<group>`` (the descriptor) and ``<name>/again`` (DeePMD-kit's re-serialisation,
 as ``serialized_npz`` entries), and ``defaults/<type>`` the argcheck defaults (JSON).
 
@@ -27,13 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 from dargs import Argument  # noqa: E402
-from deepmd.dpmodel.descriptor import DescrptDPA1, DescrptSeAttenV2, DescrptSeTTebd  # noqa: E402
-from deepmd.dpmodel.utils.nlist import extend_input_and_build_neighbor_list  # noqa: E402
 from deepmd.utils import argcheck  # noqa: E402
 
 from tests.helpers.serialized_npz import entries, read  # noqa: E402
 
-CLASSES = {"dpa1": DescrptDPA1, "se_atten_v2": DescrptSeAttenV2, "se_e3_tebd": DescrptSeTTebd}
+NAMES = {"dpa1": "DescrptDPA1", "se_atten_v2": "DescrptSeAttenV2", "se_e3_tebd": "DescrptSeTTebd"}
 ARGS = {
     "se_atten": argcheck.descrpt_se_atten_args,
     "se_atten_v2": argcheck.descrpt_se_atten_v2_args,
@@ -47,26 +46,51 @@ def defaults(kind: str) -> dict:
     return arg.normalize_value({"sel": 10}, trim_pattern="_*")
 
 
+def backend(name: str):
+    """``(classes by serialised type, evaluate(desc, coord, atype, box) -> D)``."""
+    if name == "pt":
+        import torch
+        from deepmd.pt.model import descriptor as module
+        from deepmd.pt.utils.nlist import extend_input_and_build_neighbor_list as lists
+
+        def evaluate(desc, coord, atype, box):
+            args = [torch.as_tensor(a) if a is not None else None for a in (coord, atype, box)]
+            ext, ext_type, mapping, nlist = lists(
+                args[0], args[1], desc.get_rcut(), desc.get_sel(), mixed_types=True, box=args[2]
+            )
+            return desc(ext, ext_type, nlist, mapping)[0].detach().numpy()
+
+    else:
+        from deepmd.dpmodel import descriptor as module
+        from deepmd.dpmodel.utils.nlist import extend_input_and_build_neighbor_list as lists
+
+        def evaluate(desc, coord, atype, box):
+            ext, ext_type, mapping, nlist = lists(
+                coord, atype, desc.get_rcut(), desc.get_sel(), mixed_types=True, box=box
+            )
+            return desc.call(ext.reshape(coord.shape[0], -1), ext_type, nlist, mapping)[0]
+
+    return {k: getattr(module, v) for k, v in NAMES.items()}, evaluate
+
+
 def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     models, frames = np.load(job["models"]), np.load(job["frames"])
+    classes, evaluate = backend(job.get("backend", "numpy"))
     out: dict[str, np.ndarray] = {}
     for kind in ARGS:
         out[f"defaults/{kind}"] = np.array(json.dumps(defaults(kind)))
     for name in json.loads(str(models["names"])):
         data = read(models, name)
-        desc = CLASSES[data["type"]].deserialize(data)
+        desc = classes[data["type"]].deserialize(data)
         out.update(entries(f"{name}/again", desc.serialize()))
         for group in json.loads(str(frames["groups"])):
             coord = frames[f"{group}/coord"]
             nf = coord.shape[0]
             atype = np.tile(frames[f"{group}/atype"], (nf, 1))
             box = frames[f"{group}/box"].reshape(nf, 9) if f"{group}/box" in frames else None
-            ext_coord, ext_atype, mapping, nlist = extend_input_and_build_neighbor_list(
-                coord.reshape(nf, -1), atype, desc.get_rcut(), desc.get_sel(), True, box
-            )
-            result = desc.call(ext_coord.reshape(nf, -1), ext_atype, nlist, mapping)
-            out[f"{name}/{group}"] = np.asarray(result[0], dtype=np.float64)
+            result = evaluate(desc, coord.reshape(nf, -1), atype, box)
+            out[f"{name}/{group}"] = np.asarray(result, dtype=np.float64)
     np.savez(job["out"], **out)
 
 

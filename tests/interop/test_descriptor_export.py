@@ -59,7 +59,12 @@ def descriptor(desc, group: str) -> np.ndarray:
         return desc(diff, nlist, torch.as_tensor(frames["atype"])).double().numpy()
 
 
-def test_deepmd_reads_our_descriptors(deepmd, tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["numpy", "pt"])
+def test_deepmd_reads_our_descriptors(backend: str, request, tmp_path) -> None:
+    """``numpy``: DeePMD-kit's reference implementation (``MDTRAIN_DEEPMD_PYTHON``); ``pt``:
+    its PyTorch backend, the one ``dp --pt`` runs (``MDTRAIN_DEEPMD_PT_PYTHON``), whose own
+    serialisation mdtrain then reads back to the same descriptor."""
+    deepmd = request.getfixturevalue("deepmd" if backend == "numpy" else "deepmd_pt")
     built = {name: build(config, seed) for seed, (name, config) in enumerate(CASES.items())}
     models = {"names": np.array(json.dumps(list(built)))}
     for name, desc in built.items():
@@ -71,7 +76,7 @@ def test_deepmd_reads_our_descriptors(deepmd, tmp_path) -> None:
             if value is not None:
                 frames[f"{group}/{key}"] = value
     np.savez(tmp_path / "frames.npz", **frames)
-    job = {"models": "models.npz", "frames": "frames.npz", "out": "out.npz"}
+    job = {"models": "models.npz", "frames": "frames.npz", "out": "out.npz", "backend": backend}
     (tmp_path / "job.json").write_text(json.dumps(job))
     deepmd.run([deepmd.python, DRIVER, "job.json"], tmp_path)
     out = np.load(tmp_path / "out.npz")
@@ -81,6 +86,9 @@ def test_deepmd_reads_our_descriptors(deepmd, tmp_path) -> None:
             got, want = descriptor(desc, group), out[f"{name}/{group}"]
             assert rel_diff(got, want) < tol, (name, group, rel_diff(got, want))
         again = read(out, f"{name}/again")
+        back = type(desc).from_deepmd(again)  # DeePMD-kit's own dict, read by mdtrain
+        for group in fixture.GROUPS:
+            assert rel_diff(descriptor(back, group), out[f"{name}/{group}"]) < tol, (name, group)
         ours = desc.to_deepmd()
         assert again.keys() == ours.keys(), name
         for key in ours:
