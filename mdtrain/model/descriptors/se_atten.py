@@ -80,7 +80,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     defaults = DEFAULTS
     # TorchScript: branches on these are resolved when the model is scripted
     __constants__ = [
-        "strip", "smooth", "type_one_side", "concat_output_tebd", "lmax", "settings_dotr"
+        "strip", "smooth", "type_one_side", "concat_output_tebd", "lmax", "attn_dotr"
     ]  # fmt: skip
 
     def __init__(
@@ -155,7 +155,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         self.axis_neuron, self.ng, self.tebd_dim = s["axis_neuron"], s["neuron"][-1], s["tebd_dim"]
         self.strip, self.smooth = tebd_input_mode == "strip", s["smooth_type_embedding"]
         self.type_one_side, self.lmax = s["type_one_side"], lmax
-        self.settings_dotr = s["attn_dotr"]
+        self.attn_dotr = s["attn_dotr"]
         self.concat_output_tebd = s["concat_output_tebd"]
         self.type_embedding = TypeEmbedNet(
             ntypes, [tebd_dim], "linear", precision=precision, trainable=trainable,
@@ -249,7 +249,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         mask2, sw2 = valid.reshape(-1, nnei), sw.reshape(-1, nnei)
         if len(self.attention):
             r_hat = unit_rows(rr[..., 1:4]).reshape(-1, nnei, 3)
-            inputs = attention_inputs(mask2, sw2, r_hat, self.smooth, self.settings_dotr)
+            inputs = attention_inputs(mask2, sw2, r_hat, self.smooth, self.attn_dotr)
             for layer in self.attention:
                 g = layer(g, inputs[0], inputs[1], inputs[2])
         basis = rr.reshape(-1, nnei, 4)
