@@ -86,7 +86,7 @@ def test_deepmd_reads_our_descriptors(backend: str, request, tmp_path) -> None:
             got, want = descriptor(desc, group), out[f"{name}/{group}"]
             assert rel_diff(got, want) < tol, (name, group, rel_diff(got, want))
         again = read(out, f"{name}/again")
-        back = type(desc).from_deepmd(again)  # DeePMD-kit's own dict, read by mdtrain
+        back = type(desc).from_deepmd_dict(again)  # DeePMD-kit's own dict, read by mdtrain
         for group in fixture.GROUPS:
             assert rel_diff(descriptor(back, group), out[f"{name}/{group}"]) < tol, (name, group)
         ours = desc.to_deepmd()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.deepmd_nets import Reader
 from mdtrain.model.descriptors.mixed_stats import mixed_env_stat_items, mixed_env_stat_sums
 from mdtrain.model.descriptors.se_atten import (
     DEFAULTS,
@@ -17,7 +18,6 @@ from mdtrain.model.descriptors.se_atten import (
     DescriptorSeAttenV2,
 )
 from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd
-from mdtrain.model.stats import davg_dstd_from_items
 from mdtrain.neighbors.nlist import neighbor_pairs
 from tests.helpers import deepmd_descriptors as fixture
 from tests.helpers.placement import OTHER, OtherDevice
@@ -31,7 +31,7 @@ CLASSES = {
 
 
 def from_deepmd(data: dict):
-    return CLASSES[data["type"]].from_deepmd(data)
+    return CLASSES[data["type"]].from_deepmd_dict(data)
 
 
 def evaluate(desc, group: str, coord=None, box=None, requires_grad: bool = False):
@@ -129,7 +129,7 @@ def test_statistics_match_deepmd(variant: str) -> None:
         for k in range(len(g["coord"])):
             frames.append((g["coord"][k], None if g["box"] is None else g["box"][k], g["atype"]))
     items = mixed_env_stat_items(desc, frames)
-    davg, dstd = davg_dstd_from_items(items, desc.ntypes, desc.nnei, desc.set_davg_zero)
+    davg, dstd = desc.stats_from_items(items)
     assert rel_err(dstd, data["@variables"]["dstd"]) < 1e-12
     assert rel_err(davg, data["@variables"]["davg"]) < 1e-12 or not davg.any()
     assert np.array_equal(davg == 0, data["@variables"]["davg"] == 0)
@@ -265,9 +265,9 @@ def test_refused_deepmd_files_name_the_key() -> None:
     data = fixture.serialized("smooth")
     for key, value in (("compress", {"x": 1}), ("use_econf_tebd", True), ("type", "dpa2")):
         with pytest.raises(MDTrainError, match=key if key != "type" else "dpa2"):
-            DescriptorSeAtten.from_deepmd({**data, key: value})
+            DescriptorSeAtten.from_deepmd_dict({**data, key: value})
     with pytest.raises(MDTrainError, match="dpa1"):
-        DescriptorSeE3Tebd.from_deepmd(data)
+        DescriptorSeE3Tebd.from_deepmd_dict(data)
     broken = {**data, "@variables": {**data["@variables"], "davg": np.zeros((3, 2, 4))}}
     with pytest.raises(MDTrainError, match="davg"):
         from_deepmd(broken)
@@ -322,3 +322,22 @@ def test_placement_on_another_device(variant: str) -> None:
         assert got.device == OTHER and other.cpu_factories == []
         got = got.to("cpu")
     assert torch.equal(torch.as_tensor(got), want)
+
+
+@pytest.mark.parametrize("variant", ["strip_one_side_smooth", "lmax3", "v2", "e3_tebd_strip"])
+def test_registry_form_of_the_deepmd_dict(variant: str) -> None:
+    """``from_deepmd(reader, dict, state)`` (the registry's form, for ``.dp`` import) gives the
+    section and the ``descriptor.*`` state that build the same descriptor; ``to_deepmd(cfg,
+    type_map)`` gives DeePMD-kit's dict with that type_map; refusals name the file."""
+    data = fixture.serialized(variant)
+    cls = CLASSES[data["type"]]
+    state: dict = {}
+    section = cls.from_deepmd(Reader("model.dp"), data, state)
+    built = type(from_deepmd(data)).from_config(section, ntypes=3)
+    built.load_state_dict({k.removeprefix("descriptor."): v for k, v in state.items()})
+    d0, _ = evaluate(built, "cluster")
+    assert rel_err(d0.detach().numpy(), fixture.expected(variant, "cluster")) < 1e-10
+    out = built.to_deepmd(section, ["A", "B", "C"])
+    assert out["type_map"] == out["type_embedding"]["type_map"] == ["A", "B", "C"]
+    with pytest.raises(MDTrainError, match="^model.dp: .*use_econf_tebd"):
+        cls.from_deepmd(Reader("model.dp"), {**data, "use_econf_tebd": True}, {})

@@ -3,12 +3,14 @@ list of ``sel`` slots, se_e2_a's environment rows, statistics buffers and exclus
 and the pieces of DeePMD-kit's serialised form they have in common.
 """
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptor import DescriptorSeA, smooth_weight
+from mdtrain.model.descriptors.base import Descriptor, smooth_weight
 from mdtrain.model.descriptors.layers import DenseNet, as_numpy, load
 from mdtrain.model.network import dtype_of
 
@@ -23,9 +25,10 @@ def env_rows(diff: Tensor, mask: Tensor, rcut_smth: float, rcut: float, protecti
     return torch.cat([inv, diff * (inv / (r + protection))], dim=-1), w
 
 
-class MixedTypesDescriptor(nn.Module):
-    """Base of the type-mixed descriptors. Buffers ``davg``/``dstd`` (ntypes, sel, 4)
-    float64 (DeePMD-kit's shapes), ``pair_keep`` (ntypes+1, ntypes+1) bool."""
+class MixedTypesDescriptor(Descriptor):
+    """Base of the type-mixed descriptors (``base.Descriptor`` with one list of ``sel``
+    slots). Buffers ``davg``/``dstd`` (ntypes, sel, 4) float64 (DeePMD-kit's shapes),
+    ``pair_keep`` (ntypes+1, ntypes+1) bool."""
 
     mixed_types = True
     stat_groups = ("r", "a")
@@ -56,19 +59,10 @@ class MixedTypesDescriptor(nn.Module):
                 raise MDTrainError(
                     f"{where}/exclude_types: {list(pair)} is not a pair of types 0..{int(ntypes) - 1}"
                 )
-        self.ntypes, self.sel, self.nnei = int(ntypes), [total], total
-        self.rcut, self.rcut_smth = float(rcut), float(rcut_smth)
-        self.env_protection = float(env_protection)
-        self.set_davg_zero = bool(set_davg_zero)
-        self.exclude_types = [sorted((int(a), int(b))) for a, b in (exclude_types or [])]
-        self.has_exclusions = bool(self.exclude_types)
+        self.init_common(
+            ntypes, [total], rcut, rcut_smth, exclude_types, set_davg_zero, env_protection, True
+        )
         self.dtype = dtype_of(precision, where)
-        self.register_buffer("davg", torch.zeros(self.ntypes, total, 4, dtype=torch.float64))
-        self.register_buffer("dstd", torch.ones(self.ntypes, total, 4, dtype=torch.float64))
-        keep = torch.ones(self.ntypes + 1, self.ntypes + 1, dtype=torch.bool)
-        for a, b in self.exclude_types:
-            keep[a, b] = keep[b, a] = False
-        self.register_buffer("pair_keep", keep, persistent=False)
 
     @classmethod
     def check_config(cls, desc: dict, ntypes: int, where: str = "model/descriptor") -> None:
@@ -76,9 +70,46 @@ class MixedTypesDescriptor(nn.Module):
         it: the nets of these descriptors are small)."""
         cls.from_config(desc, ntypes)
 
-    # the same statistics buffers and exclusion rule as se_e2_a's
-    set_stats = DescriptorSeA.set_stats
-    keep_mask = DescriptorSeA.keep_mask
+    @classmethod
+    def check_sel(cls, sel: Any, ntypes: int, where: str) -> None:
+        """One total for the neighbours of all types: an integer, or a list that is summed."""
+        values = sel if isinstance(sel, (list, tuple)) else [sel]
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in values):
+            raise MDTrainError(f"{where}: expected a non-negative integer, got {sel!r}")
+        if sum(values) == 0:
+            raise MDTrainError(f"{where}: no neighbour slot (sel is 0)")
+
+    @classmethod
+    def config_stat_settings(cls, desc: dict, ntypes: int) -> dict[str, Any]:
+        """As the base's, ``sel`` as its total (the lists hold that many slots)."""
+        sel = desc["sel"]
+        total = sum(int(s) for s in sel) if isinstance(sel, (list, tuple)) else int(sel)
+        return super().config_stat_settings({**desc, "sel": [total]}, ntypes)
+
+    def embedding_nets(self) -> list[nn.Module]:
+        """None offered for the bf16 net variants, which are se_e2's (these nets run as built)."""
+        return []
+
+    # --- DeePMD-kit's model file, in the registry's form
+    def to_deepmd(self, cfg: dict | None = None, type_map: list[str] | None = None) -> dict:
+        """DeePMD-kit's serialised descriptor dict (``cfg`` is not needed: the descriptor
+        keeps its settings); ``type_map`` is written into it when given."""
+        data = self.deepmd_dict()
+        if type_map is not None:
+            data["type_map"] = list(type_map)
+            data["type_embedding"]["type_map"] = list(type_map)
+        return data
+
+    @classmethod
+    def from_deepmd(cls, r: Any, d: dict, state: dict) -> dict:
+        """The section of DeePMD-kit's dict ``d``; weights and statistics go to ``state``
+        under ``descriptor.*`` (the registry's form; ``from_deepmd_dict`` builds it)."""
+        try:
+            desc = cls.from_deepmd_dict(d, "model/descriptor")
+        except MDTrainError as err:  # name the file, as the reader's own refusals do
+            raise MDTrainError(f"{r.source}: {err}") from err
+        state.update({f"descriptor.{k}": v for k, v in desc.state_dict().items()})
+        return desc.to_config()
 
     def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
         """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""

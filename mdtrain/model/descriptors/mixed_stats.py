@@ -6,8 +6,8 @@ count as zeros, excluded pairs too): the radial entries ``s`` form group ``r_t``
 three angular entries group ``a_t``. ``davg[t, :, 0]`` is r's mean (0 with
 ``set_davg_zero``), ``dstd[t, :, 0]`` r's population std and ``dstd[t, :, 1:]`` a's, both
 floored at 1e-2 (0.1 for a type never seen): the same groups and rules as se_e2_a's, on
-another list, so ``mdtrain.model.stats.davg_dstd_from_items`` turns the groups summed here
-into the buffers.
+another list, so the descriptor's ``stats_from_items`` (``base.Descriptor``) turns the groups
+summed here into the buffers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mdtrain.model.stats import StatItem
+from mdtrain.model.descriptors.base import StatItem
 from mdtrain.neighbors.mixed_nlist import build_mixed_nlist
 
 

@@ -78,6 +78,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     type_name = "se_atten"
     aliases = ("dpa1",)
     defaults = DEFAULTS
+    deepmd_types = ("dpa1", "se_atten")
     # TorchScript: branches on these are resolved when the model is scripted
     __constants__ = [
         "strip", "smooth", "type_one_side", "concat_output_tebd", "lmax", "attn_dotr"
@@ -222,14 +223,14 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     def dim_out(self) -> int:
         return self.ng * self.axis_neuron + (self.tebd_dim if self.concat_output_tebd else 0)
 
-    def to_deepmd(self) -> dict:
+    def deepmd_dict(self) -> dict:
         """DeePMD-kit's serialised descriptor dict (se_atten_io.py)."""
         from mdtrain.model.descriptors.se_atten_io import to_deepmd
 
         return to_deepmd(self)
 
     @classmethod
-    def from_deepmd(cls, data: dict, where: str = "descriptor") -> "DescriptorSeAtten":
+    def from_deepmd_dict(cls, data: dict, where: str = "descriptor") -> "DescriptorSeAtten":
         """From DeePMD-kit's serialised dict, "dpa1"/"se_atten" or "se_atten_v2" (se_atten_io.py)."""
         from mdtrain.model.descriptors.se_atten_io import from_deepmd
 
@@ -300,6 +301,7 @@ class DescriptorSeAttenV2(DescriptorSeAtten):
     type_name = "se_atten_v2"
     aliases = ()
     defaults = V2_DEFAULTS
+    deepmd_types = ("se_atten_v2",)
 
     def __init__(self, ntypes: int, sel: int | list[int], **settings) -> None:
         fixed = sorted(set(settings) & {*V2_FIXED, "stripped_type_embedding"})

@@ -52,6 +52,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
     type_name = "se_e3_tebd"
     aliases = ()
     defaults = DEFAULTS
+    deepmd_types = ("se_e3_tebd",)
     # TorchScript: branches on these are resolved when the model is scripted
     __constants__ = ["strip", "smooth", "concat_output_tebd"]
 
@@ -165,7 +166,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
 
-    def to_deepmd(self) -> dict:
+    def deepmd_dict(self) -> dict:
         """DeePMD-kit's serialised form (``DescrptSeTTebd.serialize()``'s keys)."""
         act = "none" if self.activation == "linear" else self.activation
         data = {
@@ -190,7 +191,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         return data
 
     @classmethod
-    def from_deepmd(cls, data: dict, where: str = "descriptor") -> "DescriptorSeE3Tebd":
+    def from_deepmd_dict(cls, data: dict, where: str = "descriptor") -> "DescriptorSeE3Tebd":
         """From DeePMD-kit's serialised se_e3_tebd dict, refusing by name what it cannot run."""
         if data.get("type") != "se_e3_tebd":
             raise MDTrainError(f"{where}: type {data.get('type')!r} is not se_e3_tebd")
