@@ -9,8 +9,6 @@ the default run, other architectures under ``-m slow``."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -29,8 +27,15 @@ from mdtrain.model.backend import as_reference
 from mdtrain.neighbors.nlist import build_nlist
 from tests.helpers.committee import member_model, read_model_devi, write_model
 from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
-from tests.helpers.models import save_tiny_checkpoint, small_config, tiny_model, triclinic
+from tests.helpers.models import (
+    save_tiny_checkpoint,
+    small_config,
+    tiny_model,
+    triclinic,
+    water_batch,
+)
 from tests.helpers.placement import OTHER, OtherDevice, module_devices
+from tests.helpers.processes import python_without_mdtrain
 
 KEYS = ("energy", "atom_energy", "force", "virial")
 
@@ -52,22 +57,7 @@ def program(exported) -> ExportedModel:
 
 
 def water_inputs(model, nframes: int, nmol: int, edge: float, periodic: bool, seed: int):
-    """``nframes`` frames of ``nmol`` water-like molecules (atoms sorted by type)."""
-    coords, types, boxes = random_water_like(nframes, nmol, edge, seed=seed, triclinic=True)
-    order = np.argsort(types, kind="stable")
-    coords, atype = coords[:, order], types[order]
-    box = boxes if periodic else None
-    lists = [
-        build_nlist(c, None if box is None else b, atype, model.rcut, model.sel)
-        for c, b in zip(coords, boxes)
-    ]
-    return (
-        torch.tensor(coords),
-        torch.tensor(atype),
-        None if box is None else torch.tensor(box),
-        torch.tensor(np.stack([nl for nl, _, _ in lists])),
-        torch.tensor(np.stack([sh for _, sh, _ in lists])),
-    )
+    return water_batch(model.rcut, model.sel, nframes, nmol, edge, periodic, seed)
 
 
 def assert_equal_outputs(got: dict, want: dict, tol: float = 1e-12) -> None:
@@ -134,13 +124,8 @@ def test_program_in_fresh_process_without_mdtrain(exported, tmp_path):
     torch.save(
         (coord, atype, torch.zeros(2, 3, 3, dtype=torch.float64), nlist, shift), tmp_path / "in.pt"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH, path, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    proc = python_without_mdtrain(
+        FRESH, path, str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['atom_energy', 'energy', 'force', 'virial']"
