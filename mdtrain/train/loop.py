@@ -30,6 +30,7 @@ from mdtrain.train.optimizer import load_optimizer_state, make_adam, reserve_sta
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.signals import PreemptionHandler
+from mdtrain.train.tensorboard import tensorboard_writer
 
 log = logging.getLogger("mdtrain")
 CHECKPOINT_FORMAT = "mdtrain-checkpoint"
@@ -416,6 +417,7 @@ class Trainer(TrainingLoop):
                 self.valid_sampler is not None,
                 append=append,
                 resume_step=self.step if append else None,
+                mirror=tensorboard_writer(self.config["training"], self.out_dir),
             )
         ]
 

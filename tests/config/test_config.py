@@ -474,14 +474,14 @@ def test_unimplemented_deepmd_options_only_at_their_off_value():
     data = water(
         learning_rate__smooth=False,
         learning_rate__scale_by_worker="sqrt",
-        training__tensorboard=False,
+        training__profiling=False,
         model__atom_exclude_types=[],
     )
     data["training"]["training_data"]["rglob_patterns"] = None
     config = normalize_config(data, "input.json")
     assert "smooth" not in config["learning_rate"]
     assert "scale_by_worker" not in config["learning_rate"]
-    assert "tensorboard" not in config["training"]
+    assert "profiling" not in config["training"]
     assert "rglob_patterns" not in config["training"]["training_data"]
 
     assert single_problem(water(learning_rate__smooth=True)) == (
