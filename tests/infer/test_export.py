@@ -19,6 +19,7 @@ from ase import Atoms
 from mdtrain.cli import main
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.calculator import MDTrainCalculator
+from mdtrain.infer.change_bias import read_model
 from mdtrain.infer.freeze import example_frames, export_program
 from mdtrain.infer.load import load_model
 from mdtrain.infer.program import ExportedModel, is_exported_program
@@ -224,6 +225,8 @@ def test_program_errors(exported, tmp_path):
     ckpt, path = exported
     with pytest.raises(MDTrainError, match="already an exported"):
         main(["--debug", "freeze", path, "-o", str(tmp_path / "again.pt2")])
+    with pytest.raises(MDTrainError, match="model.pt2: an exported program's weights cannot"):
+        read_model(path)
     broken = tmp_path / "broken.pt2"
     with zipfile.ZipFile(path) as zin, zipfile.ZipFile(broken, "w") as zout:
         for item in zin.infolist():  # a program with its weights missing
