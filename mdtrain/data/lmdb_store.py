@@ -233,6 +233,10 @@ class LmdbStore:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"])
 
+    def frame_numbers(self) -> list[int]:
+        """The LMDB frame number of each of the group's frames."""
+        return list(self._group.frames)
+
     def where(self, set_name: str | None = None, name: str | None = None) -> str:
         """The group and the array, for error messages."""
         array = KEYS.get((name or "").removesuffix(".npy"))
