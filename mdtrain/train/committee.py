@@ -47,10 +47,11 @@ from mdtrain.train.batch_controller import frame_weights
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loop import Trainer, TrainingLoop
+from mdtrain.train.loop import Trainer
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
 from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import mixed_precision
+from mdtrain.train.training_loop import TrainingLoop
 
 log = logging.getLogger("mdtrain")
 
