@@ -103,8 +103,11 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
         )
     problems += _exclusive(config, "learning_rate", "stop_lr", "stop_lr_ratio")
     problems += _exclusive(config, "learning_rate", "warmup_steps", "warmup_ratio")
-    if _get(config, "learning_rate.type") == "wsd" and 0 in (stop_lr, _get(config, "learning_rate.stop_lr_ratio")):
-        problems.append("learning_rate: type \"wsd\" needs a stop_lr (or stop_lr_ratio) > 0")
+    if _get(config, "learning_rate.type") == "wsd" and 0 in (
+        stop_lr,
+        _get(config, "learning_rate.stop_lr_ratio"),
+    ):
+        problems.append('learning_rate: type "wsd" needs a stop_lr (or stop_lr_ratio) > 0')
 
     loss = _get(config, "loss")
     pairs = (

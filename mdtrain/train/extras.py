@@ -31,6 +31,15 @@ AVERAGED = "averaged_weights"  # marks a checkpoint of the averaged weights
 RECORDS = "full_validation"
 
 
+def refuse_averaged(state: dict) -> None:
+    """A checkpoint of averaged weights cannot be continued: it has no optimiser state."""
+    if state.get(AVERAGED):
+        raise MDTrainError(
+            "--restart: the checkpoint holds averaged weights (training.enable_ema) and no "
+            "optimiser state; continue from the regular checkpoint of that step"
+        )
+
+
 class RunExtras:
     """The optional parts of one trainer's run (see the module docstring)."""
 
@@ -62,11 +71,6 @@ class RunExtras:
     def load_state_dict(self, state: dict) -> None:
         """After the trainer restored the model: the average (a checkpoint without one starts
         it from the restored weights, as DeePMD-kit) and the best-checkpoint records."""
-        if state.get(AVERAGED):
-            raise MDTrainError(
-                "--restart: the checkpoint holds averaged weights (training.enable_ema) and "
-                "no optimiser state; continue from the regular checkpoint of that step"
-            )
         if self.ema is not None:
             self.ema = WeightAverage(self.t.model, self.ema.decay)
             if state.get(EMA_KEY):

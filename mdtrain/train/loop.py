@@ -21,7 +21,7 @@ from mdtrain.train.batch_controller import MicroBatchController, frame_weights, 
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
 from mdtrain.train.epochs import run_length
-from mdtrain.train.extras import RunExtras
+from mdtrain.train.extras import RunExtras, refuse_averaged
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, check_labels, merge_metrics
 from mdtrain.train.lr import make_schedule
@@ -158,6 +158,7 @@ class Trainer(TrainingLoop):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue a run exactly: everything that changes the next step is restored."""
+        refuse_averaged(state)
         self.model.load_state_dict(state["model_state"])
         load_optimizer_state(self.optimizer, state["optimizer_state"])
         self.sampler.load_state_dict(state["sampler_state"])

@@ -69,6 +69,17 @@ class AdaMuon(torch.optim.Optimizer):
         }  # fmt: skip
         super().__init__(params, defaults)
 
+    FLOAT32_STATE = ("exp_avg", "exp_avg_sq", "v_buffer")
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch casts a loaded state to its parameter's dtype; the Adam moments and the
+        second moments of AdaMuon are float32 whatever the parameters (an exact round trip)."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in self.FLOAT32_STATE:
+                if key in state:
+                    state[key] = state[key].float()
+
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
         loss = None

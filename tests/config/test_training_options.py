@@ -38,7 +38,11 @@ def problems(**sections):
 @pytest.mark.parametrize(
     "section, first, second",
     [
-        ({"learning_rate": {"warmup_steps": 10, "warmup_ratio": 0.1}}, "warmup_steps", "warmup_ratio"),
+        (
+            {"learning_rate": {"warmup_steps": 10, "warmup_ratio": 0.1}},
+            "warmup_steps",
+            "warmup_ratio",
+        ),
         ({"learning_rate": {"stop_lr": 1e-6, "stop_lr_ratio": 0.01}}, "stop_lr", "stop_lr_ratio"),
         ({"training": {"numb_epoch": 2}}, "numb_steps", "numb_epoch"),
         ({"training": {"num_epoch": 2, "numb_steps": 5}}, "numb_steps", "numb_epoch"),
@@ -121,7 +125,9 @@ def test_full_validation_needs_data_and_a_trained_metric():
     data = copy.deepcopy(BASE)
     data["training"].pop("validation_data")
     data["validating"] = {"full_validation": True}
-    assert complete_config(data)[1] == ["validating.full_validation: needs training.validation_data"]
+    assert complete_config(data)[1] == [
+        "validating.full_validation: needs training.validation_data"
+    ]
     data["validating"]["full_val_start"] = 1  # never runs
     assert not complete_config(data)[1]
 
