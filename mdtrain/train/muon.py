@@ -27,6 +27,29 @@ from collections.abc import Iterable
 import torch
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+FLOAT32_STATE = ("exp_avg", "exp_avg_sq")  # kept in float32 whatever the parameters
+
+
+def adam_step(
+    states: dict, params: list[torch.Tensor], betas: tuple[float, float], lr: float, eps: float
+) -> None:
+    """The Adam step of the Muon variants: float32 moments by ``lerp``, bias corrections
+    from running powers of the betas (kept in each parameter's state), no weight decay."""
+    beta1, beta2 = betas
+    for p in params:
+        state = states[p]
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            state["beta1_pow"], state["beta2_pow"] = 1.0, 1.0
+        state["beta1_pow"] *= beta1
+        state["beta2_pow"] *= beta2
+        grad = p.grad.to(p.dtype).float()
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].lerp_(grad * grad, 1 - beta2)
+        step_size = lr / (1 - state["beta1_pow"])
+        denom = (state["exp_avg_sq"] / (1 - state["beta2_pow"])).sqrt().add_(eps)
+        p.add_((-step_size * (state["exp_avg"] / denom)).to(p.dtype))
 
 
 def newton_schulz(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-8) -> torch.Tensor:
@@ -69,7 +92,7 @@ class AdaMuon(torch.optim.Optimizer):
         }  # fmt: skip
         super().__init__(params, defaults)
 
-    FLOAT32_STATE = ("exp_avg", "exp_avg_sq", "v_buffer")
+    FLOAT32_STATE = (*FLOAT32_STATE, "v_buffer")
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch casts a loaded state to its parameter's dtype; the Adam moments and the
@@ -94,27 +117,10 @@ class AdaMuon(torch.optim.Optimizer):
             lr, decay = group["lr"], group["weight_decay"]
             if decay > 0 and matrices:
                 torch._foreach_mul_(matrices, 1.0 - lr * decay)
-            self._adam(group, vectors)
+            adam_lr = lr if group["lr_adjust"] <= 0 else lr / group["lr_adjust"]
+            adam_step(self.state, vectors, group["adam_betas"], adam_lr, group["adam_eps"])
             self._muon(group, matrices)
         return loss
-
-    def _adam(self, group: dict, params: list[torch.Tensor]) -> None:
-        beta1, beta2 = group["adam_betas"]
-        lr = group["lr"] if group["lr_adjust"] <= 0 else group["lr"] / group["lr_adjust"]
-        for p in params:
-            state = self.state[p]
-            if "exp_avg" not in state:
-                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["beta1_pow"], state["beta2_pow"] = 1.0, 1.0
-            state["beta1_pow"] *= beta1
-            state["beta2_pow"] *= beta2
-            grad = p.grad.to(p.dtype).float()
-            state["exp_avg"].lerp_(grad, 1 - beta1)
-            state["exp_avg_sq"].lerp_(grad * grad, 1 - beta2)
-            step_size = lr / (1 - state["beta1_pow"])
-            denom = (state["exp_avg_sq"] / (1 - state["beta2_pow"])).sqrt().add_(group["adam_eps"])
-            p.add_((-step_size * (state["exp_avg"] / denom)).to(p.dtype))
 
     def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
         momentum, eps = group["momentum"], group["eps"]

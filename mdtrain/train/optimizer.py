@@ -1,5 +1,6 @@
 """The optimiser of the ``optimizer`` section (DeePMD-kit 3.2's types): Adam in the fastest
-form this torch has for the parameters' device, AdamW, and AdaMuon (``mdtrain.train.muon``); its state restored from a checkpoint without the writer's
+form this torch has for the parameters' device, AdamW, AdaMuon (``mdtrain.train.muon``) and
+HybridMuon (``mdtrain.train.hybrid_muon``); its state restored from a checkpoint without the writer's
 implementation flags.
 
 Apart from the loop because benchmarks and tests build the same optimiser without a Trainer.
@@ -13,6 +14,7 @@ import torch
 from torch.optim.adam import adam as functional_adam
 
 from mdtrain.errors import MDTrainError
+from mdtrain.train.hybrid_muon import HybridMuon
 from mdtrain.train.muon import AdaMuon
 
 FUSED_ADAM_DEVICES = ("cuda", "cpu")  # where torch has a fused Adam (CPU since torch 2.4)
@@ -22,7 +24,7 @@ def make_optimizer(
     section: dict | None, named: list[tuple[str, torch.Tensor]], lr: float
 ) -> torch.optim.Optimizer:
     """The optimiser a (completed) ``optimizer`` section asks for, over the trainable
-    parameters ``named``. Adam with DeePMD-kit's defaults
+    parameters ``named`` (HybridMuon routes some by name). Adam with DeePMD-kit's defaults
     is exactly `make_adam`'s."""
     section = section or {}
     kind = section.get("type", "Adam")
@@ -42,6 +44,12 @@ def make_optimizer(
     }
     if kind == "AdaMuon":
         return AdaMuon(params, lr=lr, **muon)
+    if kind == "HybridMuon":
+        return HybridMuon(
+            named, lr=lr, muon_mode=section.get("muon_mode", "slice"),
+            enable_gram=bool(section.get("enable_gram", True)),
+            magma_muon=bool(section.get("magma_muon", True)), **muon,
+        )  # fmt: skip
     raise MDTrainError(f"optimizer.type: unknown optimiser {kind!r}")
 
 
