@@ -201,27 +201,46 @@ class HybridMuon(torch.optim.Optimizer):
             matrices = update.reshape(batch, rows, cols).contiguous()
             key = (rows, cols, update.device, update.dtype)
             buckets.setdefault(key, []).append((p, matrices, damp))
-        gram = {k: v for k, v in buckets.items() if group["enable_gram"] and k[0] != k[1]}
+        gram: dict[tuple, list] = {}  # rectangular buckets by their smaller side
         for key, members in buckets.items():
             rows, cols = key[0], key[1]
-            stack = torch.cat([m for _, m, _ in members])
-            if key in gram:
-                wide = stack.mT if rows > cols else stack
-                orth = gram_orthogonalize(wide)
-                orth = orth.mT if rows > cols else orth
-            else:
-                orth = quintic_orthogonalize(stack)
-            if group["lr_adjust"] <= 0:
-                scale = group["lr_adjust_coeff"] * math.sqrt(float(max(rows, cols)))
-            else:
-                scale = max(1.0, rows / cols) ** 0.5
+            if group["enable_gram"] and rows != cols:
+                gram.setdefault((min(rows, cols), *key[2:]), []).append((rows, cols, members))
+                continue
+            orth = quintic_orthogonalize(torch.cat([m for _, m, _ in members]))
+            self._apply(group, members, orth, rows, cols)
+        for parts in gram.values():
+            # one iteration for all: wide matrices zero-padded to the longest side, which
+            # leaves X Xᵀ, hence every step, unchanged (as DeePMD-kit batches them)
+            longest = max(max(r, c) for r, c, _ in parts)
+            wide = []
+            for rows, cols, members in parts:
+                for _, m, _ in members:
+                    m = m.transpose(-2, -1) if rows > cols else m
+                    wide.append(torch.nn.functional.pad(m, (0, longest - max(rows, cols))))
+            orth = gram_orthogonalize(torch.cat(wide))
             offset = 0
-            for p, matrices, damp in members:
-                part = orth[offset : offset + len(matrices)] * scale
-                offset += len(matrices)
-                if damp is not None:
-                    part = part * damp.view(-1, 1, 1).to(part.dtype)
-                p.add_(part.reshape(p.shape), alpha=-lr)
+            for rows, cols, members in parts:
+                count = sum(len(m) for _, m, _ in members)
+                part = orth[offset : offset + count, :, : max(rows, cols)]
+                offset += count
+                self._apply(
+                    group, members, part.transpose(-2, -1) if rows > cols else part, rows, cols
+                )
+
+    def _apply(self, group: dict, members: list, orth: torch.Tensor, rows: int, cols: int) -> None:
+        """``p -= lr * scale * damping * orth`` for the members of one bucket."""
+        if group["lr_adjust"] <= 0:
+            scale = group["lr_adjust_coeff"] * math.sqrt(float(max(rows, cols)))
+        else:
+            scale = max(1.0, rows / cols) ** 0.5
+        offset = 0
+        for p, matrices, damp in members:
+            part = orth[offset : offset + len(matrices)] * scale
+            offset += len(matrices)
+            if damp is not None:
+                part = part * damp.view(-1, 1, 1).to(part.dtype)
+            p.add_(part.reshape(p.shape), alpha=-group["lr"])
 
     def _magma(self, p: torch.Tensor, grad: torch.Tensor, buffer: torch.Tensor, batch: int):
         """The block damping factors ``0.1 + 0.9 * s`` (``s`` updated in the state)."""

@@ -60,7 +60,13 @@ OPTIMIZERS = [
     {"type": "AdaMuon"},
     {"type": "AdaMuon", "lr_adjust": 0.0},
     {"type": "HybridMuon"},
-    {"type": "HybridMuon", "muon_mode": "2d", "enable_gram": False, "magma_muon": False, "lr_adjust": 5.0},
+    {
+        "type": "HybridMuon",
+        "muon_mode": "2d",
+        "enable_gram": False,
+        "magma_muon": False,
+        "lr_adjust": 5.0,
+    },
 ]
 
 
@@ -93,7 +99,8 @@ def test_restart_is_bit_exact(tmp_path, optimizer):
     assert_states_equal(ema_a, ema_b)
     # the optimiser did something different from plain Adam
     assert a["optimizer_state"]["param_groups"][0].get("weight_decay") == config["optimizer"].get(
-        "weight_decay", {"AdamW": 0.001, "AdaMuon": 0.001, "HybridMuon": 0.001}.get(optimizer["type"])
+        "weight_decay",
+        {"AdamW": 0.001, "AdaMuon": 0.001, "HybridMuon": 0.001}.get(optimizer["type"]),
     )
 
 
