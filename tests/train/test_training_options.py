@@ -246,3 +246,20 @@ def test_numb_epoch_sets_the_length(tmp_path):
     assert train(inp, out) == 0
     assert lcurve_rows(out / "lcurve.out")[-1, 0] == 12
     assert (out / "checkpoint").read_text().strip() == "model.ckpt-12.pt"
+
+
+def test_committee_members_keep_their_own_average_and_validation(tmp_path):
+    validating = {"full_validation": True, "validation_freq": 3, "full_val_start": 0}
+    inp = project(tmp_path, {"validating": validating}, enable_ema=True, ema_decay=0.0)
+    out = tmp_path / "out"
+    assert train(inp, out, "--ensemble", "2") == 0
+    weights = []
+    for k in range(2):
+        member = out / f"member-{k}"
+        live = torch.load(member / "model.ckpt-6.pt", weights_only=True)["model_state"]
+        averaged = torch.load(member / "model_ema.ckpt-6.pt", weights_only=True)["model_state"]
+        assert_states_equal(live, averaged)  # decay 0: the average follows every step
+        rows = [r for r in (member / "val.log").read_text().splitlines() if not r.startswith("#")]
+        assert [int(r.split()[0]) for r in rows] == [3, 6]
+        weights.append(live)
+    assert not torch.equal(*(w["fitting.networks.0.layers.0.weight"] for w in weights))
