@@ -31,6 +31,10 @@ AVERAGED = "averaged_weights"  # marks a checkpoint of the averaged weights
 RECORDS = "full_validation"
 
 
+def validator_metric(section: dict) -> str:
+    return str(section.get("validation_metric", "E:MAE")).strip().lower()
+
+
 def refuse_averaged(state: dict) -> None:
     """A checkpoint of averaged weights cannot be continued: it has no optimiser state."""
     if state.get(AVERAGED):
@@ -48,8 +52,8 @@ class RunExtras:
         training = trainer.config["training"]
         self.ema = None
         if training.get("enable_ema"):
-            self.ema = WeightAverage(trainer.model, float(training["ema_decay"]))
-            keep = training.get("ema_ckpt_keep") or int(training["max_ckpt_keep"])
+            self.ema = WeightAverage(trainer.model, float(training.get("ema_decay", 0.999)))
+            keep = training.get("ema_ckpt_keep") or int(training.get("max_ckpt_keep", 5))
             prefix = ema_prefix(training["save_ckpt"])
             self.ema_ckpt = CheckpointManager(trainer.out_dir, prefix, int(keep), index=False)
         self.section = trainer.config.get("validating") or {}
@@ -103,17 +107,16 @@ class RunExtras:
         if self.flows is not None:
             return self.flows
         t, sec, self.flows = self.t, self.section, {}
-        training = t.config["training"]
-        start = start_step(sec.get("full_val_start", 0.5), t.numb_steps)
-        if start is None or start > t.numb_steps:
-            return self.flows
-        ckpt_dir = os.path.dirname(os.path.join(t.out_dir, training["save_ckpt"]))
-        best_dir = (
-            os.path.join(t.out_dir, sec["save_best_dir"]) if sec.get("save_best_dir") else ckpt_dir
-        )
-        log_path = os.path.join(t.out_dir, sec["full_val_file"])
         wanted = {"live": bool(sec.get("full_validation")),
                   "ema": bool(sec.get("ema_full_validation")) and self.ema is not None}  # fmt: skip
+        start = start_step(sec.get("full_val_start", 0.5), t.numb_steps)
+        if not any(wanted.values()) or start is None or start > t.numb_steps:
+            return self.flows
+        training = t.config["training"]
+        ckpt_dir = os.path.dirname(os.path.join(t.out_dir, training["save_ckpt"]))
+        best_dir = sec.get("save_best_dir")
+        best_dir = os.path.join(t.out_dir, best_dir) if best_dir else ckpt_dir
+        log_path = os.path.join(t.out_dir, sec.get("full_val_file", "val.log"))
         for flow, on in wanted.items():
             if not on:
                 continue
@@ -124,7 +127,7 @@ class RunExtras:
                 sec, t.numb_steps, ema_prefix(log_path) if ema else log_path, best_dir,
                 "best_ema.ckpt" if ema else "best.ckpt",
                 (self.records.get(flow) or {}).get("records")
-                if (self.records.get(flow) or {}).get("metric") == str(sec["validation_metric"]).lower()
+                if (self.records.get(flow) or {}).get("metric") == validator_metric(sec)
                 else None,
                 self.restored, t.rt.is_main,
             )  # fmt: skip
@@ -147,6 +150,10 @@ class RunExtras:
             try:
                 validator.run(
                     t.step, sums, lambda path, f=flow: self._save_best(path, f, controller_state)
+                )
+            except OSError as exc:  # a full disk, a directory in the way: one line
+                error = MDTrainError(
+                    f"full validation: cannot write {exc.filename}: {exc.strerror}"
                 )
             except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
                 error = exc

@@ -107,11 +107,11 @@ class FullValidator:
         restart: bool,
         is_main: bool,
     ) -> None:
-        self.freq = int(section["validation_freq"])
-        self.save_best = bool(section["save_best"])
-        self.max_best = int(section["max_best_ckpt"])
-        self.metric = str(section["validation_metric"]).strip().lower()
-        self.start = start_step(section["full_val_start"], numb_steps)
+        self.freq = int(section.get("validation_freq", 5000))
+        self.save_best = bool(section.get("save_best", True))
+        self.max_best = int(section.get("max_best_ckpt", 1))
+        self.metric = str(section.get("validation_metric", "E:MAE")).strip().lower()
+        self.start = start_step(section.get("full_val_start", 0.5), numb_steps)
         self.width = max(4, len(str(numb_steps)))
         second = "v" if self.metric.startswith("v") else "s"
         self.columns = [f"{q}:{k}" for q in ("e", "f", second) for k in ("mae", "rmse")]
