@@ -14,8 +14,7 @@ import torch
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.infer.load import load_model
-from mdtrain.infer.test import evaluate_system
-from tests.helpers.training import lcurve_rows, make_project
+from tests.helpers.training import full_validation_reference, lcurve_rows, make_project
 
 
 def train(inp, out, *extra: str) -> int:
@@ -146,24 +145,6 @@ def test_average_follows_the_formula(tmp_path):
     assert all(torch.equal(p, own[n]) for n, p in model.named_parameters())
 
 
-def reference_metrics(checkpoint, system_path):
-    """MAE/RMSE of E per atom, F components and S (minus virial over volume), by numpy."""
-    model = load_model(checkpoint)
-    system = open_system(system_path, ["O", "H"])
-    res = evaluate_system(model, system, system.nframes)
-    n = system.natoms
-    de = (res.pred["energy"] - res.label["energy"]) / n
-    df = (res.pred["force"] - res.label["force"]).ravel()
-    box = system.frames(np.arange(system.nframes))["box"]
-    vol = np.abs(np.linalg.det(box))
-    ds = -(res.pred["virial"] - res.label["virial"]).reshape(-1, 9) / vol[:, None]
-    out = {}
-    for name, d in (("E", de), ("F", df), ("S", ds)):
-        out[f"{name}_MAE"] = np.mean(np.abs(d)) * 1000
-        out[f"{name}_RMSE"] = np.sqrt(np.mean(d * d)) * 1000
-    return out
-
-
 def test_full_validation_and_best_checkpoints(tmp_path):
     validating = {
         "full_validation": True, "validation_freq": 2, "full_val_start": 0,
@@ -184,7 +165,7 @@ def test_full_validation_and_best_checkpoints(tmp_path):
     }
     assert sorted(rows) == [2, 4, 6]
     for step, values in rows.items():
-        ref = reference_metrics(out / f"model.ckpt-{step}.pt", tmp_path / "data" / "valid")
+        ref = full_validation_reference(out / f"model.ckpt-{step}.pt", tmp_path / "data" / "valid")
         got = dict(zip(header[2:], values, strict=True))
         for key, value in ref.items():
             unit_key = next(h for h in got if h.startswith(key + "("))
