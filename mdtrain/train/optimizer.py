@@ -39,8 +39,11 @@ def make_optimizer(
         "momentum": float(section.get("momentum", 0.95)),
         "weight_decay": decay,
         "adam_betas": betas,
-        "lr_adjust": float(section["lr_adjust"]),
-        "lr_adjust_coeff": float(section["lr_adjust_coeff"]),
+        # DeePMD-kit's defaults by type (the schema fills them; a config built by hand may not)
+        "lr_adjust": float(section.get("lr_adjust", 10.0 if kind == "AdaMuon" else 0.0)),
+        "lr_adjust_coeff": float(
+            section.get("lr_adjust_coeff", 0.2 if kind == "AdaMuon" else 0.18)
+        ),
     }
     if kind == "AdaMuon":
         return AdaMuon(params, lr=lr, **muon)
