@@ -23,6 +23,8 @@ def cross_checks(config: dict) -> list[str]:
         *_check_descriptor(desc if isinstance(desc, dict) else {}, ntypes),
         *_check_fitting(fit if isinstance(fit, dict) else {}),
         *_check_schedule_and_loss(config),
+        *_check_length(config),
+        *_check_validating(config),
     ]
 
 
@@ -99,6 +101,13 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
         problems.append(
             f"learning_rate.stop_lr: must not exceed start_lr ({start_lr}), got {stop_lr}"
         )
+    problems += _exclusive(config, "learning_rate", "stop_lr", "stop_lr_ratio")
+    problems += _exclusive(config, "learning_rate", "warmup_steps", "warmup_ratio")
+    if _get(config, "learning_rate.type") == "wsd" and 0 in (
+        stop_lr,
+        _get(config, "learning_rate.stop_lr_ratio"),
+    ):
+        problems.append('learning_rate: type "wsd" needs a stop_lr (or stop_lr_ratio) > 0')
 
     loss = _get(config, "loss")
     pairs = (
@@ -155,6 +164,65 @@ def _loss_option_conflicts(loss: dict, pairs: list) -> list[str]:
             "loss.numb_generalized_coord: must be >= 1 when loss.start_pref_gf and "
             f"loss.limit_pref_gf are non-zero, got {ncoord}"
         )
+    return problems
+
+
+def _given(value: Any) -> bool:
+    """Set to something other than its "unused" value (null, or 0 for ``warmup_steps``)."""
+    return value is not None and not (_number(value) and value == 0 and type(value) is int)
+
+
+def _exclusive(config: dict, section: str, first: str, second: str) -> list[str]:
+    """DeePMD-kit's pairs of keys of which at most one may be given."""
+    a, b = _get(config, f"{section}.{first}"), _get(config, f"{section}.{second}")
+    if _given(a) and _given(b):
+        return [
+            f"{section}.{first} and {section}.{second} exclude each other: give one of them "
+            f"(got {show(a)} and {show(b)})"
+        ]
+    return []
+
+
+def _check_length(config: dict) -> list[str]:
+    """The length of the training: ``numb_steps`` or ``numb_epoch``, and a warm-up shorter
+    than it."""
+    training = _get(config, "training")
+    if not isinstance(training, dict):
+        return []
+    steps, epochs = training.get("numb_steps"), training.get("numb_epoch")
+    if steps is None and epochs is None:
+        return ["training: give numb_steps or numb_epoch (the length of the training)"]
+    problems = _exclusive(config, "training", "numb_steps", "numb_epoch")
+    warmup = _get(config, "learning_rate.warmup_steps")
+    if _number(steps) and _number(warmup) and steps > 0 and warmup >= steps:
+        problems.append(
+            f"learning_rate.warmup_steps: must be smaller than training.numb_steps ({steps}), "
+            f"got {warmup}"
+        )
+    return problems
+
+
+def _check_validating(config: dict) -> list[str]:
+    """Full validation needs validation data and a metric the loss trains."""
+    validating = _get(config, "validating")
+    if not isinstance(validating, dict):
+        return []
+    ema = validating.get("ema_full_validation") and _get(config, "training.enable_ema")
+    if not (validating.get("full_validation") or ema) or validating.get("full_val_start") == 1:
+        return []
+    problems = []
+    if not _get(config, "training.validation_data"):
+        problems.append("validating.full_validation: needs training.validation_data")
+    metric = validating.get("validation_metric")
+    loss = _get(config, "loss")
+    if isinstance(metric, str) and isinstance(loss, dict):
+        term = {"s": "v"}.get(metric[:1].lower(), metric[:1].lower())
+        pair = (f"start_pref_{term}", f"limit_pref_{term}")
+        if any(_number(loss.get(k)) and loss.get(k) == 0 for k in pair):
+            problems.append(
+                f"validating.validation_metric: {metric} needs loss.{pair[0]} and "
+                f"loss.{pair[1]} both non-zero"
+            )
     return problems
 
 

@@ -33,7 +33,8 @@ def apply_aliases(value: Any, node: dict, path: tuple, problems: list[str]) -> A
 
     Keys listed in an object's ``x-off-defaults`` (DeePMD options this trainer lacks) are
     dropped when they hold their "off" value, and reported otherwise; keys in ``x-ignored``
-    are dropped whatever their value.
+    are dropped whatever their value; a key that ``x-variant`` reserves for other types than
+    the object's is reported.
     """
     node = resolve(node)
     if isinstance(value, dict) and "properties" in node:
@@ -56,6 +57,14 @@ def apply_aliases(value: Any, node: dict, path: tuple, problems: list[str]) -> A
                 continue
             renamed[name] = item
         props = node["properties"]
+        kind = variant_of(renamed, node)
+        for name in renamed:
+            if not applies(node, name, kind):
+                allowed = node["x-variant"]["only"][name]
+                problems.append(
+                    f"{join(path, name)}: only for {node['x-variant']['key']} "
+                    f"{' or '.join(show(k) for k in allowed)}, not {show(kind)}"
+                )
         return {
             k: apply_aliases(v, props[k], (*path, k), problems) if k in props else v
             for k, v in renamed.items()
@@ -68,6 +77,24 @@ def apply_aliases(value: Any, node: dict, path: tuple, problems: list[str]) -> A
     if isinstance(value, str):
         return node.get("x-value-aliases", {}).get(value, value)
     return value
+
+
+def variant_of(value: dict, node: dict) -> Any:
+    """The value of the key that picks an object's variant (``x-variant.key``), or its
+    default; None for an object without variants."""
+    variant = node.get("x-variant")
+    if variant is None:
+        return None
+    key = variant["key"]
+    return value.get(key, resolve(node["properties"][key]).get("default"))
+
+
+def applies(node: dict, name: str, kind: Any) -> bool:
+    """Whether key ``name`` belongs to the variant ``kind`` of the object ``node`` (keys
+    ``x-variant.only`` does not list belong to every variant; an unknown kind is left to the
+    validator)."""
+    only = node.get("x-variant", {}).get("only", {})
+    return name not in only or not isinstance(kind, str) or kind in only[name]
 
 
 def _same_json(a: Any, b: Any) -> bool:
@@ -87,16 +114,25 @@ def fill_defaults(value: Any, node: dict) -> Any:
     """Add missing keys that have a schema default, in schema order; give numbers their type.
 
     An integral float where the schema wants an integer becomes an int (``1e5`` steps), an int
-    where it wants a number becomes a float.
+    where it wants a number becomes a float. In an object with variants (``x-variant``), keys
+    of other variants get no default, and ``x-variant.defaults`` replaces the defaults of
+    some keys for a variant.
 
     Values of the wrong type are left alone: the validator reports them.
     """
     node = resolve(node)
     if isinstance(value, dict) and "properties" in node:
         filled: dict = {}
+        kind = variant_of(value, node)
+        own = node.get("x-variant", {}).get("defaults", {})
+        own = own.get(kind, {}) if isinstance(kind, str) else {}
         for name, sub in node["properties"].items():
             if name in value:
                 filled[name] = fill_defaults(value[name], sub)
+            elif not applies(node, name, kind):
+                continue
+            elif name in own:
+                filled[name] = fill_defaults(copy.deepcopy(own[name]), sub)
             elif "default" in (sub_node := resolve(sub)):
                 filled[name] = fill_defaults(copy.deepcopy(sub_node["default"]), sub)
         filled.update((k, v) for k, v in value.items() if k not in filled)

@@ -13,7 +13,10 @@ uses a few ``x-`` keywords that validators ignore:
 - ``x-ignored``: DeePMD keys of an object that are accepted and dropped whatever their value;
 - ``x-discriminator``: on an object with ``anyOf`` branches (the descriptor), the key whose
   value picks the branch (the branch whose property of that name lists it in its ``enum``
-  or its ``x-value-aliases``).
+  or its ``x-value-aliases``);
+- ``x-variant``: an object whose keys depend on one of them (``key``, e.g. ``type``):
+  ``only`` lists the variants each restricted key belongs to, ``defaults`` the defaults
+  that differ by variant (``{variant: {key: default}}``).
 """
 
 from __future__ import annotations

@@ -161,11 +161,16 @@ class CheckpointManager:
     """``<out_dir>/<prefix>-<step>.pt`` files, the ``<prefix>.pt`` link and ``checkpoint``.
 
     ``prefix`` may contain a sub-directory (``"ckpt/model.ckpt"``). Only one process (rank 0)
-    may use a manager on a directory.
+    may use a manager on a directory. ``index`` False: the text file ``checkpoint`` is left
+    alone (the averaged-weight checkpoints do not claim it, as in DeePMD-kit).
     """
 
     def __init__(
-        self, out_dir: str | os.PathLike = ".", prefix: str = "model.ckpt", max_keep: int = 5
+        self,
+        out_dir: str | os.PathLike = ".",
+        prefix: str = "model.ckpt",
+        max_keep: int = 5,
+        index: bool = True,
     ) -> None:
         if max_keep < 1:
             raise MDTrainError(f"training.max_ckpt_keep must be >= 1, got {max_keep}")
@@ -174,6 +179,7 @@ class CheckpointManager:
         self.directory = os.path.dirname(base) or "."
         self.stem = os.path.basename(base)
         self.max_keep = max_keep
+        self.index = index
         self._pattern = re.compile(re.escape(self.stem) + r"-(\d+)\.pt")
         self._tmp_pattern = re.compile(r"\." + re.escape(self.stem) + r"[-.].*\.tmp")
 
@@ -221,8 +227,10 @@ class CheckpointManager:
         except OSError as exc:
             raise checkpoint_io_error(self.link_path, exc) from exc
         try:
-            index = os.path.relpath(path, self.out_dir) + "\n"
-            _atomic_write(self.index_path, index.encode())
+            if self.index:
+                _atomic_write(
+                    self.index_path, (os.path.relpath(path, self.out_dir) + "\n").encode()
+                )
         except OSError as exc:
             raise checkpoint_io_error(self.index_path, exc) from exc
         self._prune(step)

@@ -47,10 +47,11 @@ from mdtrain.train.batch_controller import frame_weights
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loop import Trainer, TrainingLoop
+from mdtrain.train.loop import Trainer
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
 from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import mixed_precision
+from mdtrain.train.training_loop import TrainingLoop
 
 log = logging.getLogger("mdtrain")
 
@@ -255,6 +256,8 @@ class CommitteeTrainer(TrainingLoop):
         for member in self.members:
             member.clip_gradients()  # each its own gradient
         step_together([member.optimizer for member in self.members])
+        for member in self.members:
+            member.extras.after_update()  # the weight average, when on
         return metrics
 
     def _communicating(self, last: bool) -> contextlib.AbstractContextManager:
@@ -302,6 +305,20 @@ class CommitteeTrainer(TrainingLoop):
             acc.add(pred, batch.labels, batch.natoms, loss=loss, metrics=metrics)
             out.append(acc)
         return out
+
+    def validate_fully(self) -> None:
+        """Each member's full validation (``validating``), when due."""
+        for member in self.members:
+            member.step = self.step
+            member.validate_fully()
+
+    def finish(self, first_step: int) -> str | None:
+        """Each member's bias refit (``change_bias_after_training``); member 0's path."""
+        paths = []
+        for member in self.members:
+            member.step = self.step
+            paths.append(member.finish(first_step))
+        return paths[0]
 
     # ----------------------------------------------------------------- outputs
     def save(self) -> str | None:

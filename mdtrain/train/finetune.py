@@ -21,13 +21,9 @@ import numpy as np
 import torch
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.stats import (
-    collect_stat_batches,
-    compute_energy_bias,
-    compute_or_load_stats,
-    stat_inputs,
-)
+from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
+from mdtrain.train.bias import bias_text, refit_energy_bias
 
 log = logging.getLogger("mdtrain")
 
@@ -171,21 +167,6 @@ def _mapped_stats(state: dict, pretrained: dict, mapping: list, new_sel: list[in
                 new[c, new_off[t] : new_off[t + 1]] = row
 
 
-def _predicted_energies(model: torch.nn.Module, batches: list[dict[str, Any]]) -> np.ndarray:
-    device = model.descriptor.davg.device
-    out = []
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for batch in batches:
-            if "energy" not in batch:
-                continue
-            coord, box, atype, nlist, shift = stat_inputs(batch, 0, len(batch["coord"]), device)
-            out.append(model(coord, atype, box, nlist, shift)["energy"].cpu().numpy())
-    model.train(was_training)
-    return np.concatenate(out) if out else np.zeros(0)
-
-
 def load_pretrained(
     model: torch.nn.Module, pretrained: dict, systems: Sequence[Any], nbatch: int
 ) -> None:
@@ -202,23 +183,7 @@ def load_pretrained(
     state["out_bias"] = torch.tensor([0.0 if o is None else float(old_bias[o]) for o in mapping])
     state["out_std"] = torch.tensor([1.0 if o is None else float(old_std[o]) for o in mapping])
     model.load_state_dict(state)
-    batches = collect_stat_batches(systems, model.get_model_config(), nbatch)
-    energies = [b["energy"] for b in batches if "energy" in b]
-    if not energies:
+    if not refit_energy_bias(model, systems, nbatch):
         log.warning("--finetune: no sampled frame has an energy label: the bias is kept")
         return
-    counts = np.concatenate(
-        [np.tile(b["natoms_per_type"], (len(b["energy"]), 1)) for b in batches if "energy" in b]
-    ).astype(np.float64)
-    residual = np.concatenate(energies) - _predicted_energies(model, batches)
-    keep = model.atom_keep.cpu().numpy()
-    delta, _ = compute_energy_bias(
-        counts * keep, residual, model.get_model_config()["fitting_net"]["rcond"]
-    )
-    model.set_out_bias(state["out_bias"].numpy() + delta)
-    log.info(
-        "--finetune: energy bias refitted on the new data: %s",
-        ", ".join(
-            f"{t} {b:.6g}" for t, b in zip(model.type_map, model.out_bias.tolist(), strict=True)
-        ),
-    )
+    log.info("--finetune: energy bias refitted on the new data: %s", bias_text(model))

@@ -7,9 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,24 +20,19 @@ from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
+from mdtrain.train.epochs import run_length
+from mdtrain.train.extras import RunExtras, refuse_averaged
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, check_labels, merge_metrics
-from mdtrain.train.lr import ExpDecayLR
-from mdtrain.train.optimizer import load_optimizer_state, make_adam, reserve_state
+from mdtrain.train.lr import make_schedule
+from mdtrain.train.optimizer import load_optimizer_state, make_optimizer, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
-from mdtrain.train.signals import PreemptionHandler
 from mdtrain.train.tensorboard import tensorboard_writer
+from mdtrain.train.training_loop import TrainingLoop
 
 log = logging.getLogger("mdtrain")
 CHECKPOINT_FORMAT = "mdtrain-checkpoint"
-
-
-@dataclass
-class TrainResult:
-    step: int
-    preempted: bool
-    checkpoint: str | None
 
 
 def make_sampler(
@@ -59,104 +51,6 @@ def make_sampler(
         f"training.{section}", sources,
     )  # fmt: skip
     return TrainingSampler(nframes, sizes, probs, seed, rank, world)
-
-
-class TrainingLoop:
-    """The loop around the steps: display, validation, lcurve.out rows, checkpoints and
-    preemption, the same for one model (`Trainer`) and a committee
-    (``mdtrain.train.committee``). A subclass sets ``config``, ``model``, ``rt``, ``loss``,
-    ``numb_steps``, ``step``, ``disp_freq`` and ``save_freq`` and provides the step, the
-    validation, the checkpoints and the reports."""
-
-    config: dict
-    model: torch.nn.Module
-    rt: Runtime
-    loss: EnergyLoss
-    lr: ExpDecayLR
-    numb_steps: int
-    step: int
-    disp_freq: int
-    save_freq: int
-
-    def train_step(self, lr: float) -> Any:
-        raise NotImplementedError
-
-    def validate(self, lr: float) -> Any:
-        raise NotImplementedError
-
-    def save(self) -> str | None:
-        raise NotImplementedError
-
-    def precision_applied(self) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
-
-    def _open_lcurves(self, keys: list[str], append: bool) -> list[LcurveWriter]:
-        """This rank's lcurve.out writers (rank 0 only), continuing at ``self.step``."""
-        raise NotImplementedError
-
-    def _report(
-        self, writers: list[LcurveWriter], display: Display, lr: float, metrics, valid
-    ) -> None:
-        """The lcurve.out rows and the progress line of a display step."""
-        raise NotImplementedError
-
-    def run(
-        self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
-    ) -> TrainResult:
-        """Train to numb_steps, or until a preemption signal: then every rank stops after the
-        same step and a checkpoint of that step is written.
-
-        ``preemption``: an installed handler that outlives this call (the command keeps it
-        until the process group is gone, so a launcher's SIGTERM after a failure cannot cut
-        the error report short); by default one is installed for the loop only."""
-        keys = self.loss.metric_keys()
-        writers = self._open_lcurves(keys, append_lcurve)
-        display = Display.for_run(self.numb_steps, keys, self.config["training"])
-        last_saved, preempted = None, False
-        self.model.train()
-        guard = (
-            contextlib.nullcontext(preemption) if preemption is not None else PreemptionHandler()
-        )
-        try:
-            with guard as signals, self.precision_applied():
-                while self.step < self.numb_steps:
-                    lr = self.lr.value(self.step)
-                    began = time.perf_counter()
-                    metrics = self.train_step(lr)
-                    display.add(time.perf_counter() - began)
-                    self.step += 1
-                    if display.due(self.step, self.disp_freq):
-                        valid = self.validate(lr)
-                        self._report(writers, display, lr, metrics, valid)
-                    done = self.step == self.numb_steps
-                    stop = dist_rt.any_rank(signals.requested)
-                    if done or stop or self.step % self.save_freq == 0:
-                        last_saved = self.save() or last_saved
-                    if stop and not done:
-                        preempted = True
-                        log.warning(
-                            "stopping after step %d: %s",
-                            self.step,
-                            f"{signals.signal_name} received"
-                            if signals.requested
-                            else "another rank received a preemption signal",
-                        )
-                        break
-        except RuntimeError as exc:
-            if self.rt.world_size > 1 and is_collective_failure(exc):
-                raise MDTrainError(
-                    f"rank {self.rt.rank}: lost contact with the other ranks during step "
-                    f"{self.step + 1} ({_first_line(exc)}): a rank died, or stalled longer "
-                    f"than training.distributed.timeout ({self._timeout_s():g} s)"
-                ) from exc
-            raise
-        finally:
-            for writer in writers:
-                writer.close()
-        return TrainResult(self.step, preempted, last_saved)
-
-    def _timeout_s(self) -> float:
-        return float(self.config["training"].get("distributed", {}).get("timeout", 1800))
 
 
 class Trainer(TrainingLoop):
@@ -182,7 +76,6 @@ class Trainer(TrainingLoop):
         self.rt = runtime
         self.out_dir = out_dir
         training, lr_cfg = config["training"], config["learning_rate"]
-        self.numb_steps = int(training["numb_steps"])
         self.train_systems, self.valid_systems = train_systems, valid_systems
         seed = int(training.get("seed") or 0)
         self.sampler = make_sampler(
@@ -196,14 +89,13 @@ class Trainer(TrainingLoop):
                 valid_systems, vcfg, seed + 1, runtime, "validation_data"
             )
             self.numb_valid = int(vcfg.get("numb_btch", 1))
-        self.lr = ExpDecayLR(
-            lr_cfg["start_lr"], lr_cfg["stop_lr"], lr_cfg["decay_steps"], self.numb_steps,
-            lr_cfg.get("decay_rate"),
-        )  # fmt: skip
+        self.numb_steps = run_length(training, self.sampler)
+        self.lr = make_schedule(lr_cfg, self.numb_steps)
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
         check_labels(config["loss"], [*train_systems, *valid_systems])
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_adam(self.params, lr_cfg["start_lr"])
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.optimizer = make_optimizer(config.get("optimizer"), named, lr_cfg["start_lr"])
         reserve_state(self.optimizer)  # no allocation inside a step's parameter update
         spread = training.get("distributed", {})
         self.overlap_comm = runtime.world_size > 1 and bool(spread.get("overlap_comm", True))
@@ -242,6 +134,7 @@ class Trainer(TrainingLoop):
             out_dir, training["save_ckpt"], int(training["max_ckpt_keep"])
         )
         self.lcurve_path = os.path.join(out_dir, training["disp_file"])
+        self.extras = RunExtras(self)  # EMA, full validation, bias refit (off by default)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -260,11 +153,13 @@ class Trainer(TrainingLoop):
             "mixed_precision": self.precision,
             "rng_state": rng_state_dict(),
             "config": self.config,
+            **self.extras.state_dict(),
             **self.checkpoint_extra,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue a run exactly: everything that changes the next step is restored."""
+        refuse_averaged(state)
         self.model.load_state_dict(state["model_state"])
         load_optimizer_state(self.optimizer, state["optimizer_state"])
         self.sampler.load_state_dict(state["sampler_state"])
@@ -273,6 +168,7 @@ class Trainer(TrainingLoop):
         self.controller.load_state_dict(state["controller_state"])
         load_rng_state(state["rng_state"])
         self.step = int(state["step"])
+        self.extras.load_state_dict(state)
 
     def precision_applied(self) -> contextlib.AbstractContextManager:
         """The mixed-precision setting in force inside the block (``run`` trains in it)."""
@@ -327,6 +223,7 @@ class Trainer(TrainingLoop):
         ``training.gradient_max_norm`` first when it is set."""
         self.clip_gradients()
         self.optimizer.step()
+        self.extras.after_update()
 
     def clip_gradients(self) -> None:
         if self.max_norm:
@@ -387,6 +284,7 @@ class Trainer(TrainingLoop):
                 state = self.state_dict()
                 state["controller_state"] = controller_state
                 path = self.ckpt.save(self.step, state)
+                self.extras.save_average(state)
             except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
                 error = exc
         if dist_rt.any_rank(error is not None):
@@ -396,6 +294,12 @@ class Trainer(TrainingLoop):
         if path is not None:
             log.info("saved checkpoint %s", path)
         return path
+
+    def validate_fully(self) -> None:
+        self.extras.validate_fully()
+
+    def finish(self, first_step: int) -> str | None:
+        return self.extras.finish(first_step)
 
     def _controller_state(self) -> dict:
         """Every rank's split per size in one state (ranks learn their own sizes): a
@@ -427,23 +331,6 @@ class Trainer(TrainingLoop):
         for writer in writers:
             writer.write(self.step, lr, metrics, valid)
         log.info(display.line(self.step, lr, metrics, valid))
-
-
-def is_collective_failure(exc: BaseException) -> bool:
-    """A collective that failed because a peer died or timed out (Gloo and NCCL raise plain
-    RuntimeErrors for these, or torch.distributed's DistError subclasses)."""
-    if isinstance(exc, torch.distributed.DistError):
-        return True
-    text = str(exc).lower()
-    markers = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout")
-    return any(marker in text for marker in markers)
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return type(exc).__name__
 
 
 def seed_everything(seed: int) -> None:

@@ -1,5 +1,7 @@
-"""The optimiser: Adam in the fastest form this torch has for the parameters' device, and
-its state restored from a checkpoint without the writer's implementation flags.
+"""The optimiser of the ``optimizer`` section (DeePMD-kit 3.2's types): Adam in the fastest
+form this torch has for the parameters' device, AdamW, AdaMuon (``mdtrain.train.muon``) and
+HybridMuon (``mdtrain.train.hybrid_muon``); its state restored from a checkpoint without the writer's
+implementation flags.
 
 Apart from the loop because benchmarks and tests build the same optimiser without a Trainer.
 """
@@ -11,31 +13,80 @@ from collections.abc import Sequence
 import torch
 from torch.optim.adam import adam as functional_adam
 
+from mdtrain.errors import MDTrainError
+from mdtrain.train.hybrid_muon import HybridMuon
+from mdtrain.train.muon import AdaMuon
+
 FUSED_ADAM_DEVICES = ("cuda", "cpu")  # where torch has a fused Adam (CPU since torch 2.4)
 
 
-def make_adam(params: list[torch.Tensor], lr: float) -> torch.optim.Adam:
+def make_optimizer(
+    section: dict | None, named: list[tuple[str, torch.Tensor]], lr: float
+) -> torch.optim.Optimizer:
+    """The optimiser a (completed) ``optimizer`` section asks for, over the trainable
+    parameters ``named`` (HybridMuon routes some by name). Adam with DeePMD-kit's defaults
+    is exactly `make_adam`'s."""
+    section = section or {}
+    kind = section.get("type", "Adam")
+    params = [p for _, p in named]
+    betas = (float(section.get("adam_beta1", 0.9)), float(section.get("adam_beta2", 0.999)))
+    decay = float(section.get("weight_decay", 0.0))
+    if kind == "Adam":
+        return make_adam(params, lr, betas, decay)
+    if kind == "AdamW":
+        return make_adam(params, lr, betas, decay, decoupled=True)
+    muon = {
+        "momentum": float(section.get("momentum", 0.95)),
+        "weight_decay": decay,
+        "adam_betas": betas,
+        # DeePMD-kit's defaults by type (the schema fills them; a config built by hand may not)
+        "lr_adjust": float(section.get("lr_adjust", 10.0 if kind == "AdaMuon" else 0.0)),
+        "lr_adjust_coeff": float(
+            section.get("lr_adjust_coeff", 0.2 if kind == "AdaMuon" else 0.18)
+        ),
+    }
+    if kind == "AdaMuon":
+        return AdaMuon(params, lr=lr, **muon)
+    if kind == "HybridMuon":
+        return HybridMuon(
+            named, lr=lr, muon_mode=section.get("muon_mode", "slice"),
+            enable_gram=bool(section.get("enable_gram", True)),
+            magma_muon=bool(section.get("magma_muon", True)), **muon,
+        )  # fmt: skip
+    raise MDTrainError(f"optimizer.type: unknown optimiser {kind!r}")
+
+
+def make_adam(
+    params: list[torch.Tensor],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
+    decoupled: bool = False,
+) -> torch.optim.Adam:
     """Adam as one fused kernel over all parameters where this torch has it for their device
     (CPU since torch 2.4): a third of the multi-tensor version's time, which passes over the
     parameters and moments several times. The two differ in the last bits of a step, not more.
     Newer torch checks the device only at the first step, so the device is checked here.
     """
+    kind = torch.optim.AdamW if decoupled else torch.optim.Adam
+    settings = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
     if all(p.device.type in FUSED_ADAM_DEVICES for p in params):
         try:
-            return torch.optim.Adam(params, lr=lr, fused=True)
+            return kind(params, **settings, fused=True)
         except (RuntimeError, ValueError):
             pass
-    return torch.optim.Adam(params, lr=lr, foreach=True)
+    return kind(params, **settings, foreach=True)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Restore moments and hyperparameters, but keep this process's implementation (fused or
     multi-tensor): the saved flags belong to the torch and device that wrote the checkpoint,
     and a fused flag from a newer torch would fail on an older one."""
-    implementation = [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups]
+    flags = ("fused", "foreach")
+    implementation = [{k: g[k] for k in flags if k in g} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)
-    for group, (fused, foreach) in zip(optimizer.param_groups, implementation, strict=True):
-        group["fused"], group["foreach"] = fused, foreach
+    for group, own in zip(optimizer.param_groups, implementation, strict=True):
+        group.update(own)
 
 
 def reserve_state(optimizer: torch.optim.Optimizer) -> None:
@@ -43,8 +94,9 @@ def reserve_state(optimizer: torch.optim.Optimizer) -> None:
     step: a step that ran out of memory half-way through creating them would leave some
     parameters updated and others not. One step with zero gradients at learning rate 0 creates
     them (zeros, parameters unchanged); the step counts then go back to 0, so the state is
-    exactly what the first real step would have created."""
-    if optimizer.state:
+    exactly what the first real step would have created. Only torch's Adam and AdamW: the
+    Muon variants keep counters such a step would advance."""
+    if optimizer.state or not isinstance(optimizer, torch.optim.Adam):
         return
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     saved_lr = [g["lr"] for g in optimizer.param_groups]
@@ -78,8 +130,10 @@ def step_together(optimizers: Sequence[torch.optim.Adam]) -> None:
     groups = [g for opt in optimizers for g in opt.param_groups]
     first = groups[0]
     lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
-    together = all(g.get(k) == first.get(k) for g in groups for k in _SAME) and not any(
-        g.get(k) for g in groups for k in _OFF
+    together = (
+        all(type(opt) is torch.optim.Adam for opt in optimizers)
+        and all(g.get(k) == first.get(k) for g in groups for k in _SAME)
+        and not any(g.get(k) for g in groups for k in _OFF)
     )
     for opt in optimizers if together else ():
         for group in opt.param_groups:

@@ -173,6 +173,6 @@ def test_gloo_collectives_honour_the_timeout(op, tmp_path):
     ],
 )
 def test_collective_failures_are_recognised(text, collective):
-    from mdtrain.train.loop import is_collective_failure
+    from mdtrain.train.training_loop import is_collective_failure
 
     assert is_collective_failure(RuntimeError(text)) is collective

@@ -84,3 +84,38 @@ def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 def lcurve_rows(path: str | os.PathLike) -> np.ndarray:
     return np.loadtxt(path, ndmin=2)
+
+
+def full_validation_reference(checkpoint, system_path) -> dict[str, float]:
+    """What ``val.log`` should show for a checkpoint on one system, computed with numpy: MAE
+    and RMSE in meV of the energy per atom, the force components and the stress (minus the
+    virial over the cell volume)."""
+    from mdtrain.data import open_system
+    from mdtrain.infer.load import load_model
+    from mdtrain.infer.test import evaluate_system
+
+    model = load_model(checkpoint)
+    system = open_system(str(system_path), ["O", "H"])
+    res = evaluate_system(model, system, system.nframes)
+    n = system.natoms
+    de = (res.pred["energy"] - res.label["energy"]) / n
+    df = (res.pred["force"] - res.label["force"]).ravel()
+    box = system.frames(np.arange(system.nframes))["box"]
+    vol = np.abs(np.linalg.det(box))
+    ds = -(res.pred["virial"] - res.label["virial"]).reshape(-1, 9) / vol[:, None]
+    out = {}
+    for name, d in (("E", de), ("F", df), ("S", ds)):
+        out[f"{name}_MAE"] = float(np.mean(np.abs(d)) * 1000)
+        out[f"{name}_RMSE"] = float(np.sqrt(np.mean(d * d)) * 1000)
+    return out
+
+
+def val_log_rows(path) -> dict[int, dict[str, float]]:
+    """``val.log`` as ``{step: {"E_MAE": ..., ...}}`` (units dropped from the names)."""
+    lines = Path(path).read_text().splitlines()
+    names = [h.split("(")[0] for h in lines[0].split()[2:]]
+    return {
+        int(r.split()[0]): dict(zip(names, map(float, r.split()[1:]), strict=True))
+        for r in lines
+        if not r.startswith("#")
+    }

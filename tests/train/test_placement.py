@@ -66,3 +66,28 @@ def test_restart_on_another_device_from_a_cpu_checkpoint(tmp_path, project, monk
     steps = lcurve_rows(tmp_path / "other" / "lcurve.out")[:, 0]
     assert steps.tolist() == [1, 2, 3]
     assert torch.isfinite(other["optimizer_state"]["state"][0]["exp_avg_sq"]).all()
+
+
+def test_training_options_on_another_device(tmp_path, project, monkeypatch):
+    """AdaMuon, the weight average, full validation and the bias refit put their tensors on
+    the run's device and give the CPU run's results."""
+    config = json.loads(project.read_text())
+    config["optimizer"] = {"type": "AdaMuon"}
+    config["validating"] = {"full_validation": True, "validation_freq": 1, "full_val_start": 0}
+    config["training"].update(enable_ema=True, ema_decay=0.5, change_bias_after_training=True)
+    project.write_text(json.dumps(config))
+    assert train(project, tmp_path / "cpu") == 0
+    with monkeypatch.context() as patch, OtherDevice():
+        patch.setattr(runtime_module, "select_device", lambda env, use_cuda=None: OTHER)
+        assert train(project, tmp_path / "other") == 0
+    (best,) = (p.name for p in (tmp_path / "cpu").glob("best.ckpt-*.t-1.pt"))
+    for name in ("model.ckpt-2.pt", "model_ema.ckpt-2.pt", best):
+        found = [tmp_path / d / name for d in ("cpu", "other")]
+        cpu, other = (load_checkpoint(p) for p in found)
+        assert {t.device.type for t in iter_tensors(other)} == {"cpu"}
+        assert max_param_diff(cpu["model_state"], other["model_state"]) < 1e-12, name
+    logs = [
+        (tmp_path / d / "val.log").read_text().replace(str(tmp_path / d), "")
+        for d in ("cpu", "other")
+    ]
+    assert logs[0] == logs[1]
