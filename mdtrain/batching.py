@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mdtrain.data import EXTRA_LABELS, System
+from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.neighbors.nlist import build_nlist
 
 LABELS = ("energy", "force", "virial", *EXTRA_LABELS)
@@ -30,6 +31,8 @@ class Batch:
     nlist: torch.Tensor  # (nf, N, nnei)
     shift: torch.Tensor  # (nf, N, nnei, 3)
     labels: dict[str, torch.Tensor] = field(default_factory=dict)
+    fparam: torch.Tensor | None = None  # (nf, numb_fparam) when the model takes them
+    aparam: torch.Tensor | None = None  # (nf, N, numb_aparam)
 
     @property
     def nframes(self) -> int:
@@ -40,7 +43,10 @@ class Batch:
         return self.coord.shape[1]
 
     def inputs(self) -> tuple:
-        return self.coord, self.atype, self.box, self.nlist, self.shift
+        """The model's arguments: the frame and atomic parameters only for a model with them."""
+        if self.fparam is None and self.aparam is None:
+            return self.coord, self.atype, self.box, self.nlist, self.shift
+        return self.coord, self.atype, self.box, self.nlist, self.shift, self.fparam, self.aparam
 
 
 class NeighborListCache:
@@ -95,9 +101,10 @@ def make_batch(
     sel: list[int],
     device: torch.device | str = "cpu",
     cache: NeighborListCache | None = None,
+    params: ParamSpec | None = None,
 ) -> Batch:
     """Read frames ``indices`` of ``system`` and build their neighbour lists (or take them
-    from ``cache``)."""
+    from ``cache``); ``params``: the frame/atomic parameters the model takes."""
     indices = np.asarray(indices, dtype=np.int64)
     frames = system.frames(indices)
     coord = frames["coord"]
@@ -115,6 +122,7 @@ def make_batch(
     def tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
 
+    fparam, aparam = read_params(system, frames, coord.shape[0], params or ParamSpec())
     return Batch(
         system=system.path,
         coord=tensor(coord, torch.float64),
@@ -123,4 +131,6 @@ def make_batch(
         nlist=tensor(np.stack(lists), torch.long),
         shift=tensor(np.stack(shifts), torch.float64),
         labels={k: tensor(frames[k], torch.float64) for k in LABELS if k in frames},
+        fparam=None if fparam is None else tensor(fparam, torch.float64),
+        aparam=None if aparam is None else tensor(aparam, torch.float64),
     )

@@ -14,6 +14,7 @@ from typing import Any
 from mdtrain.config import complete_config, parse_json, resolve_path
 from mdtrain.config.precision import mode_of, network_problem
 from mdtrain.data import expand_systems, open_systems, validate_system
+from mdtrain.data.params import ParamSpec, param_problems
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
 from mdtrain.train.loss_labels import label_problems
@@ -73,7 +74,7 @@ def check_config(data: Any, source: str) -> CheckReport:
             continue  # absent, or already reported by the schema
         paths, found = _expand(part["systems"], os.path.dirname(os.path.abspath(source)))
         problems += found
-        found, nframes = _inspect(paths, type_map, _get(config, "loss"))
+        found, nframes = _inspect(paths, type_map, _get(config, "loss"), _param_spec(model))
         problems += found
         problems += _check_per_system_lists(part, len(paths), f"training.{section}", source)
         nsys_total += len(paths)
@@ -89,7 +90,7 @@ def check_systems(paths: list[str], type_map: list[str] | None) -> list[str]:
 
 
 def _inspect(
-    paths: list[str], type_map: list[str] | None, loss: Any = None
+    paths: list[str], type_map: list[str] | None, loss: Any = None, spec: ParamSpec | None = None
 ) -> tuple[list[str], int]:
     """Problems and the total number of frames of the systems that could be opened; with the
     ``loss`` section, also the label files its terms need (`label_problems`)."""
@@ -102,6 +103,8 @@ def _inspect(
                 problems += validate_system(system)
                 if isinstance(loss, dict):
                     problems += label_problems(loss, system)
+                if spec is not None:
+                    problems += param_problems(system, spec)
         except MDTrainError as exc:
             problems.append(str(exc))
             continue
@@ -150,6 +153,14 @@ def _check_paths(config: dict, source: str) -> list[str]:
         if not os.path.isdir(parent):
             problems.append(f"{source}: training.stat_file: directory {parent} does not exist")
     return problems
+
+
+def _param_spec(model: Any) -> ParamSpec | None:
+    """The parameters the model section asks for, None when it is too broken to say."""
+    try:
+        return ParamSpec.of(model) if isinstance(model, dict) else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _get(config: Any, *keys: str) -> Any:

@@ -24,6 +24,8 @@ from mdtrain.errors import MDTrainError
 LABELS = ("energy", "force", "virial")
 # per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
 EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
+# model inputs beside positions (DeePMD-kit's frame and atomic parameters): read when present
+PARAMS = ("fparam", "aparam")
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 # values per frame, as a multiple of natoms (True) or a fixed count (False)
 _LAYOUT = {
@@ -36,6 +38,14 @@ _LAYOUT = {
     "atom_pref": (1, True),
     "atom_ener_coeff": (1, True),
     "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
+    "fparam": (0, False),  # numb_fparam per frame, checked against the model elsewhere
+    "aparam": (0, True),  # numb_aparam per atom
+}
+# arrays whose width the system learns from the first set: name -> (values per unit, unit)
+_FREE_WIDTH = {
+    "drdq": (3, "x 3 x numb_generalized_coord"),
+    "fparam": (1, "numb_fparam"),
+    "aparam": (1, "x numb_aparam"),
 }
 
 
@@ -120,7 +130,7 @@ class System:
         self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
         self.atype = model_types[self.atom_order]
         self.periodic = not store.nopbc()
-        self._drdq_width = 0
+        self._widths: dict[str, int] = {}
         self.sets, self.labels = self._scan_sets(names)
         self.nframes = sum(s.nframes for s in self.sets)
         if self.nframes == 0:
@@ -188,25 +198,32 @@ class System:
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = _LAYOUT[name]
         expected = width * self.natoms if per_atom else width
-        if name == "drdq":  # checked against numb_generalized_coord by the loss
-            values = math.prod(shape[1:]) if len(shape) else 0
-            if values == 0 or values % (3 * self.natoms):
-                raise MDTrainError(
-                    f"{where}: shape {list(shape)} does not match [nframes, {self.natoms} atoms "
-                    "x 3 x numb_generalized_coord]"
-                )
-            if self._drdq_width and values != self._drdq_width:
-                raise MDTrainError(
-                    f"{where}: {values // self.natoms} values per atom, but an earlier set has "
-                    f"{self._drdq_width // self.natoms}"
-                )
-            self._drdq_width = values
-            return int(shape[0])
+        if name in _FREE_WIDTH:  # checked against the model (or the loss) by their users
+            return self._free_width(name, shape, where, per_atom)
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
             raise MDTrainError(
                 f"{where}: shape {list(shape)} does not match [nframes, {expected}]{unit}"
             )
+        return int(shape[0])
+
+    def _free_width(self, name: str, shape: tuple, where: str, per_atom: bool) -> int:
+        """Frame count of an array whose width per frame (or atom) the first set sets."""
+        step, unit = _FREE_WIDTH[name]
+        atoms = self.natoms if per_atom else 1
+        values = math.prod(shape[1:]) if len(shape) else 0
+        if values == 0 or values % (step * atoms):
+            count = f"{self.natoms} atoms " if per_atom else ""
+            raise MDTrainError(
+                f"{where}: shape {list(shape)} does not match [nframes, {count}{unit}]"
+            )
+        known = self._widths.get(name)
+        if known and values != known:
+            raise MDTrainError(
+                f"{where}: {values // atoms} values per {'atom' if per_atom else 'frame'}, "
+                f"but an earlier set has {known // atoms}"
+            )
+        self._widths[name] = values
         return int(shape[0])
 
     def _scan_sets(self, names: list[str]) -> tuple[list[SetInfo], frozenset[str]]:
@@ -220,7 +237,7 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS):
+            for name in ("box", *LABELS, *EXTRA_LABELS, *PARAMS):
                 count = self._nframes_of(set_name, name)
                 if count is None:
                     continue
@@ -235,7 +252,7 @@ class System:
                     f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
                     "(add an empty 'nopbc' file if the system is not periodic)"
                 )
-            here = frozenset(present & {*LABELS, *EXTRA_LABELS})
+            here = frozenset(present & {*LABELS, *EXTRA_LABELS, *PARAMS})
             if labels is None:
                 labels, first = here, set_name
             elif here != labels:
@@ -253,7 +270,7 @@ class System:
 
     def has(self, label: str) -> bool:
         """True when every frame has ``label`` (``energy``, ``force``, ``virial`` or one of
-        `EXTRA_LABELS`)."""
+        `EXTRA_LABELS` or `PARAMS`)."""
         return label in self.labels
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
@@ -301,11 +318,20 @@ class System:
             if name in out:
                 per_atom = out[name].reshape(n, natoms, -1)[:, order]
                 result[name] = per_atom[:, :, 0] if per_atom.shape[2] == 1 else per_atom
+        if "fparam" in out:
+            result["fparam"] = out["fparam"]
+        if "aparam" in out:  # (n, natoms, numb_aparam) in the model's atom order
+            result["aparam"] = out["aparam"].reshape(n, natoms, -1)[:, order]
         return result
 
     def values_per_atom(self, name: str) -> int:
-        """Values per atom and frame of a per-atom label (``drdq``: 3 x numb_generalized_coord)."""
+        """Values per atom and frame of a per-atom label (``drdq``: 3 x numb_generalized_coord;
+        ``aparam``: numb_aparam)."""
         return self._width(name) // self.natoms
+
+    def values_per_frame(self, name: str) -> int:
+        """Values per frame of an array (``fparam``: numb_fparam); 0 when absent."""
+        return self._widths.get(name, 0) if name in _FREE_WIDTH else self._width(name)
 
     def source_frames(self, set_info: SetInfo, rows: np.ndarray) -> np.ndarray:
         """Frame numbers in the files of rows ``rows`` of a set: the frames' own numbers,
@@ -316,8 +342,8 @@ class System:
         return source_frames(set_info.name, rows)
 
     def _width(self, name: str) -> int:
-        if name == "drdq":
-            return self._drdq_width
+        if name in _FREE_WIDTH:
+            return self._widths.get(name, 0)
         width, per_atom = _LAYOUT[name]
         return width * self.natoms if per_atom else width
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mdtrain.batching import make_batch
+from mdtrain.data.params import ParamSpec
 from mdtrain.data import System
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import freeze_model
@@ -99,6 +100,7 @@ def type_counts_and_energies(
     counts, labels, preds = [], [], []
     chunker = InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
+    params = ParamSpec.of_model(model)
     for system, n in zip(systems, nframes, strict=True):
         if not system.has("energy"):
             log.warning("%s: no energy labels, not used for the bias", system.path)
@@ -111,7 +113,7 @@ def type_counts_and_energies(
             continue
 
         def run(start: int, stop: int, s=system) -> np.ndarray:
-            batch = make_batch(s, np.arange(start, stop), rcut, sel, device)
+            batch = make_batch(s, np.arange(start, stop), rcut, sel, device, params=params)
             with torch.no_grad():
                 out = model(*batch.inputs())
             return out["energy"].detach().cpu().numpy()

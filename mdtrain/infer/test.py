@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mdtrain.data import System
+from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker
 
@@ -119,12 +120,13 @@ def evaluate_system(
 
     chunker = chunker or InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
+    params = ParamSpec.of_model(model)
     labels = [k for k in ("energy", "force", "virial") if system.has(k)]
     if not system.periodic and "virial" in labels:
         labels.remove("virial")  # a virial without a cell is not comparable
 
     def run(start: int, stop: int) -> dict[str, np.ndarray]:
-        batch = make_batch(system, np.arange(start, stop), rcut, sel, device)
+        batch = make_batch(system, np.arange(start, stop), rcut, sel, device, params=params)
         with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
             out = model(*batch.inputs())
         result = {k: out[k].detach().cpu().numpy() for k in ("energy", "force", "virial")}

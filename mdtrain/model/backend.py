@@ -53,6 +53,8 @@ def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
             return (
                 f"model.{where}.activation_function is {part['activation_function']!r} (needs tanh)"
             )
+    if fit.get("numb_fparam", 0) or fit.get("numb_aparam", 0):
+        return "frame/atomic parameters (numb_fparam, numb_aparam) run the reference model"
     if mixed_precision == "bf16":
         return "bf16 mixed precision runs the reference model"
     return None

@@ -25,6 +25,7 @@ FITTING_DEFAULTS: dict[str, Any] = {
     "rcond": None,
     "seed": None,
     "atom_ener": [],
+    "default_fparam": None,
 }
 MODEL_DEFAULTS: dict[str, Any] = {
     "data_stat_nbatch": 10,
@@ -45,11 +46,8 @@ _NETWORKS = ("descriptor", "fitting_net")
 # Settings accepted only at their default value: key -> value meaning "off".
 _UNSUPPORTED = {
     "fitting_net": {
-        "numb_fparam": 0,
-        "numb_aparam": 0,
         "atom_ener": [],
         "dim_case_embd": 0,
-        "default_fparam": None,
         "use_aparam_as_mask": False,
     },
     "model": {"pair_exclude_types": [], "preset_out_bias": None},
@@ -77,17 +75,39 @@ def _check_off(section: dict, name: str, where: str) -> None:
 
 def inert_settings(model_config: dict) -> list[str]:
     """One warning per setting of the ``model`` section that is accepted but changes nothing
-    here: ``data_stat_protect`` bounds the fparam/aparam statistics in DeePMD-kit, and mdtrain
-    has neither (the descriptor's dstd floor is a fixed 0.01 in both)."""
+    here: ``data_stat_protect`` bounds only the fparam/aparam statistics (as in DeePMD-kit; the
+    descriptor's dstd floor is a fixed 0.01 in both), so it is inert in a model without them."""
     default = MODEL_DEFAULTS["data_stat_protect"]
     value = model_config.get("data_stat_protect", default)
-    if isinstance(value, (int, float)) and value != default:
+    fit = model_config.get("fitting_net") or {}
+    params = any(int(fit.get(k) or 0) > 0 for k in ("numb_fparam", "numb_aparam"))
+    if isinstance(value, (int, float)) and value != default and not params:
         return [
             f"model.data_stat_protect {value:g} has no effect: DeePMD-kit applies it to the "
-            "fparam/aparam statistics, which mdtrain does not support (the descriptor's "
+            "fparam/aparam statistics, and this model has neither (the descriptor's "
             f"dstd floor stays {default:g}, as in DeePMD-kit)"
         ]
     return []
+
+
+def _check_params(fit: dict, where: str) -> None:
+    """numb_fparam/numb_aparam are counts; default_fparam has numb_fparam values."""
+    for key in ("numb_fparam", "numb_aparam"):
+        value = fit[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MDTrainError(f"{where}/{key}: {value!r} must be a non-negative integer")
+    default = fit["default_fparam"]
+    if default is None:
+        return
+    if not isinstance(default, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in default
+    ):
+        raise MDTrainError(f"{where}/default_fparam: {default!r} must be a list of numbers")
+    if len(default) != fit["numb_fparam"]:
+        raise MDTrainError(
+            f"{where}/default_fparam: {len(default)} values but numb_fparam is "
+            f"{fit['numb_fparam']}"
+        )
 
 
 def stored_model_config(model_config: dict) -> dict:
@@ -152,6 +172,7 @@ def normalize_model_config(model_config: dict) -> dict:
     _store_activation(desc)
     _store_activation(fit)
     _check_off(fit, "fitting_net", "model/fitting_net")
+    _check_params(fit, "model/fitting_net")
     _check_off(cfg, "model", "model")
     cfg["descriptor"] = desc
     cfg["fitting_net"] = fit

@@ -58,6 +58,9 @@ class EnergyModel(nn.Module):
             dtype=dtype_of(fit["precision"], "model/fitting_net/precision"),
             seed=fit["seed"],
             trainable=bool(fit["trainable"]),
+            numb_fparam=int(fit["numb_fparam"]),
+            numb_aparam=int(fit["numb_aparam"]),
+            default_fparam=fit["default_fparam"],
         )
         self.register_buffer("out_bias", torch.zeros(self.ntypes, dtype=torch.float64))
         self.register_buffer("out_std", torch.ones(self.ntypes, dtype=torch.float64))
@@ -93,10 +96,17 @@ class EnergyModel(nn.Module):
             diff = diff + images.view(nf, natoms, nnei, 3)
         return diff
 
-    def atomic_energy(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+    def atomic_energy(
+        self,
+        diff: Tensor,
+        nlist: Tensor,
+        atype: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
+    ) -> Tensor:
         """Atomic energies (nf, N) float64, bias included, from pair vectors."""
         descriptor = self.descriptor(diff, nlist, atype)
-        energy = self.fitting(descriptor, atype) + self.out_bias[atype]
+        energy = self.fitting(descriptor, atype, fparam, aparam) + self.out_bias[atype]
         if self.has_atom_exclusions:
             energy = energy * self.atom_keep[atype]
         return energy
@@ -108,21 +118,24 @@ class EnergyModel(nn.Module):
         box: Tensor | None,
         nlist: Tensor,
         shift: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """Energy (nf,), atom_energy (nf, N), force (nf, N, 3), virial (nf, 3, 3), float64.
 
         ``coord`` (nf, N, 3), ``atype`` (N,) int64, ``box`` (nf, 3, 3) or None, ``nlist``
-        (nf, N, nnei) int64 with -1 padding, ``shift`` (nf, N, nnei, 3) integer image shifts.
+        (nf, N, nnei) int64 with -1 padding, ``shift`` (nf, N, nnei, 3) integer image shifts;
+        ``fparam`` (nf, numb_fparam) and ``aparam`` (nf, N, numb_aparam) when the fitting has them.
         """
         grad_enabled = torch.is_grad_enabled()
         create_graph = grad_enabled and self.training
         if torch.jit.is_scripting():
             # TorchScript cannot switch grad mode on: a scripted model must be called with grad
             # enabled (the calculator does so).
-            out = self._evaluate(coord, atype, box, nlist, shift, create_graph)
+            out = self._evaluate(coord, atype, box, nlist, shift, create_graph, fparam, aparam)
         else:
             with torch.enable_grad():
-                out = self._evaluate(coord, atype, box, nlist, shift, create_graph)
+                out = self._evaluate(coord, atype, box, nlist, shift, create_graph, fparam, aparam)
         if not grad_enabled:
             out = {k: v.detach() for k, v in out.items()}
         return out
@@ -135,6 +148,8 @@ class EnergyModel(nn.Module):
         nlist: Tensor,
         shift: Tensor,
         create_graph: bool,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
     ) -> dict[str, Tensor]:
         x = coord.to(torch.float64)
         if not x.requires_grad:
@@ -146,7 +161,7 @@ class EnergyModel(nn.Module):
             cell = box.to(torch.float64)
         diff = self.pair_vectors(x, cell, nlist, shift)
         diff = diff + torch.matmul(diff, strain.unsqueeze(1))
-        atom_energy = self.atomic_energy(diff, nlist, atype)
+        atom_energy = self.atomic_energy(diff, nlist, atype, fparam, aparam)
         energy = atom_energy.sum(dim=-1)
         grads = torch.autograd.grad(
             [energy.sum()],

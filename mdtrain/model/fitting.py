@@ -1,4 +1,10 @@
-"""Energy fitting: one residual MLP per centre atom type, D_i -> atomic energy (no bias here)."""
+"""Energy fitting: one residual MLP per centre atom type, D_i -> atomic energy (no bias here).
+
+Frame parameters (``numb_fparam``) and atomic parameters (``numb_aparam``) are appended to each
+atom's descriptor row as DeePMD-kit does, after ``(x - avg) * inv_std`` with their statistics
+(``fparam_avg``/``fparam_inv_std``, ``aparam_avg``/``aparam_inv_std``). Those buffers exist
+only when the model has such parameters, so a plain model keeps its state dict.
+"""
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +17,9 @@ class EnergyFitting(nn.Module):
 
     ntypes: int
     dim_in: int
+    dim_descrpt: int
+    numb_fparam: int
+    numb_aparam: int
 
     def __init__(
         self,
@@ -22,22 +31,74 @@ class EnergyFitting(nn.Module):
         dtype: torch.dtype = torch.float64,
         seed: int | None = None,
         trainable: bool = True,
+        numb_fparam: int = 0,
+        numb_aparam: int = 0,
+        default_fparam: list[float] | None = None,
     ) -> None:
         super().__init__()
         self.ntypes = ntypes
-        self.dim_in = dim_in
+        self.dim_descrpt = dim_in
+        self.numb_fparam = int(numb_fparam)
+        self.numb_aparam = int(numb_aparam)
+        self.dim_in = dim_in + self.numb_fparam + self.numb_aparam
         self.dtype = dtype
         self.networks = nn.ModuleList(
             [
-                FittingNet(dim_in, list(neuron), activation, resnet_dt, dtype, child_seed(seed, t))
+                FittingNet(
+                    self.dim_in, list(neuron), activation, resnet_dt, dtype, child_seed(seed, t)
+                )
                 for t in range(ntypes)
             ]
         )
         for p in self.networks.parameters():
             p.requires_grad_(trainable)
+        f64 = torch.float64
+        if self.numb_fparam > 0:
+            self.register_buffer("fparam_avg", torch.zeros(self.numb_fparam, dtype=f64))
+            self.register_buffer("fparam_inv_std", torch.ones(self.numb_fparam, dtype=f64))
+            if default_fparam is not None:
+                default = torch.tensor([float(v) for v in default_fparam], dtype=f64)
+                self.register_buffer("default_fparam", default)
+        if self.numb_aparam > 0:
+            self.register_buffer("aparam_avg", torch.zeros(self.numb_aparam, dtype=f64))
+            self.register_buffer("aparam_inv_std", torch.ones(self.numb_aparam, dtype=f64))
 
-    def forward(self, descriptor: Tensor, atype: Tensor) -> Tensor:
-        """Atomic energies (nf, N) in float64 from D (nf, N, dim_in)."""
+    def with_params(
+        self, descriptor: Tensor, fparam: Tensor | None, aparam: Tensor | None
+    ) -> Tensor:
+        """D (nf, N, dim_descrpt) with the normalised frame and atomic parameters appended."""
+        nf, natoms = descriptor.shape[0], descriptor.shape[1]
+        parts = [descriptor]
+        if hasattr(self, "fparam_avg"):
+            if fparam is None:
+                if hasattr(self, "default_fparam"):
+                    fparam = self.default_fparam.unsqueeze(0).expand(nf, self.numb_fparam)
+                else:
+                    raise RuntimeError("this model needs frame parameters (fparam)")
+            fp = (fparam.reshape(nf, self.numb_fparam).to(torch.float64) - self.fparam_avg) * (
+                self.fparam_inv_std
+            )
+            fp = fp.unsqueeze(1).expand(nf, natoms, self.numb_fparam)
+            parts.append(fp.to(descriptor.dtype))
+        if hasattr(self, "aparam_avg"):
+            if aparam is None:
+                raise RuntimeError("this model needs atomic parameters (aparam)")
+            ap = aparam.reshape(nf, natoms, self.numb_aparam).to(torch.float64)
+            ap = (ap - self.aparam_avg) * self.aparam_inv_std
+            parts.append(ap.to(descriptor.dtype))
+        if len(parts) == 1:
+            return descriptor
+        return torch.cat(parts, dim=-1)
+
+    def forward(
+        self,
+        descriptor: Tensor,
+        atype: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
+    ) -> Tensor:
+        """Atomic energies (nf, N) in float64 from D (nf, N, dim_descrpt) and the parameters."""
+        descriptor = self.with_params(descriptor, fparam, aparam)
         nf, natoms = descriptor.shape[0], descriptor.shape[1]
         out = torch.zeros(nf, natoms, dtype=torch.float64, device=descriptor.device)
         for c, net in enumerate(self.networks):

@@ -166,7 +166,7 @@ class CommitteeTrainer(TrainingLoop):
             first.numb_steps, first.disp_freq, first.save_freq,
         )  # fmt: skip
         self.loss, self.lr, self.precision = first.loss, first.lr, first.precision
-        self.descriptor = first.descriptor
+        self.descriptor, self.param_spec = first.descriptor, first.param_spec
         self.step = 0
         self.controller = first.controller
         self.grad_buckets = None
@@ -207,7 +207,9 @@ class CommitteeTrainer(TrainingLoop):
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
         d = self.descriptor
-        return make_batch(system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache)
+        return make_batch(
+            system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache, self.param_spec
+        )
 
     def train_step(self, lr: float) -> list[dict[str, float]]:
         """One step of every member; their metrics in member order."""

@@ -14,6 +14,7 @@ import torch
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import Batch, NeighborListCache, make_batch
 from mdtrain.data import System
+from mdtrain.data.params import ParamSpec, check_params
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
@@ -93,6 +94,8 @@ class Trainer(TrainingLoop):
         self.lr = make_schedule(lr_cfg, self.numb_steps)
         self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
         check_labels(config["loss"], [*train_systems, *valid_systems])
+        for system in [*train_systems, *valid_systems]:  # before any step: one line if not
+            check_params(system, ParamSpec.of(config["model"]))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         self.optimizer = make_optimizer(config.get("optimizer"), named, lr_cfg["start_lr"])
@@ -121,6 +124,7 @@ class Trainer(TrainingLoop):
             micro_batches=ctrl.get("micro_batches"),
         )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
+        self.param_spec = ParamSpec.of(config["model"])
         # frames come back many times: search once
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.disp_freq = int(training["disp_freq"])
@@ -177,7 +181,9 @@ class Trainer(TrainingLoop):
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
         d = self.descriptor
-        return make_batch(system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache)
+        return make_batch(
+            system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache, self.param_spec
+        )
 
     def train_step(self, lr: float) -> dict[str, float]:
         """One optimisation step on this rank's share of the global batch; returns its metrics.

@@ -36,6 +36,7 @@ from mdtrain.model.stat_file import (
 from mdtrain.model.stats.collector import StatCollector
 from mdtrain.model.stats.energy_bias import compute_energy_bias
 from mdtrain.model.stats.pairs import PairStatSums
+from mdtrain.model.stats.params import set_param_stats
 from mdtrain.model.stats.sampling import my_stat_plan, stat_frames
 from mdtrain.model.stats.share import ALONE, StatShare
 
@@ -119,8 +120,11 @@ def compute_or_load_stats(
     bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
     have_items = all(f"{dkey}/{n}" in stored for n in names)
     have_bias = bkey in stored and skey in stored
+    plan = my_stat_plan(systems, nbatch, batch_size, share)
+    if model.fitting.numb_fparam or model.fitting.numb_aparam:
+        protect = float(model.get_model_config()["data_stat_protect"])
+        set_param_stats(model, systems, plan, protect, share)
     if not (have_items and have_bias):  # one pass over the sampled frames for both
-        plan = my_stat_plan(systems, nbatch, batch_size, share)
         gathered = None
         if not have_items and presummed is not None and share.world == 1:
             gathered = presummed.items_for(model, plan)
