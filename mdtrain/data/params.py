@@ -57,8 +57,7 @@ def check_params(system, spec: ParamSpec) -> None:
             if name == "fparam" and spec.default_fparam is not None:
                 continue
             raise MDTrainError(
-                f"system {system.path}: {name}.npy is missing (the model has numb_{name} = "
-                f"{count})"
+                f"system {system.path}: {name}.npy is missing (the model has numb_{name} = {count})"
             )
         width = system.values_per_atom(name) if per_atom else system.values_per_frame(name)
         if width != count:

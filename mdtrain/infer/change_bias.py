@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from mdtrain.batching import make_batch
-from mdtrain.data.params import ParamSpec
 from mdtrain.data import System
+from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import freeze_model
 from mdtrain.infer.load import is_torchscript, load_model, model_from_checkpoint

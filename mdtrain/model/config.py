@@ -105,8 +105,7 @@ def _check_params(fit: dict, where: str) -> None:
         raise MDTrainError(f"{where}/default_fparam: {default!r} must be a list of numbers")
     if len(default) != fit["numb_fparam"]:
         raise MDTrainError(
-            f"{where}/default_fparam: {len(default)} values but numb_fparam is "
-            f"{fit['numb_fparam']}"
+            f"{where}/default_fparam: {len(default)} values but numb_fparam is {fit['numb_fparam']}"
         )
 
 
