@@ -46,14 +46,14 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
         "type": "ener",
         "var_name": "energy",
         "ntypes": ntypes,
-        "dim_descrpt": int(fit.dim_in),
+        "dim_descrpt": int(fit.dim_descrpt),
         "dim_out": 1,
         "neuron": [int(n) for n in fcfg["neuron"]],
         "resnet_dt": bool(fcfg["resnet_dt"]),
-        "numb_fparam": 0,
-        "numb_aparam": 0,
+        "numb_fparam": int(fit.numb_fparam),
+        "numb_aparam": int(fit.numb_aparam),
         "dim_case_embd": 0,
-        "default_fparam": None,
+        "default_fparam": fcfg["default_fparam"],
         "rcond": fcfg.get("rcond"),
         "activation_function": fact,
         "precision": PRECISION_NAMES[fit.dtype],
@@ -70,10 +70,7 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
             # compression (dp compress) keeps the fitting's bias and drops the model's out_bias
             "bias_atom_e": to_numpy(model.out_bias, torch.float64).reshape(ntypes, 1),
             "case_embd": None,
-            "fparam_avg": None,
-            "fparam_inv_std": None,
-            "aparam_avg": None,
-            "aparam_inv_std": None,
+            **_param_stats_out(fit),
         },
         "type_map": type_map,
         "tot_ener_zero": False,
@@ -101,6 +98,32 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
             "out_std": np.ones((1, ntypes, 1)),
         },
     }
+
+
+def _param_stats_out(fit: torch.nn.Module) -> dict:
+    """The fitting's fparam/aparam statistics as DeePMD-kit stores them (None when absent)."""
+    out = {}
+    for name in ("fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std"):
+        value = getattr(fit, name, None)
+        out[name] = None if value is None else to_numpy(value, fit.dtype)
+    return out
+
+
+def _param_stats_in(r: Reader, f: dict, counts: dict[str, int], state: dict) -> None:
+    """The fparam/aparam statistics of a DeePMD fitting dict into ``state``."""
+    variables = f.get("@variables") or {}
+    for kind, count in counts.items():
+        if count == 0:
+            continue
+        for stat, fill in (("avg", 0.0), ("inv_std", 1.0)):
+            key = f"{kind}_{stat}"
+            value = variables.get(key)
+            value = np.full(count, fill) if value is None else np.asarray(value, np.float64)
+            if value.size != count:
+                raise r.fail(
+                    f"model/fitting/@variables/{key}", f"{value.size} values, expected {count}"
+                )
+            state[f"fitting.{key}"] = torch.from_numpy(value.reshape(count).copy())
 
 
 def model_def_script(model: torch.nn.Module) -> dict:
@@ -136,12 +159,9 @@ def _fitting_in(r: Reader, f: dict, ntypes: int, state: dict) -> tuple[dict, np.
     kind = f.get("type", "ener")
     if kind != "ener":
         raise r.fail(f"{where}/type", f"fitting {kind!r} is not supported (mdtrain reads ener)")
-    for key, what in (
-        ("numb_fparam", "frame parameters (fparam)"),
-        ("numb_aparam", "atomic parameters (aparam)"),
-        ("dim_case_embd", "a case embedding (multi-task)"),
-    ):
-        r.off(f, key, where, what, allowed=(0, None))
+    r.off(f, "dim_case_embd", where, "a case embedding (multi-task)", allowed=(0, None))
+    counts = {k: int(f.get(f"numb_{k}") or 0) for k in ("fparam", "aparam")}
+    _param_stats_in(r, f, counts, state)
     for key, what in (
         ("layer_name", "shared fitting layers"),
         ("spin", "a spin model"),
@@ -175,6 +195,9 @@ def _fitting_in(r: Reader, f: dict, ntypes: int, state: dict) -> tuple[dict, np.
             "trainable": bool(all(trainable) if isinstance(trainable, list) else trainable),
             "rcond": f.get("rcond"),
             "seed": None,
+            "numb_fparam": counts["fparam"],
+            "numb_aparam": counts["aparam"],
+            "default_fparam": f.get("default_fparam"),
         },
         bias,
     )

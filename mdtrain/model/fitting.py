@@ -58,7 +58,8 @@ class EnergyFitting(nn.Module):
             self.register_buffer("fparam_inv_std", torch.ones(self.numb_fparam, dtype=f64))
             if default_fparam is not None:
                 default = torch.tensor([float(v) for v in default_fparam], dtype=f64)
-                self.register_buffer("default_fparam", default)
+                # from the config, so not in the state dict (checkpoints, .dp files)
+                self.register_buffer("default_fparam", default, persistent=False)
         if self.numb_aparam > 0:
             self.register_buffer("aparam_avg", torch.zeros(self.numb_aparam, dtype=f64))
             self.register_buffer("aparam_inv_std", torch.ones(self.numb_aparam, dtype=f64))

@@ -160,3 +160,27 @@ def test_statistics_protection() -> None:
     assert std[0] == 0.05  # a constant column: the protection
     assert std[1] == 0.05  # variance ~0 as well
     assert avg_std(np.zeros(3), 1, 0.01)[1][0] == 0.1
+
+
+def test_dp_round_trip_keeps_parameters_and_statistics(tmp_path, frame) -> None:
+    from mdtrain.model.deepmd_file import load_dp, read_dp, write_dp
+
+    coord, box, atype, fp, ap = frame
+    model = _model(default_fparam=[0.5, 1.5])
+    path = tmp_path / "model.dp"
+    write_dp(model, path)
+    fitting = read_dp(path)["model"]["fitting"]
+    assert (fitting["numb_fparam"], fitting["numb_aparam"]) == (2, 1)
+    assert fitting["default_fparam"] == [0.5, 1.5]
+    np.testing.assert_array_equal(fitting["@variables"]["fparam_inv_std"], [2.0, 0.5])
+    assert fitting["dim_descrpt"] == model.descriptor.dim_out
+    loaded = load_dp(path)
+    back = EnergyModel(loaded["model_config"])
+    back.load_state_dict(loaded["model_state"])
+    a = _run(model, coord, box, atype, fp, ap)
+    b = _run(back, coord, box, atype, fp, ap)
+    assert b["energy"] == pytest.approx(float(a["energy"]), abs=1e-12)
+    np.testing.assert_allclose(b["force"], a["force"], rtol=0, atol=1e-12)
+    assert _run(back, coord, box, atype, None, ap)["energy"] == pytest.approx(
+        float(_run(model, coord, box, atype, None, ap)["energy"]), abs=1e-12
+    )
