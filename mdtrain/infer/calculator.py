@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
+from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.committee import check_committee, committee_members
 from mdtrain.infer.deviation import committee_deviation
@@ -30,7 +31,9 @@ class MDTrainCalculator(Calculator):
     ``model`` is a path (checkpoint or frozen TorchScript model, see ``mdtrain.infer.load``)
     or a ``torch.nn.Module`` with the EnergyModel forward signature and the attributes
     ``type_map``/``rcut``/``sel``. Chemical symbols are mapped to model types through
-    ``type_map``. ``pbc`` must be all True or all False.
+    ``type_map``. ``pbc`` must be all True or all False. A model with frame parameters takes
+    them from ``atoms.info["fparam"]`` (numb_fparam values; its ``default_fparam`` when
+    absent), one with atomic parameters from ``atoms.arrays["aparam"]`` (natoms x numb_aparam).
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
@@ -50,10 +53,11 @@ class MDTrainCalculator(Calculator):
         self.type_map: list[str] = list(self.model.type_map)
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
+        self.params = ParamSpec.of_model(self.model)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        frame = atoms_frame(self.atoms, self.type_map)
+        frame = atoms_frame(self.atoms, self.type_map, self.params)
         out = evaluate_frame(self.model, frame, self.device)
         self.results.update(frame.results(out, properties))
 
@@ -66,6 +70,8 @@ class AtomsFrame:
     box: np.ndarray | None
     atype: np.ndarray
     volume: float | None
+    fparam: np.ndarray | None = None  # (numb_fparam,) for a model that takes them
+    aparam: np.ndarray | None = None  # (natoms, numb_aparam)
 
     def nlist(self, rcut: float, sel: list[int]) -> tuple[np.ndarray, np.ndarray]:
         nlist, shift, _ = build_nlist(self.coord, self.box, self.atype, rcut, sel)
@@ -88,9 +94,10 @@ class AtomsFrame:
         return results
 
 
-def atoms_frame(atoms, type_map: list[str]) -> AtomsFrame:
-    """Positions, cell and model types of ``atoms``; one-line errors for elements outside
-    ``type_map``, mixed periodicity and a periodic cell without volume."""
+def atoms_frame(atoms, type_map: list[str], params: ParamSpec | None = None) -> AtomsFrame:
+    """Positions, cell and model types of ``atoms`` (and the parameters ``params`` asks for);
+    one-line errors for elements outside ``type_map``, mixed periodicity, a periodic cell
+    without volume and missing or misshapen parameters."""
     pbc = np.asarray(atoms.pbc, dtype=bool)
     if pbc.any() and not pbc.all():
         raise MDTrainError(f"atoms: mixed periodicity pbc={pbc.tolist()} is not supported")
@@ -110,7 +117,41 @@ def atoms_frame(atoms, type_map: list[str]) -> AtomsFrame:
         box=box,
         atype=np.array([index[s] for s in symbols], dtype=np.int64),
         volume=atoms.get_volume() if periodic else None,
+        **atoms_params(atoms, params or ParamSpec()),
     )
+
+
+def atoms_params(atoms, params: ParamSpec) -> dict[str, np.ndarray | None]:
+    """``fparam`` from ``atoms.info`` and ``aparam`` from ``atoms.arrays``, checked."""
+    out: dict[str, np.ndarray | None] = {"fparam": None, "aparam": None}
+    if params.numb_fparam:
+        value = atoms.info.get("fparam")
+        if value is None and params.default_fparam is None:
+            raise MDTrainError(
+                f'atoms: the model needs {params.numb_fparam} frame parameters in atoms.info["fparam"]'
+            )
+        if value is not None:
+            out["fparam"] = np.asarray(value, dtype=np.float64).reshape(-1)
+            if out["fparam"].size != params.numb_fparam:
+                raise MDTrainError(
+                    f'atoms.info["fparam"]: {out["fparam"].size} values, the model has '
+                    f"numb_fparam = {params.numb_fparam}"
+                )
+    if params.numb_aparam:
+        value = atoms.arrays.get("aparam")
+        if value is None:
+            raise MDTrainError(
+                f"atoms: the model needs {params.numb_aparam} atomic parameter(s) per atom in "
+                'atoms.arrays["aparam"]'
+            )
+        aparam = np.asarray(value, dtype=np.float64)
+        if aparam.size != len(atoms) * params.numb_aparam:
+            raise MDTrainError(
+                f'atoms.arrays["aparam"]: shape {list(aparam.shape)}, expected '
+                f"[{len(atoms)}, {params.numb_aparam}]"
+            )
+        out["aparam"] = aparam.reshape(len(atoms), params.numb_aparam)
+    return out
 
 
 def evaluate_frame(
@@ -126,14 +167,18 @@ def evaluate_frame(
     def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(a, dtype=dtype, device=device).unsqueeze(0)
 
+    inputs = [
+        t(frame.coord, torch.float64),
+        torch.as_tensor(frame.atype, device=device),
+        None if frame.box is None else t(frame.box, torch.float64),
+        t(nlist, torch.long),
+        t(shift, torch.long),
+    ]
+    if frame.fparam is not None or frame.aparam is not None:
+        for value in (frame.fparam, frame.aparam):
+            inputs.append(None if value is None else t(value, torch.float64))
     with torch.enable_grad():  # forces are derivatives, even for TorchScript models
-        out = model(
-            t(frame.coord, torch.float64),
-            torch.as_tensor(frame.atype, device=device),
-            None if frame.box is None else t(frame.box, torch.float64),
-            t(nlist, torch.long),
-            t(shift, torch.long),
-        )
+        out = model(*inputs)
     return {
         k: out[k].detach()[0].cpu().numpy() for k in ("energy", "atom_energy", "force", "virial")
     }
@@ -187,10 +232,11 @@ class CommitteeCalculator(Calculator):
         self.models = _load_members(models, self.device)
         self.type_map: list[str] = list(self.models[0].type_map)
         self.relative, self.relative_v = relative, relative_v
+        self.params = ParamSpec.of_model(self.models[0])
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        frame = atoms_frame(self.atoms, self.type_map)
+        frame = atoms_frame(self.atoms, self.type_map, self.params)
         outs: list[dict[str, np.ndarray]] = [{}] * len(self.models)
         for rcut, sel, members in neighbor_groups(self.models):
             lists = frame.nlist(rcut, sel)  # once for every model with this rcut and sel

@@ -77,6 +77,11 @@ def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
     """``model`` (its reference implementation in eval mode, on the CPU) with its forces and
     virials as one ``torch.export`` program, checked (see the module docstring)."""
     model = copy.deepcopy(as_reference(model)).cpu().eval()
+    if model.fitting.numb_fparam or model.fitting.numb_aparam:
+        raise MDTrainError(
+            "freeze: a model with frame/atomic parameters (numb_fparam, numb_aparam) cannot be "
+            "exported to .pt2 yet; freeze it to .pth or .dp"
+        )
     nnei = sum(model.sel)
     # sizes apart from each other and from the fixed ones, which tracing would tie to them
     nframes, natoms = (2 if nnei != 2 else 5), next(n for n in (7, 11) if n != nnei)

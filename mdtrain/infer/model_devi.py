@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from mdtrain.data import System
+from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.trajectory import TrajectoryFrames
+from mdtrain.errors import MDTrainError
 from mdtrain.infer.deviation import (
     Deviation,
     committee_deviation,
@@ -114,6 +116,12 @@ def _over_chunks(
     groups = neighbor_groups(models)
     nmodels, natoms = len(models), source.natoms
     atype = torch.as_tensor(source.atype, dtype=torch.long, device=device)
+    spec = ParamSpec.of_model(models[0])
+    if spec.any and not hasattr(source, "has"):
+        raise MDTrainError(
+            f"{source.path}: the model takes frame/atomic parameters, which model-devi reads "
+            "from deepmd systems only (fparam.npy, aparam.npy)"
+        )
 
     def tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
@@ -127,6 +135,10 @@ def _over_chunks(
         virial = np.empty((nmodels, nf, 3, 3))
         x = tensor(coord, torch.float64)
         box = None if boxes is None else tensor(boxes, torch.float64)
+        params = [
+            None if p is None else tensor(p, torch.float64)
+            for p in read_params(source, frames, nf, spec)
+        ]
         for rcut, sel, members in groups:
             lists = [
                 build_nlist(coord[f], None if boxes is None else boxes[f], source.atype, rcut, sel)
@@ -136,7 +148,7 @@ def _over_chunks(
             shift = tensor(np.stack([sh for _, sh, _ in lists]), torch.float64)
             for k in members:
                 with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
-                    out = models[k](x, atype, box, nlist, shift)
+                    out = models[k](x, atype, box, nlist, shift, *(params if spec.any else []))
                 energy[k] = out["energy"].detach().cpu().numpy()
                 # back to the file's order of the atoms
                 force[k][:, source.atom_order] = out["force"].detach().cpu().numpy()
