@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 from mdtrain.config.checks import cross_checks
 from mdtrain.config.schema_walk import apply_aliases, fill_defaults, strip_private
+from mdtrain.config.type_map import fill_type_map
 from mdtrain.config.wording import describe, format_problems, show
 from mdtrain.errors import MDTrainError
 from mdtrain.schema import load_schema
@@ -102,6 +103,7 @@ def complete_config(data: Any) -> tuple[dict, list[str]]:
     config = strip_private(data)
     config = apply_aliases(config, schema, (), problems)
     config = fill_defaults(config, schema)
+    config = fill_type_map(config, problems)
     for error in _validator().iter_errors(config):
         problems.extend(describe(error))
     problems.extend(cross_checks(config))

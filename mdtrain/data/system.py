@@ -131,6 +131,7 @@ class System:
         self.atype = model_types[self.atom_order]
         self.periodic = not store.nopbc()
         self._widths: dict[str, int] = {}
+        self._reshaped: set[tuple[str, str]] = set()  # (set, array) read as (nframes, -1)
         self.sets, self.labels = self._scan_sets(names)
         self.nframes = sum(s.nframes for s in self.sets)
         if self.nframes == 0:
@@ -187,12 +188,18 @@ class System:
 
     # -- layout checks ----------------------------------------------------------------------
 
-    def _nframes_of(self, set_name: str, name: str) -> int | None:
-        """Frame count of one array from its header, after checking its shape."""
+    def _nframes_of(self, set_name: str, name: str, nframes: int = 0) -> int | None:
+        """Frame count of one array from its header, after checking its shape. A parameter
+        file of another shape holding ``nframes`` rows in all is read as DeePMD-kit reads it,
+        reshaped to (nframes, -1) (DeePMD-kit's fparam example stores aparam as (1, ...))."""
         header = self._store.header(set_name, name)
         if header is None:
             return None
         shape, dtype = header
+        size = math.prod(shape)
+        if name in PARAMS and nframes and shape[:1] != (nframes,) and size % nframes == 0:
+            shape = (nframes, size // nframes)
+            self._reshaped.add((set_name, name))
         where = self._store.where(set_name, name + ".npy")
         if dtype.kind not in "fiu":
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
@@ -238,7 +245,7 @@ class System:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
             for name in ("box", *LABELS, *EXTRA_LABELS, *PARAMS):
-                count = self._nframes_of(set_name, name)
+                count = self._nframes_of(set_name, name, nf)
                 if count is None:
                     continue
                 if count != nf:
@@ -275,8 +282,15 @@ class System:
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows of one array as float64 (n, values per frame)."""
-        data = self._store.rows(set_info.name, name, rows)
-        return np.asarray(data, dtype=np.float64).reshape(len(rows), -1)
+        return np.asarray(self.stored_rows(set_info, name, rows), dtype=np.float64)
+
+    def stored_rows(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (sorted, unique) of one array of a set as stored, (n, values per
+        frame), in the file's atom order and dtype."""
+        if (set_info.name, name) in self._reshaped:
+            whole = self._store.array(set_info.name, name)
+            return np.asarray(whole).reshape(set_info.nframes, -1)[rows]
+        return np.asarray(self._store.rows(set_info.name, name, rows)).reshape(len(rows), -1)
 
     def frames(
         self, indices, labels: Iterable[str] | None = None, positions: bool = True

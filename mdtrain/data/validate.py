@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.data.system import EXTRA_LABELS, System
+from mdtrain.data.system import EXTRA_LABELS, PARAMS, System
 
 _SHOWN = 5  # frame indices quoted per problem
 
@@ -19,7 +19,6 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
     The arrays are checked as stored, set by set in chunks of frames (no atom reordering,
     no conversion: thousands of small systems make the per-call costs count).
     """
-    store = system.store
     names = ["coord"] + (["box"] if system.periodic else []) + sorted(system.labels)
     bad: dict[str, list[int]] = {}
     for info in system.sets:
@@ -27,7 +26,7 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
             rows = np.arange(start, min(start + chunk, info.nframes))
             index = system.source_frames(info, rows)
             for name in names:
-                values = np.asarray(store.rows(info.name, name, rows)).reshape(len(rows), -1)
+                values = system.stored_rows(info, name, rows)
                 finite = np.isfinite(values).all(axis=1)
                 if not finite.all():
                     bad.setdefault(f"{name} holds NaN or inf", []).extend(index[~finite].tolist())
@@ -50,7 +49,7 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
 _ORDER = [
     *(
         f"{name} holds NaN or inf"
-        for name in ("coord", "box", "energy", "force", "virial", *EXTRA_LABELS)
+        for name in ("coord", "box", "energy", "force", "virial", *EXTRA_LABELS, *PARAMS)
     ),
     "box is singular (zero volume)",
 ]

@@ -351,18 +351,27 @@ def test_enum_choices_and_suggestion():
     message = single_problem(water(model__descriptor__type="se_e3_bogus"))
     assert message.startswith('model.descriptor.type: "se_e3_bogus" is not supported; supported: ')
     assert "se_e2_a (alias se_a)" in message
-    message = single_problem(water(model__fitting_net__numb_fparam=2))
-    assert "frame parameters are not supported" in message
+    message = single_problem(water(model__fitting_net__numb_fparam=-1))
+    assert message.startswith("model.fitting_net.numb_fparam")
 
 
 def test_missing_required_keys():
-    data = water()
+    data = water(model__descriptor__sel="auto")
     del data["model"]["type_map"]
     del data["training"]["numb_steps"]
     found = problems_of(data)
-    assert "model.type_map: missing (required)" in found
+    assert any(p.startswith("model.type_map: missing; without it the types are") for p in found)
     assert "training: give numb_steps or numb_epoch (the length of the training)" in found
     assert len(found) == 2
+
+
+def test_missing_type_map_takes_type_raw_indices(caplog):
+    """As in DeePMD-kit: without type_map, as many types as sel has entries, names unknown."""
+    data = water(model__descriptor__sel=[20, 40])
+    del data["model"]["type_map"]
+    config = normalize_config(data, "input.json")
+    assert config["model"]["type_map"] == ["type_0", "type_1"]
+    assert "model.type_map is not given" in caplog.text
 
 
 def test_rcut_smth_must_be_below_rcut():
