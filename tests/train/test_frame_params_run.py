@@ -65,3 +65,22 @@ def test_training_test_and_errors(tmp_path, capsys):
     assert main(["train", str(inp), "-o", str(tmp_path / "out2")]) == 1
     err = capsys.readouterr()
     assert "train_b: fparam.npy is missing" in err.out + err.err
+
+
+def test_parameter_files_in_deepmd_kits_other_shapes(tmp_path, capsys):
+    """DeePMD-kit reshapes parameter files to (nframes, -1): its fparam example stores
+    aparam.npy as (1, nframes*natoms) and fparam.npy as (nframes,); both read the same here."""
+    inp = make_param_project(tmp_path)
+    path = tmp_path / "data" / "valid"
+    before = open_system(str(path), ["O", "H"]).frames([0, 2, 3])
+    for name in ("fparam", "aparam"):
+        file = path / "set.000" / f"{name}.npy"
+        np.save(file, np.load(file).reshape(1, -1))
+    after = open_system(str(path), ["O", "H"]).frames([0, 2, 3])
+    for name in ("fparam", "aparam"):
+        np.testing.assert_array_equal(after[name], before[name])
+    assert main(["check", str(inp)]) == 0
+    np.save(path / "set.000" / "aparam.npy", np.zeros((1, 7)))
+    assert main(["check", str(inp)]) == 1
+    err = capsys.readouterr()
+    assert "aparam.npy: shape [1, 7] does not match [nframes, 18 atoms x numb_aparam]" in err.out
