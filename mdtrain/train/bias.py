@@ -31,7 +31,11 @@ def predicted_energies(model: torch.nn.Module, batches: list[dict[str, Any]]) ->
             if "energy" not in batch:
                 continue
             coord, box, atype, nlist, shift = stat_inputs(batch, 0, len(batch["coord"]), device)
-            out.append(model(coord, atype, box, nlist, shift)["energy"].cpu().numpy())
+            params = [
+                None if p is None else torch.as_tensor(p, dtype=torch.float64, device=device)
+                for p in batch.get("params", ())
+            ]
+            out.append(model(coord, atype, box, nlist, shift, *params)["energy"].cpu().numpy())
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0)
 

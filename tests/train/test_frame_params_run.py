@@ -84,3 +84,10 @@ def test_parameter_files_in_deepmd_kits_other_shapes(tmp_path, capsys):
     assert main(["check", str(inp)]) == 1
     err = capsys.readouterr()
     assert "aparam.npy: shape [1, 7] does not match [nframes, 18 atoms x numb_aparam]" in err.out
+
+
+def test_bias_refit_after_training_takes_the_parameters(tmp_path):
+    inp = make_param_project(tmp_path, numb_steps=2, change_bias_after_training=True)
+    assert main(["train", str(inp), "-o", str(tmp_path / "out")]) == 0
+    state = torch.load(tmp_path / "out" / "model.ckpt.pt", weights_only=True)
+    assert torch.isfinite(state["model_state"]["out_bias"]).all()

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.stats.share import StatShare
@@ -75,12 +76,14 @@ def collect_stat_batches(
 
     Sampling is deterministic. Each batch is a dict of numpy arrays: ``coord`` (nf,N,3),
     ``box`` (nf,3,3) or None, ``atype`` (N,), ``nlist``, ``shift``, ``natoms_per_type``
-    (ntypes,), ``energy`` (nf,) when the system has energies, ``system``.
+    (ntypes,), ``energy`` (nf,) when the system has energies, ``system``, and ``params``
+    (fparam, aparam) for a model with frame/atomic parameters.
     """
     cfg = normalize_model_config(model_config)
     desc = cfg["descriptor"]
     rcut, sel, ntypes = float(desc["rcut"]), list(desc["sel"]), len(cfg["type_map"])
     plan = my_stat_plan(systems, nbatch, batch_size, share)
+    spec = ParamSpec.of(cfg)
     batches = []
     for index, items in itertools.groupby(plan, key=lambda item: item[0]):
         system = systems[index]
@@ -89,6 +92,7 @@ def collect_stat_batches(
         data = system.frames(np.arange(first, spans[-1][1]))  # one read per system
         atype = np.asarray(system.atype, dtype=np.int64)
         has_energy = "energy" in data and (not hasattr(system, "has") or system.has("energy"))
+        params = read_params(system, data, spans[-1][1] - first, spec)
         for begin, end in spans:
             start, stop = begin - first, end - first
             coord = np.asarray(data["coord"][start:stop], dtype=np.float64)
@@ -107,6 +111,8 @@ def collect_stat_batches(
                 "shift": np.stack([sh for _, sh, _ in lists]),
                 "natoms_per_type": np.bincount(atype, minlength=ntypes)[:ntypes],
             }
+            if spec.any:  # (fparam, aparam) as the model takes them, None where it takes none
+                batch["params"] = tuple(None if p is None else p[start:stop] for p in params)
             if has_energy:
                 batch["energy"] = np.asarray(data["energy"][start:stop], dtype=np.float64)
             batches.append(batch)
