@@ -49,7 +49,8 @@ def test_every_key_has_a_row_in_its_section():
 def test_rows_show_type_default_and_required():
     text = render_reference(load_schema())
     assert "| `rcut` | number > 0 | `6.0` |" in text
-    assert "| `type_map` | list of string | *required* |" in text
+    assert "| `descriptor` | object or object | *required* |" in text
+    assert "| `type_map` | list of string | — |" in text  # optional, as in DeePMD-kit
     assert "| `decay_rate` | number > 0, ≤ 1 or null | `null` |" in text
     assert '| `backend` | `"auto"` or `"nccl"` or `"gloo"` or `"mpi"` | `"auto"` |' in text
     assert "(#modeldescriptor-type-se_e2_a)" in text

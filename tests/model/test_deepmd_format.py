@@ -151,10 +151,9 @@ def _edit_json(path, edit) -> None:
             "model/descriptor/type: descriptor 'dpa1'",
         ),
         (
-            lambda d: d["model"]["fitting"].update(numb_fparam=2),
-            "model/fitting/numb_fparam: frame parameters",
+            lambda d: d["model"]["fitting"].update(dim_case_embd=2),
+            "model/fitting/dim_case_embd: a case embedding",
         ),
-        (lambda d: d["model"]["fitting"].update(numb_aparam=1), "model/fitting/numb_aparam"),
         (
             lambda d: d["model"]["fitting"].update(type="dipole"),
             "model/fitting/type: fitting 'dipole'",
