@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import warnings
-import zipfile
 from collections.abc import Iterator
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.finite import check_weights
 from mdtrain.model.config import stored_model_config
+from mdtrain.model.files import is_torchscript, weights_mismatch
 
 #: The newest checkpoint of a training output folder (a link to ``model.ckpt-<step>.pt``).
 CHECKPOINT = "model.ckpt.pt"
@@ -43,16 +43,6 @@ def quiet_jit() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         yield
-
-
-def is_torchscript(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a TorchScript archive (``torch.jit.save``), not a pickle."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
 
 
 def model_file(path: str | os.PathLike) -> str:
@@ -89,6 +79,9 @@ def model_from_checkpoint(
     weights = state["model_state"]
     if any(k.startswith("module.") for k in weights):  # saved from a DDP wrapper
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
+    mismatch = weights_mismatch(model, weights)
+    if mismatch:
+        raise MDTrainError(f"{source}: {mismatch}") from None
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

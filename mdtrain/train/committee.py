@@ -91,13 +91,14 @@ class CommitteeTrainer(TrainingLoop):
         runtime: Runtime,
         out_dir: str,
         sampling: str,
+        nlist_cache: NeighborListCache | None = None,
     ) -> None:
         if sampling not in (SHARED, PER_MEMBER):
             raise ValueError(f"unknown committee sampling {sampling!r}")
         self.config, self.model, self.rt, self.out_dir = config, committee, runtime, out_dir
         self.shared = sampling == SHARED
         self.train_systems, self.valid_systems = train_systems, valid_systems
-        self.nlist_cache = NeighborListCache()
+        self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.members: list[Trainer] = []
         size = len(member_configs)
         for k, (cfg, model) in enumerate(zip(member_configs, committee.members, strict=True)):

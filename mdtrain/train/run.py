@@ -17,13 +17,14 @@ import torch
 
 from mdtrain import __version__
 from mdtrain import distributed as dist_rt
+from mdtrain.batching import NeighborListCache
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_committee, build_model
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
-from mdtrain.model.files import load_checkpoint, load_model_file
+from mdtrain.model.files import load_checkpoint, load_model_file, weights_mismatch
 from mdtrain.model.stat_file import read_stat_file
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.train.committee import (
@@ -41,6 +42,7 @@ from mdtrain.train.precision import check_networks, mode_of
 from mdtrain.train.prepare import (
     check_samplers,
     model_statistics,
+    neighbor_limit,
     open_datasets,
     output_path,
     resolve_sel_and_min_dist,
@@ -116,6 +118,9 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
 
 
 def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
+    mismatch = weights_mismatch(model, state["model_state"])
+    if mismatch:
+        raise MDTrainError(f"checkpoint {path}: {mismatch}")
     try:
         model.load_state_dict(state["model_state"])
     except (RuntimeError, KeyError) as exc:
@@ -286,9 +291,13 @@ def _run(
     if ensemble > 1 and not restart:
         _share_start(model, same_weights=bool(init_model or finetune))
     dist_rt.broadcast_module(model)
+    # every frame's neighbour counts checked against the stat file's, and sel if strict
+    from_file = not (restart or request.skip_neighbor_stat)
+    limit = neighbor_limit(config, request.input_path, request.neighbor_stat_file, from_file)
+    cache = NeighborListCache(limit=limit)
     if ensemble > 1:
         trainer = CommitteeTrainer(
-            config, model, members, data.train, data.valid, runtime, out_dir, sampling
+            config, model, members, data.train, data.valid, runtime, out_dir, sampling, cache
         )
         for member in trainer.members:
             member.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
@@ -299,7 +308,9 @@ def _run(
         else:
             trainer.check_statistics()
     else:
-        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+        trainer = Trainer(
+            config, model, data.train, data.valid, runtime, out_dir, nlist_cache=cache
+        )
         trainer.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
         if restart:
             trainer.load_state_dict(state)
