@@ -11,6 +11,7 @@ plan a run. Memory and the file limit are read from the system (``available_memo
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import resource
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.energy import EnergyModel
 from mdtrain.neighbors.sel import parse_sel
 from mdtrain.train.prepare import open_datasets
 
@@ -58,11 +60,9 @@ def member_cost(model_config: dict, batch_atoms: int) -> MemberCost:
     itemsize = 4 if precision in ("float32", "bfloat16") else 8
     embed = [1, *descriptor.get("neuron", [25, 50, 100])]
     embed_params = sum(a * b + b for a, b in zip(embed, embed[1:]))
-    nets = ntypes if descriptor.get("type_one_side", False) else ntypes * ntypes
-    width_in = embed[-1] * int(descriptor.get("axis_neuron", 4))
-    fit = [width_in, *fitting.get("neuron", [240, 240, 240]), 1]
+    fit = [embed[-1] * int(descriptor.get("axis_neuron", 4)), *fitting.get("neuron", []), 1]
     fit_params = sum(a * b + b for a, b in zip(fit, fit[1:]))
-    nparams = nets * embed_params + ntypes * fit_params
+    nparams = count_parameters(model_config)
     activations = batch_atoms * (nnei * sum(embed) + sum(fit))
     nbytes = itemsize * (
         PARAMETER_COPIES * nparams
@@ -72,6 +72,17 @@ def member_cost(model_config: dict, batch_atoms: int) -> MemberCost:
     # forward, backward and the force derivative: about three passes of 2 flops a weight
     flops = 6.0 * batch_atoms * (nnei * embed_params + fit_params)
     return MemberCost(int(nbytes), flops, nparams, isinstance(sel, list))
+
+
+def count_parameters(model_config: dict) -> int:
+    """The parameters of one member, counted on a model built on the meta device (no
+    memory; the count does not depend on ``sel``, which may not be known yet)."""
+    config = copy.deepcopy(model_config)
+    sel = parse_sel(config["descriptor"].get("sel", "auto"))
+    if not isinstance(sel, list):
+        config["descriptor"]["sel"] = [1] * len(config["type_map"])
+    with torch.device("meta"):
+        return sum(p.numel() for p in EnergyModel(config).parameters())
 
 
 def available_memory(device: torch.device) -> int | None:
