@@ -81,7 +81,7 @@ def model_from_checkpoint(
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
     mismatch = weights_mismatch(model, weights)
     if mismatch:
-        raise MDTrainError(f"{source}: {mismatch}") from None
+        raise MDTrainError(f"{source}: model_state does not match model_config: {mismatch}")
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

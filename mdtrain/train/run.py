@@ -120,7 +120,7 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
 def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
     mismatch = weights_mismatch(model, state["model_state"])
     if mismatch:
-        raise MDTrainError(f"checkpoint {path}: {mismatch}")
+        raise MDTrainError(f"checkpoint {path}: weights do not fit this model: {mismatch}")
     try:
         model.load_state_dict(state["model_state"])
     except (RuntimeError, KeyError) as exc:
@@ -149,17 +149,13 @@ def _check_stat_file(path: str) -> None:
 def _prepare_outputs(request: TrainRequest, config: dict, ensemble: int = 1) -> None:
     """Check every place training writes against what it reads (`mdtrain.train.workdir`),
     and that a single run and a committee do not share a folder; nothing is created."""
-    training = config["training"]
+    training, path = config["training"], request.input_path
+    models = {"--init-model": request.init_model, "--finetune": request.finetune}
     inputs = run_inputs(
-        config,
-        request.input_path,
-        {
-            "--neighbor-stat-file": request.neighbor_stat_file,
-            "--init-model": request.init_model,
-            "--finetune": request.finetune,
-        },
+        config, path, {"--neighbor-stat-file": request.neighbor_stat_file, **models}
     )
-    check_run_outputs(request.output_dir, config, request.input_path, ensemble, inputs)
+    fresh = not (request.restart or training.get("restart"))
+    check_run_outputs(request.output_dir, config, path, ensemble, inputs, fresh)
     check_layout(request.output_dir, training, ensemble)
 
 

@@ -9,7 +9,9 @@ import contextlib
 import os
 
 from mdtrain.config import resolve_path
+from mdtrain.errors import MDTrainError
 from mdtrain.outputs import KIND_INPUT, KIND_LCURVE, KIND_STAT, Output, check_outputs
+from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.prepare import output_path
 from mdtrain.train.resume import member_dir
 
@@ -34,10 +36,12 @@ def run_inputs(
 
 
 def check_run_outputs(
-    out_dir: str, config: dict, input_path: str, ensemble: int, inputs: list[tuple[str, str]]
-) -> None:
+    out_dir: str, config: dict, input_path: str, ensemble: int, inputs: list[tuple[str, str]],
+    fresh: bool = True,
+) -> None:  # fmt: skip
     """Every place training writes (checkpoints, lcurve.out, out.json, a new stat file; a
-    committee's in every ``member-k/``), checked against ``inputs``; nothing is created."""
+    committee's in every ``member-k/``), checked against ``inputs``; nothing is created.
+    ``fresh``: no restart was asked for, so the run writes checkpoints from step 0 on."""
     training = config["training"]
     outputs = [
         Output("output directory", out_dir, directory=True),
@@ -51,12 +55,28 @@ def check_run_outputs(
             Output("training.disp_file", output_path(where, training["disp_file"]), KIND_LCURVE, create=True),
             Output("out.json", output_path(where, "out.json"), KIND_INPUT, create=True),
         ]  # fmt: skip
+    if fresh:
+        _check_start_model(out_dir, training, ensemble, inputs)
     stat_file = training.get("stat_file")
     if stat_file:  # an existing one is read (and only its kind checked)
         path = resolve_path(input_path, stat_file)
         inside = os.path.abspath(path).startswith(os.path.abspath(out_dir) + os.sep)
         outputs.append(Output("training.stat_file", path, KIND_STAT, create=inside, reused=True))
     check_outputs(outputs, inputs)
+
+
+def _check_start_model(
+    out_dir: str, training: dict, ensemble: int, inputs: list[tuple[str, str]]
+) -> None:
+    """``--init-model``/``--finetune`` is not one of the checkpoints this run writes over."""
+    wheres = [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]
+    managers = [CheckpointManager(w, training["save_ckpt"], 1) for w in wheres]
+    for option, path in inputs:
+        if option in ("--init-model", "--finetune") and any(m.owns(path) for m in managers):
+            raise MDTrainError(
+                f"{option} {path}: a checkpoint of the output directory {out_dir}, which this "
+                "run writes its own checkpoints over; copy it elsewhere first, or give another -o"
+            )
 
 
 def make_output_dirs(out_dir: str, ensemble: int) -> list[str]:

@@ -143,3 +143,12 @@ def test_a_failed_run_leaves_no_empty_folders(tmp_path, capsys):
     assert train(inp, tmp_path / "runs" / "out", "--ensemble", "2") == 1
     assert "train_b" in error_line(capsys)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_start_model_among_the_checkpoints_the_run_writes_is_refused(committee, capsys):
+    start = str(committee / "out" / "member-0" / "model.ckpt-2.pt")
+    before = snapshot(committee)
+    argv = ["--ensemble", "2", "--init-model", start]
+    assert train(committee / "input.json", committee / "out", *argv) == 1
+    assert f"--init-model {start}: a checkpoint of the output directory" in error_line(capsys)
+    assert snapshot(committee) == before
