@@ -156,7 +156,7 @@ class Output:
 def check_outputs(outputs: Sequence[Output], inputs: Sequence[tuple[str, str]]) -> None:
     """Every check of the module docstring, before any work: ``inputs`` are ``(what,
     path)`` pairs (``("-s", "traj.extxyz")``); a path that does not exist is skipped."""
-    sources = [(what, path, _real(path)) for what, path in inputs if path]
+    sources = [(what, path, _real(_file_part(path))) for what, path in inputs if path]
     for out in outputs:
         real = _real(out.path)
         for what, path, source in sources:
@@ -181,6 +181,12 @@ def check_outputs(outputs: Sequence[Output], inputs: Sequence[tuple[str, str]]) 
         if out.reused and found is not None:
             continue
         check_output_file(out.path, out.what, create_parents=out.create)
+
+
+def _file_part(path: str) -> str:
+    """``file.h5`` of a ``file.h5#/group`` input (an HDF5 system), else ``path``."""
+    head, sep, _ = os.fspath(path).partition("#")
+    return head if sep and not os.path.exists(path) else path
 
 
 def _real(path: str) -> str:

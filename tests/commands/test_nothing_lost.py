@@ -118,6 +118,13 @@ def test_freeze_output_naming_its_checkpoint(tmp_path, capsys):
     assert main(["train", str(inp), "-o", str(tmp_path / "fz"), "--restart", "auto"]) == 0
 
 
+def test_an_output_over_the_hdf5_file_of_a_system(tmp_path, capsys, water_h5):
+    """``-s water.h5#/water`` reads water.h5: ``-o water.h5`` is that input."""
+    h5 = water_h5.partition("#")[0]
+    argv = ["neighbor-stat", "-s", water_h5, "-r", "4", "-t", "O", "H", "-o", h5]
+    assert f"-o {h5}: is the input -s {water_h5}" in refused(tmp_path, capsys, argv)
+
+
 @pytest.mark.parametrize("kind", ["packed data", "dp model", "training data itself"])
 def test_stat_file_never_writes_into_another_kind(tmp_path, capsys, kind):
     inp = make_project(tmp_path, numb_steps=1)
