@@ -195,8 +195,7 @@ def _real(path: str) -> str:
 
 # ----------------------------------------------------------------------------- file kinds
 
-KIND_CHECKPOINT = "an mdtrain checkpoint"
-KIND_TORCH = "a PyTorch file"
+KIND_CHECKPOINT = "a checkpoint (PyTorch file)"
 KIND_FROZEN = "a frozen (TorchScript) model"
 KIND_DP = "a DeePMD-kit model (.dp)"
 KIND_DATA = "a data file (deepmd/hdf5)"
@@ -245,7 +244,7 @@ def _zip_kind(path: str) -> str | None:
     if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
         return KIND_FROZEN
     if any(n.endswith("/data.pkl") for n in names):
-        return KIND_CHECKPOINT if path.endswith(".pt") else KIND_TORCH
+        return KIND_CHECKPOINT
     return None
 
 
