@@ -211,6 +211,8 @@ KIND_PNG = "a PNG image"
 KIND_SYSTEM = "a deepmd system (folder)"
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: The root attribute every statistics file mdtrain writes has (``model.stat_file.DATA_ATTR``).
+STAT_FILE_ATTR = "mdtrain_training_data"
 _STAT_NAME = re.compile(r"([ra]_\d+|bias_atom_energy|std_atom_energy)")
 _MAX_JSON = 16 << 20  # a JSON file larger than this is not read to be told apart
 
@@ -256,6 +258,8 @@ def _hdf5_kind(path: str) -> str:
         with h5py.File(path, "r") as f:
             if "json" in f.attrs:
                 return KIND_DP
+            if STAT_FILE_ATTR in f.attrs:
+                return KIND_STAT
             f.visititems(
                 lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None
             )

@@ -322,3 +322,10 @@ def test_test_takes_a_training_folder(tmp_path, water_system, capsys):
     committee_folder(tmp_path / "comm", [member_model(0), member_model(1)])
     line = refused(tmp_path, capsys, ["test", "-m", str(tmp_path / "comm"), "-s", water_system])
     assert "a committee folder; give one member" in line
+
+
+def test_the_statistics_file_attribute_matches_what_outputs_recognise():
+    from mdtrain import outputs
+    from mdtrain.model.stat_file import DATA_ATTR
+
+    assert outputs.STAT_FILE_ATTR == DATA_ATTR
