@@ -243,7 +243,8 @@ def _zip_kind(path: str) -> str | None:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError):
         return None
-    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+    # TorchScript (.pth) and torch.export (.pt2) archives: both frozen models
+    if any(n.endswith(("/constants.pkl", "/archive_format")) or "/code/" in n for n in names):
         return KIND_FROZEN
     if any(n.endswith("/data.pkl") for n in names):
         return KIND_CHECKPOINT

@@ -1,9 +1,11 @@
-"""Load a model for inference from a checkpoint (.pt), a frozen TorchScript file (.pth) or a
-DeePMD-kit model file (.dp, ``mdtrain.model.deepmd_file``).
+"""Load a model for inference from a checkpoint (.pt), a frozen TorchScript file (.pth), an
+exported program (.pt2, ``mdtrain.infer.program``: run as the program itself) or a DeePMD-kit
+model file (.dp, ``mdtrain.model.deepmd_file``).
 
-Both kinds are zip archives; a TorchScript archive is recognised by its ``constants.pkl``
-or ``code/`` entries, whatever the file is called. Checkpoints are read with
-``weights_only=True`` (never runs code). Either way the result is a module in eval mode with
+Checkpoints, frozen files and programs are zip archives; a TorchScript archive is recognised
+by its ``constants.pkl`` or ``code/`` entries, a program by its ``archive_format``, whatever
+the file is called. Checkpoints are read with ``weights_only=True`` (never runs code). Every
+way the result is a module in eval mode with
 the EnergyModel forward and the attributes ``type_map``, ``rcut`` and ``sel``.
 
 A frozen file is loaded by default as an eager EnergyModel built from the ``model_config``
@@ -26,6 +28,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.finite import check_weights
+from mdtrain.infer.program import is_exported_program, load_program
 from mdtrain.model.config import stored_model_config
 from mdtrain.model.files import is_torchscript, weights_mismatch
 
@@ -108,6 +111,8 @@ def load_model(
         )
     if is_dp_file(path):
         model = model_from_checkpoint(load_dp(path), f"model {path}", device)
+    elif is_exported_program(path):
+        model = load_program(path, device)
     elif is_torchscript(path):
         # the eager model only borrows the frozen weights: read them on the CPU, copied once
         model, metadata = _load_frozen(path, device if scripted else "cpu")
