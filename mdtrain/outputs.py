@@ -197,6 +197,7 @@ def _real(path: str) -> str:
 
 KIND_CHECKPOINT = "a checkpoint (PyTorch file)"
 KIND_FROZEN = "a frozen (TorchScript) model"
+KIND_EXPORTED = "an exported (torch.export .pt2) model"
 KIND_DP = "a DeePMD-kit model (.dp)"
 KIND_DATA = "a data file (deepmd/hdf5)"
 KIND_STAT = "a statistics file (training.stat_file)"
@@ -243,8 +244,9 @@ def _zip_kind(path: str) -> str | None:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError):
         return None
-    # TorchScript (.pth) and torch.export (.pt2) archives: both frozen models
-    if any(n.endswith(("/constants.pkl", "/archive_format")) or "/code/" in n for n in names):
+    if any(n.endswith("/archive_format") for n in names):
+        return KIND_EXPORTED
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
         return KIND_FROZEN
     if any(n.endswith("/data.pkl") for n in names):
         return KIND_CHECKPOINT

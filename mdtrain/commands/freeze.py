@@ -14,7 +14,7 @@ from mdtrain.infer.load import is_torchscript, model_file, model_from_checkpoint
 from mdtrain.infer.program import is_exported_program
 from mdtrain.model.deepmd_file import tf_conversion_caveats, write_dp
 from mdtrain.model.files import load_model_file
-from mdtrain.outputs import KIND_DP, KIND_FROZEN, Output, check_outputs
+from mdtrain.outputs import KIND_DP, KIND_EXPORTED, KIND_FROZEN, Output, check_outputs
 
 log = logging.getLogger("mdtrain.freeze")
 
@@ -25,7 +25,8 @@ def run_freeze(args: argparse.Namespace) -> int:
         raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")
     # a training output directory, as DeePMD-kit's -c: its model.ckpt.pt
     checkpoint = model_file(args.checkpoint or args.checkpoint_option or ".")
-    kind = KIND_DP if args.output.endswith(".dp") else KIND_FROZEN
+    suffix = args.output.rsplit(".", 1)[-1]
+    kind = {"dp": KIND_DP, "pt2": KIND_EXPORTED}.get(suffix, KIND_FROZEN)
     # before the checkpoint is read and scripted
     check_outputs([Output("-o", args.output, kind)], [("checkpoint", checkpoint)])
     if is_torchscript(checkpoint):
