@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mdtrain.neighbors import images
+
 _ZERO_BOX = np.zeros((3, 3))
 _NO_PBC = np.zeros(3, dtype=np.bool_)
 _ALL_PBC = np.ones(3, dtype=np.bool_)
@@ -167,6 +169,58 @@ class NeighborSearch:
             shift = None if shift is None else shift.copy()
             vec = None if vec is None else vec.copy()
         return i, j, shift, dist, vec
+
+    def many(
+        self, batches: list[tuple[np.ndarray, np.ndarray | None]], vectors: bool = False
+    ) -> list[list[tuple | ValueError | None]]:
+        """Half-list pairs of many frames: for each batch ``(coords (F, N, 3), boxes (F, 3, 3)
+        or None)``, one entry per frame, ``(i, j, dist, vec)`` (``vec`` None unless asked;
+        arrays the caller may keep), the search's ``ValueError``, or None for a frame not
+        searched (coordinates or cell not finite, a cell without volume: the caller
+        reports it).
+
+        The search is chosen here, by cell size: frames in cells shorter than twice the
+        cut-off (`images.is_small`) are searched together, all frames of one atom count and
+        cell size in one vectorised pass (`images.image_pairs`); the others one by one by
+        the library. Both give the same pairs, shifts and distances.
+        """
+        out: list[list] = [[None] * len(coords) for coords, _ in batches]
+        small: list = [np.zeros(len(coords), dtype=bool) for coords, _ in batches]
+        usable: list = [None] * len(batches)  # None: check finiteness frame by frame
+        periodic = [b for b, (_, boxes) in enumerate(batches) if boxes is not None]
+        if periodic:  # every cell of the batches at once
+            found = images.small_cells([batches[b] for b in periodic], self.rcut)
+            ends = np.cumsum([0] + [len(batches[b][0]) for b in periodic]).tolist()
+            for n, b in enumerate(periodic):
+                small[b], usable[b] = (a[ends[n] : ends[n + 1]] for a in found[:2])
+            keys = found[2].tolist()
+            start = dict(zip(periodic, ends, strict=False))
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for b, (coords, boxes) in enumerate(batches):
+            for f in np.flatnonzero(small[b]).tolist():
+                key = (coords.shape[1], *keys[start[b] + f])
+                groups.setdefault(key, []).append((b, f))
+            for f in np.flatnonzero(~small[b]).tolist():
+                box = None if boxes is None else boxes[f]
+                if not (images.finite_frame(coords[f], box) if usable[b] is None else usable[b][f]):
+                    continue
+                try:
+                    i, j, _, dist, vec = self._search(coords[f], box, False, False, vectors, True)
+                except ValueError as exc:
+                    out[b][f] = exc
+                else:
+                    out[b][f] = (i, j, dist, vec)
+        for members in groups.values():
+            coords = np.stack([batches[b][0][f] for b, f in members])
+            boxes = np.stack([batches[b][1][f] for b, f in members])
+            frame, i, j, _, dist, vec = images.image_pairs(
+                coords, boxes, self.rcut, shifts=False, vectors=vectors
+            )
+            ends = np.searchsorted(frame, np.arange(len(members) + 1))
+            for k, (b, f) in enumerate(members):
+                a, z = ends[k], ends[k + 1]
+                out[b][f] = (i[a:z], j[a:z], dist[a:z], None if vec is None else vec[a:z])
+        return out
 
     def pairs(self, coord: np.ndarray, box: np.ndarray | None) -> Pairs:
         """Full (both directions) pairs with their image shifts."""

@@ -166,19 +166,24 @@ def _count_chunk(
     coords: np.ndarray,
     boxes: np.ndarray | None,
     visit: Callable | None = None,
+    searched: list | None = None,
 ) -> _Chunk:
     """Search frame by frame (``search`` keeps its buffers between frames), then count and
     check the pairs of many frames at once (`_settle`): with frames of a few atoms the
     per-frame numpy calls cost as much as the search. Problems are reported for the first
     frame that has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and
-    their vectors (copies: the visitor may keep them)."""
+    their vectors (copies: the visitor may keep them). ``searched``: the frames' results of
+    ``search.many``, when the frames were searched with others."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
-    spacing = None if boxes is None else _plane_spacing(boxes)
-    finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
-    if boxes is not None:
-        finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
+    if searched is not None and all(r is not None for r in searched):
+        spacing, finite = None, np.ones(len(rows), dtype=bool)  # `many` checked them
+    else:
+        spacing = None if boxes is None else _plane_spacing(boxes)
+        finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
+        if boxes is not None:
+            finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
     found: list[tuple] = []  # (frame, i, j, dist, vec) of frames not yet settled
     npairs = 0
 
@@ -203,7 +208,11 @@ def _count_chunk(
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
         try:
-            if visit is None:
+            if searched is not None:
+                if isinstance(searched[k], ValueError):
+                    raise searched[k]
+                i, j, dist, vec = searched[k]
+            elif visit is None:
                 i, j, _, dist = search.compute(coord, box, full=False, shifts=False)
                 vec = None
             else:
@@ -417,14 +426,44 @@ def compute_neighbor_stat(
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
     index = {id(total): k for k, total in enumerate(totals)}
-    for total, rows, coords, boxes in _read_chunks(totals):
-        search = multi if total.system.natoms >= _THREADED_MIN_ATOMS else single
-        seen = None if visit is None else functools.partial(visit, index[id(total)])
-        chunk = _count_chunk(
-            search, total.system.path, total.atype, ntypes, rows, coords, boxes, seen
+    for window in _windows(_read_chunks(totals)):
+        large = window[0][0].system.natoms >= _THREADED_MIN_ATOMS  # then alone in its window
+        search = multi if large else single
+        # the frames of many small systems are searched together (`NeighborSearch.many`)
+        many = (
+            [None] * len(window)
+            if large
+            else single.many([c[2:] for c in window], visit is not None)
         )
-        total.merge(chunk)
-        yield from rows
+        for (total, rows, coords, boxes), searched in zip(window, many, strict=True):
+            seen = None if visit is None else functools.partial(visit, index[id(total)])
+            chunk = _count_chunk(
+                search, total.system.path, total.atype, ntypes, rows, coords, boxes, seen,
+                searched,
+            )  # fmt: skip
+            total.merge(chunk)
+            yield from rows
+
+
+def _windows(chunks):
+    """Chunks of frames grouped up to about ``_ATOMS_PER_READ`` atoms; a chunk of a large
+    system (searched on its own, by threads) is a window by itself."""
+    window: list = []
+    atoms = 0
+    for chunk in chunks:
+        size = chunk[2].shape[0] * chunk[2].shape[1]
+        if window and (
+            atoms + size > _ATOMS_PER_READ or chunk[0].system.natoms >= _THREADED_MIN_ATOMS
+        ):
+            yield window
+            window, atoms = [], 0
+        window.append(chunk)
+        atoms += size
+        if chunk[0].system.natoms >= _THREADED_MIN_ATOMS:
+            yield window
+            window, atoms = [], 0
+    if window:
+        yield window
 
 
 def _read_chunks(totals: list[_SystemTotals]):

@@ -1,0 +1,183 @@
+"""Neighbour pairs of small periodic cells by image replication, many frames in one pass.
+
+Why: in a cell shorter than twice the cut-off every atom sees several images of its
+neighbours (and its own), and a cell list has few atoms per cell to amortise its set-up: the
+compiled library spent about 200 µs on one 4–32-atom cell, more than the arithmetic of
+trying every image. Here the frames of one batch (same number of atoms) are searched
+together with a few numpy passes over dense arrays.
+
+How: positions are wrapped into the cell (fractional ``w = frac - floor(frac)``). For the
+pair (i, j) the fractional difference ``d = w_j - w_i`` lies in (-1, 1), and an image ``n``
+can be within ``rcut`` only if ``|d_a + n_a| < rcut / h_a`` on every axis ``a`` (``h_a``
+the spacing of the lattice planes across axis ``a``): at most ``floor(2 rcut / h_a) + 1``
+consecutive integers from ``ceil(-rcut / h_a - d_a)``. Every candidate of that small box of
+images is tried, for every ordered pair (i, j) at once. The pairs are given in the original
+coordinates: shift ``n + k_i - k_j`` (``k = floor(frac)``), vector ``coord[j] - coord[i] +
+shift @ box`` (as the model forms it, up to rounding), distance strictly below rcut.
+
+The half list holds each pair once: (i, j, n) for i < j, and an atom's own image (i, i, n)
+for ``n`` lexicographically positive (its mirror ``-n`` is the same pair).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+_MARGIN = 1e-9  # on the image ranges (fractional) and, relative, on the distance pre-filter
+_CANDIDATES_PER_PASS = 1 << 17  # (frame, pair, image) candidates evaluated together
+MAX_CANDIDATES = 1 << 15  # per frame; larger frames go to the library (see `small_cells`)
+MIN_HEIGHT = 1e-3  # Å: flatter cells are left to the library (which reports them)
+
+
+def plane_heights(boxes: np.ndarray) -> np.ndarray:
+    """(F, 3) spacing of the lattice planes across each cell vector (0 for a flat cell)."""
+    a, b, c = boxes[:, 0], boxes[:, 1], boxes[:, 2]
+    areas = np.stack([np.cross(b, c), np.cross(c, a), np.cross(a, b)], axis=1)  # (F, 3, 3)
+    volume = np.abs(np.einsum("fa,fa->f", a, areas[:, 0]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        heights = volume[:, None] / np.linalg.norm(areas, axis=2)
+    return np.where(np.isfinite(heights), heights, 0.0)
+
+
+def image_counts(heights: np.ndarray, rcut: float) -> np.ndarray:
+    """(F, 3) images per axis that a pair may need (see the module's docstring)."""
+    return np.floor(2.0 * (rcut / heights + _MARGIN)).astype(np.int64) + 1
+
+
+def finite_frame(coord: np.ndarray, box: np.ndarray | None) -> bool:
+    """Whether a frame's coordinates (and cell) are all finite numbers."""
+    return bool(np.isfinite(coord).all() and (box is None or np.isfinite(box).all()))
+
+
+def small_cells(
+    batches: list[tuple[np.ndarray, np.ndarray]], rcut: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of the frames of ``batches`` ``(coords (F, N, 3), boxes (F, 3, 3))``, taken in order:
+    which ones (ΣF,) this search takes, which ones can be searched at all (finite, in cells
+    of volume: planes at least ``MIN_HEIGHT`` apart), and their images per axis (ΣF, 3).
+    It takes the cells shorter than ``2 rcut`` across some axis whose candidates (atoms² ×
+    images) stay under ``MAX_CANDIDATES`` (beyond, the library's cell list is faster)."""
+    boxes = np.concatenate([b for _, b in batches]).reshape(-1, 9)
+    natoms = np.concatenate([np.full(len(c), c.shape[1]) for c, _ in batches])
+    finite = np.isfinite(boxes).all(axis=1)
+    finite &= np.concatenate([np.isfinite(c.reshape(len(c), -1)).all(axis=1) for c, _ in batches])
+    heights = plane_heights(np.where(finite[:, None], boxes, np.eye(3).ravel()).reshape(-1, 3, 3))
+    lowest = heights.min(axis=1)
+    ok = finite & (lowest >= MIN_HEIGHT)
+    counts = image_counts(np.where(ok[:, None], heights, 1.0), rcut)
+    small = ok & (lowest < 2.0 * rcut) & (natoms * natoms * counts.prod(axis=1) <= MAX_CANDIDATES)
+    return small, ok, counts
+
+
+def image_pairs(
+    coords: np.ndarray,
+    boxes: np.ndarray,
+    rcut: float,
+    full: bool = False,
+    shifts: bool = True,
+    vectors: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """Pairs within ``rcut`` of frames ``coords`` (F, N, 3) in cells ``boxes`` (F, 3, 3),
+    every image included: ``(frame, i, j, shift, dist, vec)`` ordered by frame, ``shift``
+    and ``vec`` (the vectors from ``i`` to ``j``'s image) None unless asked. ``full``: both
+    directions of every pair, else the half list. The cells must have volume.
+    """
+    coords = np.ascontiguousarray(coords, dtype=np.float64)
+    boxes = np.ascontiguousarray(boxes, dtype=np.float64)
+    nframes, natoms = coords.shape[:2]
+    counts = image_counts(plane_heights(boxes), rcut)
+    if (counts == counts[:1]).all():  # cells of one size (usual): no grouping to do
+        kinds, kind = counts[:1], np.zeros(nframes, dtype=np.int64)
+    else:  # frames of one cell size together
+        kinds, kind = np.unique(counts, axis=0, return_inverse=True)
+    parts = []
+    for index, size in enumerate(kinds):
+        rows = np.flatnonzero(kind.ravel() == index) if len(kinds) > 1 else np.arange(nframes)
+        step = max(1, _CANDIDATES_PER_PASS // (natoms * natoms * int(np.prod(size))))
+        for a in range(0, len(rows), step):
+            chosen = rows[a : a + step]
+            part = _pass(coords[chosen], boxes[chosen], size, rcut, shifts or full)
+            part[0] = chosen[part[0]]
+            parts.append(part)
+    if len(parts) == 1:
+        frame, i, j, shift, dist, vec = parts[0]
+    elif parts:
+        frame, i, j, dist, vec = (np.concatenate([p[n] for p in parts]) for n in (0, 1, 2, 4, 5))
+        shift = np.concatenate([p[3] for p in parts]) if parts[0][3] is not None else None
+        if len(kinds) > 1:
+            order = np.argsort(frame, kind="stable")
+            frame, i, j, dist, vec = (a[order] for a in (frame, i, j, dist, vec))
+            shift = None if shift is None else shift[order]
+    else:
+        frame = i = j = np.zeros(0, dtype=np.int64)
+        shift, dist, vec = np.zeros((0, 3), dtype=np.int64), np.zeros(0), np.zeros((0, 3))
+    if full:  # the mirror of each pair, frame by frame
+        order = np.argsort(np.concatenate((frame, frame)), kind="stable")
+        frame = np.concatenate((frame, frame))[order]
+        i, j = np.concatenate((i, j))[order], np.concatenate((j, i))[order]
+        shift = np.concatenate((shift, -shift))[order] if shifts else None
+        dist = np.concatenate((dist, dist))[order]
+        vec = np.concatenate((vec, -vec))[order]
+    return frame, i, j, (shift if shifts else None), dist, (vec if vectors else None)
+
+
+def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
+    """Half-list pairs of a few frames: every candidate (frame, i, j, image) at once."""
+    nframes, natoms = coords.shape[:2]
+    inverse = np.linalg.inv(boxes)
+    frac = coords @ inverse  # (F, N, 3)
+    fold = np.floor(frac)
+    w = frac - fold
+    d = (w[:, None, :, :] - w[:, :, None, :]).reshape(nframes, natoms * natoms, 3)  # w_j - w_i
+    reach = rcut * np.linalg.norm(inverse, axis=1) + _MARGIN  # (F, 3): rcut / h
+    low = np.ceil(-reach[:, None, :] - d)  # (F, N², 3): each pair's first image per axis
+    # the shift of the first image in the original coordinates, and its vector
+    first = low + (fold[:, :, None, :] - fold[:, None, :, :]).reshape(nframes, -1, 3)
+    base = (coords[:, None, :, :] - coords[:, :, None, :]).reshape(nframes, -1, 3)
+    base += first @ boxes  # (F, N², 3): coord_j - coord_i + first @ box
+    offsets = np.array(list(itertools.product(*(range(int(k)) for k in size))))
+    step = offsets.astype(np.float64) @ boxes  # (F, K, 3)
+    nimages = len(offsets)
+    r2 = np.matmul(base, step.transpose(0, 2, 1))  # |base + step|² = b² + 2 b·s + s²
+    r2 *= 2.0
+    r2 += np.einsum("fpa,fpa->fp", base, base)[:, :, None]
+    r2 += np.einsum("fka,fka->fk", step, step)[:, None, :]
+    near = r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN
+    near &= _upper(natoms)[None, :, None]  # the half list: i <= j
+    flat = np.flatnonzero(near)
+    fp = flat // nimages
+    k = flat - fp * nimages
+    f = fp // (natoms * natoms)
+    i, j = np.divmod(fp - f * (natoms * natoms), natoms)
+    first = first.reshape(-1, 3)
+    own = np.flatnonzero(i == j)
+    if len(own):  # an atom's own images: each ±n pair once, never itself
+        s = first[fp[own]].astype(np.int64) + offsets[k[own]]
+        lead = np.where(s[:, 0] != 0, s[:, 0], np.where(s[:, 1] != 0, s[:, 1], s[:, 2]))
+        drop = own[lead <= 0]
+        if len(drop):
+            keep = np.ones(len(fp), dtype=bool)
+            keep[drop] = False
+            f, i, j, fp, k = f[keep], i[keep], j[keep], fp[keep], k[keep]
+    vec = base.reshape(-1, 3)[fp] + step.reshape(-1, 3)[f * nimages + k]
+    dist = np.sqrt(np.einsum("pa,pa->p", vec, vec))
+    shift = first[fp].astype(np.int64) + offsets[k] if shifts else None
+    inside = dist < rcut
+    if not inside.all():
+        f, i, j, dist, vec = f[inside], i[inside], j[inside], dist[inside], vec[inside]
+        shift = None if shift is None else shift[inside]
+    return [f, i, j, shift, dist, vec]
+
+
+_UPPER: dict[int, np.ndarray] = {}
+
+
+def _upper(natoms: int) -> np.ndarray:
+    """(N²,) whether pair p = i·N + j has i <= j."""
+    mask = _UPPER.get(natoms)
+    if mask is None:
+        i, j = np.divmod(np.arange(natoms * natoms), natoms)
+        mask = _UPPER.setdefault(natoms, i <= j)
+    return mask
