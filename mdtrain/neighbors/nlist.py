@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,9 +93,10 @@ class NeighborSearch:
     of a few hundred atoms and more).
     """
 
-    def __init__(self, rcut: float, threads: int = 1) -> None:
+    def __init__(self, rcut: float, threads: int = 1, small_cells: bool = True) -> None:
         self.rcut = float(rcut)
         self.threads = max(1, int(threads))
+        self.small_cells = small_cells  # False: `many` leaves every frame to the library
         self._binding = _get_binding()
         if self._binding is not None:
             self._result = self._binding.api.VesinNeighborList()
@@ -180,9 +182,11 @@ class NeighborSearch:
         reports it).
 
         The search is chosen here, by cell size: frames in cells shorter than twice the
-        cut-off (`images.is_small`) are searched together, all frames of one atom count and
+        cut-off (`images.small_cells`) are searched together, all frames of one atom count and
         cell size in one vectorised pass (`images.image_pairs`); the others one by one by
-        the library. Both give the same pairs, shifts and distances.
+        the library. Both give the same pairs and distances (``tests/neighbors/test_images.py``).
+        One frame at a time (`compute`, `pairs`, `half_vectors`) is the library's: a pass
+        of numpy operations over a single small frame costs about what the library does.
         """
         out: list[list] = [[None] * len(coords) for coords, _ in batches]
         small: list = [np.zeros(len(coords), dtype=bool) for coords, _ in batches]
@@ -193,6 +197,7 @@ class NeighborSearch:
             ends = np.cumsum([0] + [len(batches[b][0]) for b in periodic]).tolist()
             for n, b in enumerate(periodic):
                 small[b], usable[b] = (a[ends[n] : ends[n + 1]] for a in found[:2])
+                small[b] = small[b] & self.small_cells
             keys = found[2].tolist()
             start = dict(zip(periodic, ends, strict=False))
         groups: dict[tuple, list[tuple[int, int]]] = {}
@@ -270,6 +275,41 @@ class NeighborSearch:
         shift = _view(result.shifts, (n, 3), "<i4").astype(np.int64) if shifts else None
         vec = _view(result.vectors, (n, 3), "<f8") if vectors else None
         return pairs[:, 0], pairs[:, 1], shift, dist, vec
+
+
+def search_chunks(
+    chunks: Iterable[tuple],
+    single: NeighborSearch,
+    multi: NeighborSearch,
+    vectors: bool,
+    atoms_per_window: int = 1 << 16,
+    threaded_min_atoms: int = 128,
+) -> Iterator[tuple[tuple, list]]:
+    """``(chunk, results)`` for each chunk of frames ``(..., coords (F, N, 3), boxes or
+    None)``, the results those of ``NeighborSearch.many``. Chunks of frames of fewer than
+    ``threaded_min_atoms`` atoms are searched together by ``single``, a window of about
+    ``atoms_per_window`` atoms at a time (so that the small cells of many systems share
+    their vectorised passes); larger ones alone, by ``multi`` (threads)."""
+    window: list[tuple] = []
+    atoms = 0
+    for chunk in chunks:
+        coords = chunk[-2]
+        if coords.shape[1] >= threaded_min_atoms:
+            yield from _searched(window, single, vectors)
+            yield from _searched([chunk], multi, vectors)
+            window, atoms = [], 0
+            continue
+        if window and atoms + coords.shape[0] * coords.shape[1] > atoms_per_window:
+            yield from _searched(window, single, vectors)
+            window, atoms = [], 0
+        window.append(chunk)
+        atoms += coords.shape[0] * coords.shape[1]
+    yield from _searched(window, single, vectors)
+
+
+def _searched(window: list[tuple], search: NeighborSearch, vectors: bool):
+    if window:
+        yield from zip(window, search.many([c[-2:] for c in window], vectors), strict=True)
 
 
 class _Buffer:

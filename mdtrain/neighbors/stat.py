@@ -39,7 +39,7 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
-from mdtrain.neighbors.nlist import NeighborSearch
+from mdtrain.neighbors.nlist import NeighborSearch, search_chunks
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
@@ -165,19 +165,18 @@ def _count_chunk(
     rows: np.ndarray,
     coords: np.ndarray,
     boxes: np.ndarray | None,
-    visit: Callable | None = None,
-    searched: list | None = None,
+    visit: Callable | None,
+    searched: list,
 ) -> _Chunk:
-    """Search frame by frame (``search`` keeps its buffers between frames), then count and
-    check the pairs of many frames at once (`_settle`): with frames of a few atoms the
-    per-frame numpy calls cost as much as the search. Problems are reported for the first
-    frame that has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and
-    their vectors (copies: the visitor may keep them). ``searched``: the frames' results of
-    ``search.many``, when the frames were searched with others."""
+    """Count and check the pairs ``searched`` (``NeighborSearch.many``'s results for these
+    frames) of many frames at once (`_settle`): with frames of a few atoms the per-frame
+    numpy calls cost as much as the search. Problems are reported for the first frame that
+    has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and their vectors
+    (copies: the visitor may keep them)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
-    if searched is not None and all(r is not None for r in searched):
+    if all(r is not None for r in searched):
         spacing, finite = None, np.ones(len(rows), dtype=bool)  # `many` checked them
     else:
         spacing = None if boxes is None else _plane_spacing(boxes)
@@ -207,18 +206,9 @@ def _count_chunk(
                 f"system {path}, frame {index}: the cell is degenerate (its vectors span no "
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
-        try:
-            if searched is not None:
-                if isinstance(searched[k], ValueError):
-                    raise searched[k]
-                i, j, dist, vec = searched[k]
-            elif visit is None:
-                i, j, _, dist = search.compute(coord, box, full=False, shifts=False)
-                vec = None
-            else:
-                i, j, vec, dist = (a.copy() for a in search.half_vectors(coord, box))
-        except ValueError as exc:
-            raise fail(f"system {path}, frame {index}: {exc}") from None
+        if isinstance(searched[k], ValueError):
+            raise fail(f"system {path}, frame {index}: {searched[k]}")
+        i, j, dist, vec = searched[k]
         if len(dist) == 0:
             chunk.lonely.append(index)
             if natoms > 1 or box is not None:
@@ -325,9 +315,9 @@ def neighbor_stat_partial(
 ) -> NeighborPartial:
     """Neighbour statistics of the frames ``rows[s]`` of each system ``s`` (default: all).
 
-    Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
-    atoms or more use ``threads`` threads of the compiled search (default:
-    ``default_threads()``). The result does not depend on the number of threads.
+    Frames are read in chunks and searched by ``NeighborSearch.many`` (the small cells of
+    many systems together); frames of ``_THREADED_MIN_ATOMS`` atoms or more use ``threads``
+    threads of the compiled search (default: ``default_threads()``). The result does not depend on the number of threads.
     ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
     half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
     of the same frames need no search of their own (the arrays are copies the visitor may
@@ -426,44 +416,16 @@ def compute_neighbor_stat(
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
     index = {id(total): k for k, total in enumerate(totals)}
-    for window in _windows(_read_chunks(totals)):
-        large = window[0][0].system.natoms >= _THREADED_MIN_ATOMS  # then alone in its window
-        search = multi if large else single
-        # the frames of many small systems are searched together (`NeighborSearch.many`)
-        many = (
-            [None] * len(window)
-            if large
-            else single.many([c[2:] for c in window], visit is not None)
+    chunks = _read_chunks(totals)
+    vectors = visit is not None
+    windows = search_chunks(chunks, single, multi, vectors, _ATOMS_PER_READ, _THREADED_MIN_ATOMS)
+    for (total, rows, coords, boxes), searched in windows:
+        seen = None if visit is None else functools.partial(visit, index[id(total)])
+        chunk = _count_chunk(
+            single, total.system.path, total.atype, ntypes, rows, coords, boxes, seen, searched
         )
-        for (total, rows, coords, boxes), searched in zip(window, many, strict=True):
-            seen = None if visit is None else functools.partial(visit, index[id(total)])
-            chunk = _count_chunk(
-                search, total.system.path, total.atype, ntypes, rows, coords, boxes, seen,
-                searched,
-            )  # fmt: skip
-            total.merge(chunk)
-            yield from rows
-
-
-def _windows(chunks):
-    """Chunks of frames grouped up to about ``_ATOMS_PER_READ`` atoms; a chunk of a large
-    system (searched on its own, by threads) is a window by itself."""
-    window: list = []
-    atoms = 0
-    for chunk in chunks:
-        size = chunk[2].shape[0] * chunk[2].shape[1]
-        if window and (
-            atoms + size > _ATOMS_PER_READ or chunk[0].system.natoms >= _THREADED_MIN_ATOMS
-        ):
-            yield window
-            window, atoms = [], 0
-        window.append(chunk)
-        atoms += size
-        if chunk[0].system.natoms >= _THREADED_MIN_ATOMS:
-            yield window
-            window, atoms = [], 0
-    if window:
-        yield window
+        total.merge(chunk)
+        yield from rows
 
 
 def _read_chunks(totals: list[_SystemTotals]):
