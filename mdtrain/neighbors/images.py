@@ -1,17 +1,19 @@
 """Neighbour pairs of small periodic cells by image replication, many frames in one pass.
 
-Why: in a cell shorter than twice the cut-off every atom sees several images of its
-neighbours (and its own), and a cell list has few atoms per cell to amortise its set-up: the
-compiled library spent about 200 µs on one 4–32-atom cell, more than the arithmetic of
-trying every image. Here the frames of one batch (same number of atoms) are searched
-together with a few numpy passes over dense arrays.
+Why: data sets of bulk unit cells and small supercells hold thousands of systems of a few
+atoms in cells shorter than twice the cut-off. The compiled library takes about 100–250 µs
+per such frame, and each call from Python adds its own overhead; the arithmetic of trying
+every image of every pair costs about as much per frame. Here the frames of many systems
+(same atom count and cell size) are searched together in a few numpy passes, so that
+per-frame and per-call costs disappear (``NeighborSearch.many`` chooses this search by cell
+size; ``docs/performance.md`` has the figures).
 
 How: positions are wrapped into the cell (fractional ``w = frac - floor(frac)``). For the
 pair (i, j) the fractional difference ``d = w_j - w_i`` lies in (-1, 1), and an image ``n``
 can be within ``rcut`` only if ``|d_a + n_a| < rcut / h_a`` on every axis ``a`` (``h_a``
 the spacing of the lattice planes across axis ``a``): at most ``floor(2 rcut / h_a) + 1``
 consecutive integers from ``ceil(-rcut / h_a - d_a)``. Every candidate of that small box of
-images is tried, for every ordered pair (i, j) at once. The pairs are given in the original
+images is tried, for every pair i <= j at once. The pairs are given in the original
 coordinates: shift ``n + k_i - k_j`` (``k = floor(frac)``), vector ``coord[j] - coord[i] +
 shift @ box`` (as the model forms it, up to rounding), distance strictly below rcut.
 
@@ -27,7 +29,7 @@ import numpy as np
 
 _MARGIN = 1e-9  # on the image ranges (fractional) and, relative, on the distance pre-filter
 _CANDIDATES_PER_PASS = 1 << 17  # (frame, pair, image) candidates evaluated together
-MAX_CANDIDATES = 1 << 15  # per frame; larger frames go to the library (see `small_cells`)
+MAX_CANDIDATES = 1 << 14  # per frame; larger frames go to the library (see `small_cells`)
 MIN_HEIGHT = 1e-3  # Å: flatter cells are left to the library (which reports them)
 
 
@@ -124,19 +126,21 @@ def image_pairs(
 
 
 def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
-    """Half-list pairs of a few frames: every candidate (frame, i, j, image) at once."""
+    """Half-list pairs of a few frames: every candidate (frame, pair i <= j, image) at once."""
     nframes, natoms = coords.shape[:2]
+    pair_i, pair_j = _upper(natoms)
+    npairs = len(pair_i)
     inverse = np.linalg.inv(boxes)
     frac = coords @ inverse  # (F, N, 3)
     fold = np.floor(frac)
     w = frac - fold
-    d = (w[:, None, :, :] - w[:, :, None, :]).reshape(nframes, natoms * natoms, 3)  # w_j - w_i
+    d = w[:, pair_j] - w[:, pair_i]  # (F, P, 3): w_j - w_i, in (-1, 1)
     reach = rcut * np.linalg.norm(inverse, axis=1) + _MARGIN  # (F, 3): rcut / h
-    low = np.ceil(-reach[:, None, :] - d)  # (F, N², 3): each pair's first image per axis
-    # the shift of the first image in the original coordinates, and its vector
-    first = low + (fold[:, :, None, :] - fold[:, None, :, :]).reshape(nframes, -1, 3)
-    base = (coords[:, None, :, :] - coords[:, :, None, :]).reshape(nframes, -1, 3)
-    base += first @ boxes  # (F, N², 3): coord_j - coord_i + first @ box
+    first = np.ceil(-reach[:, None, :] - d)  # (F, P, 3): each pair's first image per axis
+    # that image's shift in the original coordinates, and its vector
+    first += fold[:, pair_i] - fold[:, pair_j]
+    base = coords[:, pair_j] - coords[:, pair_i]
+    base += first @ boxes  # (F, P, 3): coord_j - coord_i + first @ box
     offsets = np.array(list(itertools.product(*(range(int(k)) for k in size))))
     step = offsets.astype(np.float64) @ boxes  # (F, K, 3)
     nimages = len(offsets)
@@ -144,13 +148,12 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
     r2 *= 2.0
     r2 += np.einsum("fpa,fpa->fp", base, base)[:, :, None]
     r2 += np.einsum("fka,fka->fk", step, step)[:, None, :]
-    near = r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN
-    near &= _upper(natoms)[None, :, None]  # the half list: i <= j
-    flat = np.flatnonzero(near)
+    flat = np.flatnonzero(r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN)
     fp = flat // nimages
     k = flat - fp * nimages
-    f = fp // (natoms * natoms)
-    i, j = np.divmod(fp - f * (natoms * natoms), natoms)
+    f = fp // npairs
+    p = fp - f * npairs
+    i, j = pair_i[p], pair_j[p]
     first = first.reshape(-1, 3)
     own = np.flatnonzero(i == j)
     if len(own):  # an atom's own images: each ±n pair once, never itself
@@ -171,13 +174,12 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
     return [f, i, j, shift, dist, vec]
 
 
-_UPPER: dict[int, np.ndarray] = {}
+_UPPER: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _upper(natoms: int) -> np.ndarray:
-    """(N²,) whether pair p = i·N + j has i <= j."""
-    mask = _UPPER.get(natoms)
-    if mask is None:
-        i, j = np.divmod(np.arange(natoms * natoms), natoms)
-        mask = _UPPER.setdefault(natoms, i <= j)
-    return mask
+def _upper(natoms: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs i <= j of ``natoms`` atoms: (P,) i and (P,) j."""
+    pairs = _UPPER.get(natoms)
+    if pairs is None:
+        pairs = _UPPER.setdefault(natoms, tuple(np.triu_indices(natoms)))
+    return pairs

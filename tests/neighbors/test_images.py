@@ -102,7 +102,7 @@ def test_which_frames_are_small_cells():
     assert small.tolist() == [True, False, False, False]  # large, flat, not finite
     assert usable.tolist() == [True, True, False, False]
     assert counts[0].tolist() == [2, 2, 2]  # 2·3/4 = 1.5: at most 2 images per axis
-    big = np.zeros((1, 70, 3))  # 70² atoms × 8 images: past MAX_CANDIDATES
+    big = np.zeros((1, 50, 3))  # 50² atoms × 8 images: past MAX_CANDIDATES
     assert not images.small_cells([(big, cells[:1])], 3.0)[0][0]
 
 
