@@ -18,8 +18,9 @@ virials.
 variables set to ``--threads``, in alternating rounds: ``neighbor-stat`` (whole process)
 and ``train`` (the arrival of the log line of step 1 of a one-step run) of this checkout's
 mdtrain, of ``--before``'s mdtrain (``PYTHONPATH`` set to it), and of DeePMD-kit
-(``dp --BACKEND``). The input is ``startup.py``'s with rcut 5 Å. The load average is
-recorded with every command.
+(``dp --BACKEND``). The input is ``startup.py``'s with rcut 5 Å. Reported: the median
+and range over the rounds, the median CPU time (user + system) of each whole process, the
+load average after every command, and the DeePMD-kit / mdtrain ratio of each round.
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ def _summary(rounds: list[dict]) -> dict:
         key = "first_step_s" if "first_step_s" in rounds[0][command] else "wall_s"
         values = [r[command][key] for r in rounds]
         loads = [r[command]["load"] for r in rounds]
+        cpu = statistics.median(r[command]["cpu_s"] for r in rounds)
         out[command] = {"key": key, "median": statistics.median(values), "min": min(values),
-                        "max": max(values), "load": [min(loads), max(loads)]}  # fmt: skip
+                        "max": max(values), "cpu_s": cpu, "load": [min(loads), max(loads)]}  # fmt: skip
     return out
 
 
@@ -187,11 +189,12 @@ def run(args) -> int:
     summary = _summary(rounds)
     print(f"\nthreads {args.threads}; medians of {len(rounds)} rounds (range); seconds; "
           "load average (1 min) at the end of each command, lowest–highest\n")  # fmt: skip
-    print("| command | figure | median (range) | load |\n| --- | --- | --- | --- |")
+    print("| command | figure | median (range) | CPU of the whole process | load |")
+    print("| --- | --- | --- | --- | --- |")
     for command, s in summary.items():
         figure = "end of step 1" if s["key"] == "first_step_s" else "whole process"
         print(f"| {command} | {figure} | {s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f}) | "
-              f"{s['load'][0]:.1f}–{s['load'][1]:.1f} |")  # fmt: skip
+              f"{s['cpu_s']:.2f} | {s['load'][0]:.1f}–{s['load'][1]:.1f} |")  # fmt: skip
     if args.deepmd_env:
         programs = ["mdtrain"] + (["before"] if args.before else [])
         print("\n| DeePMD-kit / | command | median ratio (range) |\n| --- | --- | --- |")
