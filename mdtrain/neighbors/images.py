@@ -134,12 +134,12 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
     frac = coords @ inverse  # (F, N, 3)
     fold = np.floor(frac)
     w = frac - fold
-    d = w[:, pair_j] - w[:, pair_i]  # (F, P, 3): w_j - w_i, in (-1, 1)
+    d = np.take(w, pair_j, axis=1) - np.take(w, pair_i, axis=1)  # (F, P, 3): in (-1, 1)
     reach = rcut * np.linalg.norm(inverse, axis=1) + _MARGIN  # (F, 3): rcut / h
     first = np.ceil(-reach[:, None, :] - d)  # (F, P, 3): each pair's first image per axis
     # that image's shift in the original coordinates, and its vector
-    first += fold[:, pair_i] - fold[:, pair_j]
-    base = coords[:, pair_j] - coords[:, pair_i]
+    first += np.take(fold, pair_i, axis=1) - np.take(fold, pair_j, axis=1)
+    base = np.take(coords, pair_j, axis=1) - np.take(coords, pair_i, axis=1)
     base += first @ boxes  # (F, P, 3): coord_j - coord_i + first @ box
     offsets = np.array(list(itertools.product(*(range(int(k)) for k in size))))
     step = offsets.astype(np.float64) @ boxes  # (F, K, 3)
@@ -148,25 +148,26 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
     r2 *= 2.0
     r2 += np.einsum("fpa,fpa->fp", base, base)[:, :, None]
     r2 += np.einsum("fka,fka->fk", step, step)[:, None, :]
-    flat = np.flatnonzero(r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN)
+    near = r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN
+    # an atom's own images (i = j, d = 0): each ±n pair once (n lexicographically
+    # positive), never the atom itself (n = 0)
+    own = offsets[None] + np.ceil(-reach)[:, None, :].astype(np.int64)  # (F, K, 3): n
+    lead = np.where(own[..., 0] != 0, own[..., 0],
+                    np.where(own[..., 1] != 0, own[..., 1], own[..., 2]))  # fmt: skip
+    near[:, _diagonal(natoms)] &= (lead > 0)[:, None, :]
+    flat = np.flatnonzero(near)
     fp = flat // nimages
     k = flat - fp * nimages
     f = fp // npairs
     p = fp - f * npairs
-    i, j = pair_i[p], pair_j[p]
-    first = first.reshape(-1, 3)
-    own = np.flatnonzero(i == j)
-    if len(own):  # an atom's own images: each ±n pair once, never itself
-        s = first[fp[own]].astype(np.int64) + offsets[k[own]]
-        lead = np.where(s[:, 0] != 0, s[:, 0], np.where(s[:, 1] != 0, s[:, 1], s[:, 2]))
-        drop = own[lead <= 0]
-        if len(drop):
-            keep = np.ones(len(fp), dtype=bool)
-            keep[drop] = False
-            f, i, j, fp, k = f[keep], i[keep], j[keep], fp[keep], k[keep]
-    vec = base.reshape(-1, 3)[fp] + step.reshape(-1, 3)[f * nimages + k]
+    i, j = np.take(pair_i, p), np.take(pair_j, p)
+    vec = np.take(base.reshape(-1, 3), fp, axis=0)
+    vec += np.take(step.reshape(-1, 3), f * nimages + k, axis=0)
     dist = np.sqrt(np.einsum("pa,pa->p", vec, vec))
-    shift = first[fp].astype(np.int64) + offsets[k] if shifts else None
+    shift = None
+    if shifts:
+        shift = np.take(first.reshape(-1, 3), fp, axis=0).astype(np.int64)
+        shift += np.take(offsets, k, axis=0)
     inside = dist < rcut
     if not inside.all():
         f, i, j, dist, vec = f[inside], i[inside], j[inside], dist[inside], vec[inside]
@@ -183,3 +184,8 @@ def _upper(natoms: int) -> tuple[np.ndarray, np.ndarray]:
     if pairs is None:
         pairs = _UPPER.setdefault(natoms, tuple(np.triu_indices(natoms)))
     return pairs
+
+
+def _diagonal(natoms: int) -> np.ndarray:
+    """The positions of the pairs (i, i) among `_upper`'s."""
+    return np.flatnonzero(_upper(natoms)[0] == _upper(natoms)[1])
