@@ -39,6 +39,7 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
+from mdtrain.neighbors.images import plane_heights
 from mdtrain.neighbors.nlist import NeighborSearch, search_chunks
 from mdtrain.progress import progress as progress_bar
 
@@ -120,33 +121,6 @@ def _min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None)
         cutoff *= 2.0
 
 
-def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cross products (n, 3): ``np.cross``'s arithmetic without its axis handling,
-    which cost more than the search itself for frames of a few atoms."""
-    return np.stack(
-        [
-            a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1],
-            a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
-            a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0],
-        ],
-        axis=-1,
-    )
-
-
-def _plane_spacing(boxes: np.ndarray) -> np.ndarray:
-    """Smallest distance between lattice planes of each cell (n, 3, 3) -> (n,)."""
-    volume = np.abs(np.linalg.det(boxes))
-    areas = np.stack(
-        [
-            np.linalg.norm(_cross(boxes[:, a], boxes[:, b]), axis=-1)
-            for a, b in ((1, 2), (2, 0), (0, 1))
-        ],
-        axis=-1,
-    )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(areas.max(axis=-1) > 0, volume / areas.max(axis=-1), 0.0)
-
-
 @dataclass
 class _Chunk:
     """The statistics of a few consecutive frames of one system."""
@@ -179,7 +153,7 @@ def _count_chunk(
     if all(r is not None for r in searched):
         spacing, finite = None, np.ones(len(rows), dtype=bool)  # `many` checked them
     else:
-        spacing = None if boxes is None else _plane_spacing(boxes)
+        spacing = None if boxes is None else plane_heights(boxes).min(axis=1)
         finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
         if boxes is not None:
             finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
@@ -416,9 +390,8 @@ def compute_neighbor_stat(
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
     index = {id(total): k for k, total in enumerate(totals)}
-    chunks = _read_chunks(totals)
-    vectors = visit is not None
-    windows = search_chunks(chunks, single, multi, vectors, _ATOMS_PER_READ, _THREADED_MIN_ATOMS)
+    sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
+    windows = search_chunks(_read_chunks(totals), single, multi, visit is not None, *sizes)
     for (total, rows, coords, boxes), searched in windows:
         seen = None if visit is None else functools.partial(visit, index[id(total)])
         chunk = _count_chunk(
