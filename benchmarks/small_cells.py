@@ -156,8 +156,11 @@ def measure(data: str, deepmd_env: str | None, backend: str, before: str | None,
 
 
 def _timed(command: list[str], env: dict, folder: str, step=None) -> dict:
-    figures = _figures(run_child(command, env, folder), step)
+    run = run_child(command, env, folder)
+    figures = _figures(run, step)
     figures["load"] = os.getloadavg()[0]
+    if step is MDTRAIN_STEP:  # mdtrain's log lines and their arrival: where the time went
+        figures["log"] = [(round(t, 3), line) for t, line in run.lines if "INFO" in line]
     return figures
 
 
