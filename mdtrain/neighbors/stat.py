@@ -291,7 +291,8 @@ def neighbor_stat_partial(
 
     Frames are read in chunks and searched by ``NeighborSearch.many`` (the small cells of
     many systems together); frames of ``_THREADED_MIN_ATOMS`` atoms or more use ``threads``
-    threads of the compiled search (default: ``default_threads()``). The result does not depend on the number of threads.
+    threads of the compiled search (default: ``default_threads()``). The result does not
+    depend on the number of threads.
     ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
     half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
     of the same frames need no search of their own (the arrays are copies the visitor may
