@@ -51,7 +51,12 @@ class CombinedModel(ConservativeModel):
     backend: str
 
     def __init__(
-        self, parts: list[nn.Module], weights: list[float], type_map: list[str], config: dict
+        self,
+        parts: list[nn.Module],
+        weights: list[float],
+        type_map: list[str],
+        config: dict,
+        outer_sel: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
@@ -62,10 +67,12 @@ class CombinedModel(ConservativeModel):
         self.backend = "reference"
         sels = [_part_sel(p, self.ntypes) for p in parts]
         self.sel = [max(s[t] for s in sels) for t in range(self.ntypes)]
+        if outer_sel is not None:  # a smaller outer list: mixed parts read what it holds
+            self.sel = [int(s) for s in outer_sel]
         self.offsets = [sum(self.sel[:t]) for t in range(self.ntypes + 1)]
         self.rcut = max(float(p.rcut) for p in parts)
         self.part_rcut = [float(p.rcut) for p in parts]
-        self.part_mixed = [bool(getattr(p, "mixed_types", False)) for p in parts]
+        self.part_mixed = self.part_mixed_of(parts)
         self.part_nsel = [
             sum(s) if not m else int(p.nsel) for s, m, p in zip(sels, self.part_mixed, parts)
         ]
@@ -79,6 +86,14 @@ class CombinedModel(ConservativeModel):
         )
         self.register_buffer("out_bias", torch.zeros(self.ntypes, dtype=torch.float64))
         self.register_buffer("out_std", torch.ones(self.ntypes, dtype=torch.float64))
+        # no atom_exclude_types here (refused by the builder): every type has energy
+        self.register_buffer(
+            "atom_keep", torch.ones(self.ntypes, dtype=torch.float64), persistent=False
+        )
+
+    @staticmethod
+    def part_mixed_of(parts: list[nn.Module]) -> list[bool]:
+        return [bool(getattr(p, "mixed_types", False)) for p in parts]
 
     @torch.jit.unused
     def get_model_config(self) -> dict:
@@ -163,10 +178,22 @@ class ZBLModel(CombinedModel):
         type_map: list[str],
         config: dict,
     ) -> None:
-        super().__init__([dp, table], [1.0, 1.0], type_map, config)
+        # the network's own per-type list: the table reads the same neighbours (DeePMD-kit
+        # gives it the nearest sum(sel) of any type; the two differ only where a type
+        # overflows its sel, where the network is truncated too)
+        super().__init__([dp, table], [1.0, 1.0], type_map, config, outer_sel=list(dp.sel))
         self.sw_rmin = float(sw_rmin)
         self.sw_rmax = float(sw_rmax)
         self.smin_alpha = float(smin_alpha)
+
+    @property
+    def descriptor(self) -> nn.Module:
+        """The network's descriptor (its statistics are the model's)."""
+        return self.parts[0].descriptor
+
+    @property
+    def fitting(self) -> nn.Module:
+        return self.parts[0].fitting
 
     def part_weights(self, lists: list[tuple[Tensor, Tensor]], atype: Tensor) -> Tensor:
         """``1 - s`` for the network, ``s`` for the table, from the longer of the two lists."""

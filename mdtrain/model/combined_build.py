@@ -8,7 +8,8 @@
   parent's ``type_map``) and ``weights`` (``"sum"``, ``"mean"`` or one number per model).
 
 Table files are read relative to ``base_dir`` (the input file's folder); the returned model
-keeps its config with the paths made absolute, so a checkpoint rebuilds while they stay put.
+keeps its config with the paths made absolute and the table's rows (``table_rows``), so a
+checkpoint or a ``.dp`` file rebuilds it without the file.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
+
+from mdtrain.data.pair_table import check_rows, prepare_table, read_table_file
 from mdtrain.errors import MDTrainError
 from mdtrain.model.combined import CombinedModel, ZBLModel
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.pair_energy import PairTableEnergy
-from mdtrain.model.pair_table import load_pair_table
 
 SRTAB_KEYS = ("use_srtab", "smin_alpha", "sw_rmin", "sw_rmax", "srtab_add_bias")
+# where a built model's config keeps its table (rows as read), so that a checkpoint or a
+# .dp file rebuilds the model without the file
+TABLE_ROWS = "table_rows"
 SMIN_ALPHA_DEFAULT = 0.1
 
 
@@ -36,6 +42,21 @@ def _table_path(value, base_dir: Path | None, where: str) -> Path:
         raise MDTrainError(f"{where}: a table file name is required, got {value!r}")
     path = Path(value)
     return (path if path.is_absolute() or base_dir is None else Path(base_dir) / path).resolve()
+
+
+def _table(cfg: dict, key: str, rcut: float, type_map: list[str], base_dir, where: str):
+    """The table of section ``cfg`` (its file ``cfg[key]``, or the rows a stored model keeps
+    in ``table_rows``) and the section as stored: path made absolute, rows included."""
+    rows = cfg.get(TABLE_ROWS)
+    if rows is not None:  # a checkpoint's or a .dp file's own copy of the table
+        source = str(cfg.get(key))
+        raw = np.asarray(rows, dtype=np.float64)
+        check_rows(raw, f"{where}/{TABLE_ROWS} (of {source})")
+    else:
+        path = _table_path(cfg.get(key), base_dir, f"{where}/{key}")
+        source, raw = str(path), read_table_file(path)
+    table = prepare_table(raw, source, rcut, type_map, f"{where}/{key}")
+    return table, dict(cfg, **{key: source, TABLE_ROWS: raw.tolist()})
 
 
 def _type_map(cfg: dict, where: str) -> list[str]:
@@ -58,7 +79,6 @@ def _number(cfg: dict, key: str, where: str) -> float:
 
 def _pairtab(cfg: dict, type_map: list[str], base_dir: Path | None, where: str):
     """The table part of a ``pairtab`` section and that section with its path made absolute."""
-    path = _table_path(cfg.get("tab_file"), base_dir, f"{where}/tab_file")
     rcut = _number(cfg, "rcut", where)
     sel = cfg.get("sel")
     if isinstance(sel, list) and all(isinstance(s, int) and s >= 0 for s in sel):
@@ -71,14 +91,12 @@ def _pairtab(cfg: dict, type_map: list[str], base_dir: Path | None, where: str):
         )
     if nsel <= 0:
         raise MDTrainError(f"{where}/sel: must be positive, got {sel!r}")
-    table = load_pair_table(path, rcut, type_map, key=f"{where}/tab_file")
-    stored = dict(cfg, tab_file=str(path))
+    table, stored = _table(cfg, "tab_file", rcut, type_map, base_dir, where)
     return PairTableEnergy(table, type_map, nsel), stored
 
 
 def _zbl(cfg: dict, base_dir: Path | None) -> ZBLModel:
     type_map = _type_map(cfg, "model")
-    path = _table_path(cfg["use_srtab"], base_dir, "model/use_srtab")
     sw_rmin, sw_rmax = _number(cfg, "sw_rmin", "model"), _number(cfg, "sw_rmax", "model")
     if not sw_rmax > sw_rmin:
         raise MDTrainError(f"model/sw_rmax: {sw_rmax} must be greater than sw_rmin {sw_rmin}")
@@ -86,13 +104,9 @@ def _zbl(cfg: dict, base_dir: Path | None) -> ZBLModel:
     alpha = SMIN_ALPHA_DEFAULT if alpha is None else _number(cfg, "smin_alpha", "model")
     if alpha <= 0:
         raise MDTrainError(f"model/smin_alpha: must be positive, got {alpha}")
-    dp = EnergyModel({k: v for k, v in cfg.items() if k not in SRTAB_KEYS})
-    table = load_pair_table(path, dp.rcut, type_map, key="model/use_srtab")
-    stored = dict(cfg, use_srtab=str(path), smin_alpha=alpha)
-    stored["descriptor"], stored["fitting_net"] = (
-        dp.get_model_config()["descriptor"],
-        dp.get_model_config()["fitting_net"],
-    )
+    dp = EnergyModel({k: v for k, v in cfg.items() if k not in (*SRTAB_KEYS, TABLE_ROWS)})
+    table, stored = _table(cfg, "use_srtab", dp.rcut, type_map, base_dir, "model")
+    stored = {**stored, **dp.get_model_config(), "smin_alpha": alpha}
     part = PairTableEnergy(table, type_map, sum(dp.sel))
     return ZBLModel(dp, part, sw_rmin, sw_rmax, alpha, type_map, stored)
 

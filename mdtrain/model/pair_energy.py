@@ -1,7 +1,7 @@
 """Atomic energies of a tabulated pair potential, differentiable in the pair vectors.
 
 ``E_i = ½ Σ_j E_{t_i t_j}(r_ij)`` over the neighbours of i, each pair energy read from
-DeePMD-kit's cubic spline table (``mdtrain.model.pair_table``): ``u = (r - rmin)/hh``, interval
+DeePMD-kit's cubic spline table (``mdtrain.data.pair_table``): ``u = (r - rmin)/hh``, interval
 ``k = ⌊u⌋``, ``E = ((a3 v + a2) v + a1) v + a0`` with ``v = u - k``. A pair at or beyond ``rcut``
 or beyond the (extended) table gives 0. A distance below the table's first point is refused
 with the pair and the file named, as DeePMD-kit's PyTorch backend refuses it. Forces and
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mdtrain.data.pair_table import PairTable
 from mdtrain.errors import MDTrainError
-from mdtrain.model.pair_table import PairTable
 
 
 class PairTableEnergy(nn.Module):
@@ -45,9 +45,13 @@ class PairTableEnergy(nn.Module):
         self.ntypes = table.ntypes
         self.source = table.source
         self.type_map = list(type_map)
-        self.register_buffer("tab_data", torch.as_tensor(table.coef, dtype=torch.float64))
-        self.register_buffer("tab_vdata", torch.as_tensor(table.vdata, dtype=torch.float64))
-        self.register_buffer("tab_info", torch.as_tensor(table.tab_info(), dtype=torch.float64))
+        # derived from the table the model config holds: not part of the state dict
+        coef = torch.as_tensor(table.coef, dtype=torch.float64)
+        self.register_buffer("tab_data", coef, persistent=False)
+        vdata = torch.as_tensor(table.vdata, dtype=torch.float64)
+        self.register_buffer("tab_vdata", vdata, persistent=False)
+        info = torch.as_tensor(table.tab_info(), dtype=torch.float64)
+        self.register_buffer("tab_info", info, persistent=False)
 
     def pair_energy(self, r: Tensor, ti: Tensor, tj: Tensor, valid: Tensor) -> Tensor:
         """Pair energies (same shape as ``r``) for centre types ``ti`` and neighbour types

@@ -4,14 +4,19 @@ list, and the builder's refusals."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.load import load_model
+from mdtrain.model.backend import as_reference, build_model
 from mdtrain.model.combined import zbl_switch
 from mdtrain.model.combined_build import build_combined_model
 from mdtrain.model.conservative import pair_vectors
+from mdtrain.model.deepmd_file import read_dp, write_dp
 from mdtrain.neighbors.nlist import build_nlist
 from tests.helpers.finite_diff import fd_forces, fd_virial, rel_err
 from tests.helpers.models import evaluate, set_random_stats, small_config, triclinic, water_like
@@ -163,3 +168,48 @@ def test_relative_table_path_is_read_from_the_input_folder(table):
     assert model.get_model_config()["tab_file"] == str(table.resolve())
     with pytest.raises(MDTrainError, match="no such file"):
         build_combined_model(cfg, base_dir=table.parent / "elsewhere")
+
+
+def test_model_rebuilds_from_its_config_without_the_table_file(table):
+    model = build_combined_model(linear_config(table, [0.5, 1.0, 2.0]))
+    for k in (0, 1):
+        set_random_stats(model.parts[k], seed=k)
+    model.set_out_bias([0.3, -0.2])
+    coord, box, atype = frame(seed=4)
+    before = evaluate(model, coord, box, atype)["atom_energy"]
+    config, state = model.get_model_config(), model.state_dict()
+    table.unlink()
+    rebuilt = build_combined_model(config)
+    rebuilt.load_state_dict(state)
+    np.testing.assert_array_equal(evaluate(rebuilt, coord, box, atype)["atom_energy"], before)
+
+
+@pytest.mark.parametrize("kind", ["zbl", "linear"])
+def test_dp_file_round_trip(table, tmp_path, kind):
+    if kind == "zbl":
+        model = zbl_model(table)
+    else:
+        model = build_combined_model(linear_config(table, "mean"))
+        for k in (0, 1):
+            set_random_stats(model.parts[k], seed=k)
+        model.set_out_bias([0.3, -0.2])
+    write_dp(model, tmp_path / "model.dp")
+    data = read_dp(tmp_path / "model.dp")
+    assert data["model"]["type"] == kind
+    assert data["model"]["models"][-1]["type"] == "pairtab"
+    assert "table_rows" not in json.dumps(data["model_def_script"])
+    loaded = load_model(tmp_path / "model.dp")
+    assert type(loaded) is type(model)
+    coord, box, atype = frame(seed=5)
+    ours, theirs = evaluate(model, coord, box, atype), evaluate(loaded, coord, box, atype)
+    for key in ("atom_energy", "force", "virial"):
+        np.testing.assert_array_equal(theirs[key], ours[key])
+
+
+def test_backends_other_than_reference_are_refused(table):
+    cfg = small_config(use_srtab=str(table), **SWITCH)
+    assert build_model(cfg).backend == "reference"
+    with pytest.raises(MDTrainError, match="runs on 'reference'"):
+        build_model(cfg, backend="fused")
+    with pytest.raises(MDTrainError, match="cannot be frozen to TorchScript"):
+        as_reference(build_model(cfg))

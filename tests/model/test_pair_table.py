@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from mdtrain.data.pair_table import clamped_slopes, load_pair_table, read_table_file
 from mdtrain.errors import MDTrainError
 from mdtrain.model.combined import CombinedModel, zbl_switch
 from mdtrain.model.conservative import pair_vectors
 from mdtrain.model.pair_energy import PairTableEnergy
-from mdtrain.model.pair_table import clamped_slopes, load_pair_table, read_table_file
 from mdtrain.neighbors.nlist import build_nlist
 from tests.helpers.models import evaluate
 from tests.helpers.pair_tables import write_table, zbl_table

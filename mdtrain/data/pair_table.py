@@ -30,7 +30,7 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 
-log = logging.getLogger("mdtrain.model.pair_table")
+log = logging.getLogger("mdtrain.data.pair_table")
 
 # How far a grid step may stray from the first one (relative) before the table is refused:
 # DeePMD-kit takes the first step for the whole table, so an uneven grid would be misread.
@@ -246,14 +246,28 @@ def load_pair_table(
 ) -> PairTable:
     """Read, check and prepare the table at ``path`` for a cut-off ``rcut``; ``key`` names the
     input key that gave the file in messages, ``type_map`` (when given) must match it."""
-    raw = read_table_file(path)
+    return prepare_table(read_table_file(path), str(path), rcut, type_map, key)
+
+
+def check_rows(data: np.ndarray, where: str) -> None:
+    """The checks of ``read_table_file`` on rows given as an array (a stored model's)."""
+    if data.ndim != 2 or data.shape[0] < 2:
+        raise MDTrainError(f"{where}: a table needs at least 2 rows, got shape {data.shape}")
+    _check_columns(data, where)
+    _check_grid(data, where)
+
+
+def prepare_table(
+    raw: np.ndarray, source: str, rcut: float, type_map: list[str] | None, key: str
+) -> PairTable:
+    """The checked rows ``raw`` of the table ``source`` made ready for a cut-off ``rcut``."""
     ntypes = types_of_columns(raw.shape[1] - 1)
     assert ntypes is not None
     if type_map is not None:
-        check_table_types(ntypes, list(type_map), f"{key} {path}")
+        check_table_types(ntypes, list(type_map), f"{key} {source}")
     vdata = extend_to_rcut(raw, float(rcut))
     return PairTable(
-        source=str(path),
+        source=source,
         rmin=float(raw[0, 0]),
         rmax=float(raw[-1, 0]),
         hh=float(raw[1, 0] - raw[0, 0]),
