@@ -28,10 +28,18 @@ from mdtrain.model.conservative import ConservativeModel
 from mdtrain.model.pair_energy import PairTableEnergy
 
 
+def _is_mixed(part: nn.Module) -> bool:
+    """A pair table, or a network whose descriptor takes one type-mixed list."""
+    if hasattr(part, "descriptor"):
+        return bool(getattr(part.descriptor, "mixed_types", False))
+    return bool(getattr(part, "mixed_types", False))
+
+
 def _part_sel(part: nn.Module, ntypes: int) -> list[int]:
     """Slots per type that ``part`` may need in the outer per-type list."""
-    if bool(getattr(part, "mixed_types", False)):
-        return [int(part.nsel)] * ntypes
+    if _is_mixed(part):
+        total = int(part.nsel) if hasattr(part, "nsel") else sum(int(s) for s in part.sel)
+        return [total] * ntypes
     return [int(s) for s in part.sel]
 
 
@@ -73,9 +81,7 @@ class CombinedModel(ConservativeModel):
         self.rcut = max(float(p.rcut) for p in parts)
         self.part_rcut = [float(p.rcut) for p in parts]
         self.part_mixed = self.part_mixed_of(parts)
-        self.part_nsel = [
-            sum(s) if not m else int(p.nsel) for s, m, p in zip(sels, self.part_mixed, parts)
-        ]
+        self.part_nsel = [s[0] if m else sum(s) for s, m in zip(sels, self.part_mixed)]
         for k in range(len(parts)):  # the outer slots each blocked part reads
             slots = [self.offsets[t] + i for t in range(self.ntypes) for i in range(sels[k][t])]
             self.register_buffer(
@@ -93,7 +99,7 @@ class CombinedModel(ConservativeModel):
 
     @staticmethod
     def part_mixed_of(parts: list[nn.Module]) -> list[bool]:
-        return [bool(getattr(p, "mixed_types", False)) for p in parts]
+        return [_is_mixed(p) for p in parts]
 
     @torch.jit.unused
     def get_model_config(self) -> dict:
@@ -110,14 +116,17 @@ class CombinedModel(ConservativeModel):
     def part_list(self, k: int, diff: Tensor, nlist: Tensor, dist: Tensor) -> tuple[Tensor, Tensor]:
         """Part ``k``'s neighbour list and pair vectors, derived from the outer list."""
         rcut = self.part_rcut[k]
-        if self.part_mixed[k]:
-            sub_nlist = torch.where(dist < rcut, nlist, torch.full_like(nlist, -1))
-            sub_diff = diff
-            if nlist.shape[-1] > self.part_nsel[k]:
-                far = torch.where(sub_nlist >= 0, dist, torch.full_like(dist, float("inf")))
-                keep = torch.topk(far, self.part_nsel[k], dim=-1, largest=False).indices
-                sub_nlist = torch.gather(sub_nlist, -1, keep)
-                sub_diff = torch.gather(diff, 2, keep.unsqueeze(-1).expand(-1, -1, -1, 3))
+        if self.part_mixed[k]:  # the nsel nearest within rcut, nearest first, -1 padded
+            nsel = self.part_nsel[k]
+            far = torch.where(dist < rcut, dist, torch.full_like(dist, float("inf")))
+            keep = torch.topk(far, min(nsel, far.shape[-1]), dim=-1, largest=False).indices
+            sub_nlist = torch.gather(nlist, -1, keep)
+            sub_nlist = torch.where(torch.gather(far, -1, keep).isfinite(), sub_nlist, -1)
+            sub_diff = torch.gather(diff, 2, keep.unsqueeze(-1).expand(-1, -1, -1, 3))
+            if keep.shape[-1] < nsel:  # a narrower outer list (DP+ZBL): pad
+                pad = nsel - keep.shape[-1]
+                sub_nlist = nn.functional.pad(sub_nlist, (0, pad), value=-1)
+                sub_diff = nn.functional.pad(sub_diff, (0, 0, 0, pad))
             return sub_diff, sub_nlist
         slots = self.get_buffer(f"slots_{k}")
         sub_nlist = nlist.index_select(-1, slots)
@@ -181,7 +190,8 @@ class ZBLModel(CombinedModel):
         # the network's own per-type list: the table reads the same neighbours (DeePMD-kit
         # gives it the nearest sum(sel) of any type; the two differ only where a type
         # overflows its sel, where the network is truncated too)
-        super().__init__([dp, table], [1.0, 1.0], type_map, config, outer_sel=list(dp.sel))
+        outer = None if _is_mixed(dp) else list(dp.sel)
+        super().__init__([dp, table], [1.0, 1.0], type_map, config, outer_sel=outer)
         self.sw_rmin = float(sw_rmin)
         self.sw_rmax = float(sw_rmax)
         self.smin_alpha = float(smin_alpha)

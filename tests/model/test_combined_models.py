@@ -213,3 +213,19 @@ def test_backends_other_than_reference_are_refused(table):
         build_model(cfg, backend="fused")
     with pytest.raises(MDTrainError, match="cannot be frozen to TorchScript"):
         as_reference(build_model(cfg))
+
+
+def test_a_mixed_part_gets_its_nearest_neighbours_first_padded_to_its_sel(table):
+    cfg = {"type": "pairtab", "type_map": ["O", "H"], "tab_file": str(table), "rcut": 3.0}
+    model = build_combined_model({**cfg, "sel": 70})
+    coord, box, atype = frame(seed=6)
+    nlist, shift, _ = build_nlist(coord, box, atype, model.rcut, model.sel)
+    nl, sh = torch.tensor(nlist)[None], torch.tensor(shift)[None]
+    diff = pair_vectors(torch.tensor(coord)[None], torch.tensor(box)[None], nl, sh)
+    dist = torch.where(nl >= 0, diff.norm(dim=-1), torch.full_like(diff[..., 0], float("inf")))
+    sub_diff, sub_nlist = model.part_list(0, diff, nl, dist)
+    assert sub_nlist.shape[-1] == 70
+    r = torch.where(sub_nlist >= 0, sub_diff.norm(dim=-1), torch.full_like(sub_diff[..., 0], 1e9))
+    assert torch.all(r[..., 1:] >= r[..., :-1])  # nearest first, padding last
+    assert int((sub_nlist >= 0).sum()) == int(((dist < 3.0) & (nl >= 0)).sum())
+    assert float(r[sub_nlist >= 0].max()) < 3.0
