@@ -84,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")
     p.add_argument(
-        "-m", "--model", required=True, help="checkpoint .pt, frozen .pth, DeePMD-kit .dp"
-    )
+        "-m", "--model", required=True,
+        help="checkpoint .pt, frozen .pth, exported .pt2, DeePMD-kit .dp, or a training output "
+        "folder (its model.ckpt.pt)",
+    )  # fmt: skip
     p.add_argument("-s", "--system", nargs="+", required=True, help="systems to test on")
     p.add_argument("-n", "--numb-test", type=int, default=0, help="frames per system (0: all)")
     p.add_argument("--json", help="write the figures to this JSON file")
@@ -103,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
-        "freeze", help="export a model: TorchScript (.pth) or DeePMD-kit's model file (.dp)"
+        "freeze",
+        help="export a model: TorchScript (.pth), torch.export (.pt2) or DeePMD-kit's model "
+        "file (.dp)",
     )
     p.add_argument(
         "checkpoint",
@@ -118,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", default="model.pth",
         help="file to write: *.dp is DeePMD-kit's model file (for dp, LAMMPS via "
-        "`dp convert-backend`), anything else TorchScript",
+        "`dp convert-backend`), *.pt2 a torch.export program, anything else TorchScript",
     )  # fmt: skip
 
     p = sub.add_parser(
@@ -166,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "-m", "--models", nargs="+", required=True,
-        help="checkpoints, frozen .pth or DeePMD-kit .dp models; a committee folder (member-*/) "
-        "counts as its members",
+        help="checkpoints, frozen .pth, exported .pt2 or DeePMD-kit .dp models; a committee "
+        "folder (member-*/) counts as its members",
     )  # fmt: skip
     p.add_argument(
         "-s", "--system", nargs="+", required=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from mdtrain.data.hdf5 import find_h5_systems, is_hdf5, join_h5_path, split_h5_path
+from mdtrain.data.lmdb_store import is_lmdb, lmdb_systems
 from mdtrain.errors import MDTrainError
 
 
@@ -13,7 +14,9 @@ def expand_systems(entries: str | list[str], base_dir: str = ".") -> list[str]:
 
     - a directory: itself and every directory below it that holds ``type.raw``;
     - ``file.h5``: every group (the root included) that holds ``type.raw``;
-    - ``file.h5#/group``: the group if it holds ``type.raw``, else the systems below it.
+    - ``file.h5#/group``: the group if it holds ``type.raw``, else the systems below it;
+    - an LMDB directory (DeePMD-kit's layout): its groups of frames, ``dir#NAME``
+      (`mdtrain.data.lmdb_store`).
 
     Each entry's systems are sorted; entries keep their order (so that a per-system list
     such as ``sys_probs`` still lines up with an explicit list); duplicates are dropped.
@@ -36,6 +39,8 @@ def expand_systems(entries: str | list[str], base_dir: str = ".") -> list[str]:
 def _expand_one(entry: str, base_dir: str) -> list[str]:
     file, sep, _ = entry.partition("#")
     file = os.path.abspath(os.path.join(base_dir, os.path.expanduser(file)))
+    if is_lmdb(file):  # DeePMD-kit's LMDB: its groups of frames with the same atoms
+        return lmdb_systems(file + entry[len(entry.partition("#")[0]) :])
     if sep:
         _, group = split_h5_path(entry)
         if not os.path.isfile(file):

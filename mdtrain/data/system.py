@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mdtrain.data.hdf5 import H5Store, find_h5_systems, is_hdf5, split_h5_path
+from mdtrain.data.lmdb_store import LmdbStore, is_lmdb, single_group
 from mdtrain.data.npy import NpyStore
 from mdtrain.errors import MDTrainError
 
@@ -59,9 +60,11 @@ def open_system(path: str, type_map: list[str] | None = None) -> System:
     return System(open_store(path), type_map)
 
 
-def open_store(path: str) -> NpyStore | H5Store:
+def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
     """The storage of the system at ``path`` (checked to exist; nothing else is read)."""
     path = str(path)
+    if is_lmdb(path):
+        return LmdbStore(path if "#" in path else single_group(path))
     if "#" in path:
         file, group = split_h5_path(path)
         if not os.path.isfile(file):

@@ -18,6 +18,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.committee import check_committee, committee_members
 from mdtrain.infer.deviation import committee_deviation
+from mdtrain.infer.finite import check_predictions, check_weights
 from mdtrain.infer.load import load_model
 from mdtrain.infer.model_devi import neighbor_groups
 from mdtrain.model.backend import to_device
@@ -45,8 +46,11 @@ class MDTrainCalculator(Calculator):
         self.device = torch.device(device)
         if isinstance(model, torch.nn.Module):
             self.model = to_device(model, self.device).eval()
+            self.model_name = "the calculator's model"
         else:
             self.model = load_model(model, self.device)
+            self.model_name = f"model {model}"
+        check_weights(self.model, self.model_name)
         self.type_map: list[str] = list(self.model.type_map)
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
@@ -55,6 +59,9 @@ class MDTrainCalculator(Calculator):
         super().calculate(atoms, properties, system_changes)
         frame = atoms_frame(self.atoms, self.type_map)
         out = evaluate_frame(self.model, frame, self.device)
+        check_predictions(
+            {k: v[None] for k, v in out.items()}, self.model_name, "the calculator's atoms"
+        )
         self.results.update(frame.results(out, properties))
 
 
@@ -184,7 +191,7 @@ class CommitteeCalculator(Calculator):
     ) -> None:
         super().__init__(**kwargs)
         self.device = torch.device(device)
-        self.models = _load_members(models, self.device)
+        self.models, self.names = _load_members(models, self.device)
         self.type_map: list[str] = list(self.models[0].type_map)
         self.relative, self.relative_v = relative, relative_v
 
@@ -196,6 +203,10 @@ class CommitteeCalculator(Calculator):
             lists = frame.nlist(rcut, sel)  # once for every model with this rcut and sel
             for k in members:
                 outs[k] = evaluate_frame(self.models[k], frame, self.device, lists)
+                where = "the calculator's atoms"
+                check_predictions(
+                    {key: v[None] for key, v in outs[k].items()}, self.names[k], where
+                )
         stacked = {key: np.stack([out[key] for out in outs]) for key in outs[0]}
         mean = {key: value.mean(axis=0) for key, value in stacked.items()}
         self.results.update(frame.results(mean, properties))
@@ -220,17 +231,21 @@ class CommitteeCalculator(Calculator):
         )
 
 
-def _load_members(models: ModelLike | list[ModelLike], device: torch.device) -> list:
-    """The committee's modules on ``device``, in eval mode (see `CommitteeCalculator`)."""
+def _load_members(
+    models: ModelLike | list[ModelLike], device: torch.device
+) -> tuple[list, list[str]]:
+    """The committee's modules on ``device``, in eval mode (see `CommitteeCalculator`), and
+    their names for messages."""
     items = list(models) if isinstance(models, (list, tuple)) else [models]
     loaded, names = [], []
     for item in items:
         if isinstance(item, torch.nn.Module):
             loaded.append(to_device(item, device).eval())
             names.append(f"model {len(names)}")
+            check_weights(loaded[-1], names[-1])
             continue
         for file in committee_members(item):
             loaded.append(load_model(file, device))
             names.append(file)
     check_committee(loaded, names)
-    return loaded
+    return loaded, [n if n.startswith("model ") else f"model {n}" for n in names]

@@ -30,6 +30,7 @@ from mdtrain.data import System
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import freeze_model
 from mdtrain.infer.load import is_torchscript, load_model, model_from_checkpoint
+from mdtrain.infer.program import is_exported_program
 from mdtrain.memory import InferenceChunker
 from mdtrain.model.deepmd_file import is_dp_file, load_dp, write_dp
 from mdtrain.model.files import checkpoint_io_error, load_checkpoint
@@ -54,6 +55,11 @@ def read_model(path: str, device: torch.device | str = "cpu") -> tuple[torch.nn.
         return model_from_checkpoint(state, f"model {path}", device).eval(), state
     if is_torchscript(path):
         return load_model(path, device), {}
+    if is_exported_program(path):
+        raise MDTrainError(
+            f"model {path}: an exported program's weights cannot be changed; change the bias "
+            "of the checkpoint it was frozen from and freeze again"
+        )
     state = load_checkpoint(path, map_location="cpu")
     return model_from_checkpoint(state, f"model {path}", device).eval(), state
 

@@ -1,23 +1,37 @@
-"""Freezing: a model → a TorchScript file usable without mdtrain (for ``mdtrain freeze``).
+"""Freezing: a model → a file usable without mdtrain (for ``mdtrain freeze``), either
+TorchScript (``freeze_model``, ``.pth``) or a ``torch.export`` program (``export_model``,
+``.pt2``, read back by `mdtrain.infer.program`).
 
-The frozen file holds the scripted EnergyModel (same forward, attributes ``type_map``,
+A frozen ``.pth`` file holds the scripted EnergyModel (same forward, attributes ``type_map``,
 ``rcut``, ``sel``) and, in its ``_extra_files``, ``mdtrain.json`` with the model_config, the
 mdtrain version and the same attributes, so tools can read them without loading the model.
 A scripted model cannot switch grad mode itself: call it with gradients enabled (forces and
 virials are derivatives), e.g. under ``torch.enable_grad()``.
+
+An exported program is traced with its derivatives: ``make_fx`` records the forward and
+autograd's backward as one graph of ATen operations (``torch.export`` itself refuses
+``autograd.grad`` inside a forward in torch 2.13), which ``torch.export`` then exports with
+the frame and atom counts free. Before it is written, the program is run on frames of other
+sizes, periodic and not, and compared with the model.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from collections.abc import Callable
 
+import numpy as np
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from mdtrain import __version__
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import FROZEN_METADATA, quiet_jit
+from mdtrain.infer.program import PROGRAM_METADATA
 from mdtrain.model.backend import as_reference
+from mdtrain.neighbors.nlist import build_nlist
 
 
 def freeze_model(
@@ -25,10 +39,7 @@ def freeze_model(
 ) -> None:
     """Script ``model`` (an EnergyModel, as its reference implementation: the accelerated
     backends are eager-only) in eval mode and save it with its metadata."""
-    output = os.fspath(output)
-    directory = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(directory):
-        raise MDTrainError(f"freeze: output directory {directory} does not exist")
+    output = _check_directory(output)
     model = as_reference(model).eval()
     try:
         with quiet_jit():
@@ -37,8 +48,100 @@ def freeze_model(
         raise MDTrainError(
             f"freeze: the model cannot be scripted ({str(exc).splitlines()[0]})"
         ) from exc
-    metadata = {
-        "format": "mdtrain-frozen",
+    files = {FROZEN_METADATA: json.dumps(_metadata(model, "mdtrain-frozen", extra), sort_keys=True)}
+
+    def save(tmp: str) -> None:
+        with quiet_jit():
+            torch.jit.save(scripted, tmp, _extra_files=files)
+
+    _write(output, save)
+
+
+def export_model(
+    model: torch.nn.Module, output: str | os.PathLike, extra: dict | None = None
+) -> None:
+    """Save ``export_program(model)`` with its metadata as ``output`` (``.pt2``)."""
+    output = _check_directory(output)
+    program = export_program(model)
+    metadata = _metadata(model, "mdtrain-exported", extra)
+    files = {PROGRAM_METADATA: json.dumps(metadata, sort_keys=True)}
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            torch.export.save(program, fh, extra_files=files)
+
+    _write(output, save)
+
+
+def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
+    """``model`` (its reference implementation in eval mode, on the CPU) with its forces and
+    virials as one ``torch.export`` program, checked (see the module docstring)."""
+    model = copy.deepcopy(as_reference(model)).cpu().eval()
+    nnei = sum(model.sel)
+    # sizes apart from each other and from the fixed ones, which tracing would tie to them
+    nframes, natoms = (2 if nnei != 2 else 5), next(n for n in (7, 11) if n != nnei)
+    example = example_frames(model, nframes, natoms, periodic=True, seed=0)
+    frames = torch.export.Dim("nframes", min=1)
+    atoms = torch.export.Dim("natoms", min=1)
+    per_atom = {0: frames, 1: atoms}
+    try:
+        with torch.enable_grad():
+            traced = make_fx(model, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
+        program = torch.export.export(
+            traced, example, dynamic_shapes=(per_atom, {0: atoms}, {0: frames}, per_atom, per_atom)
+        )
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise MDTrainError(f"freeze: the model cannot be exported ({first})") from exc
+    run = program.module()
+    for nframes, size, periodic in ((1, natoms + 4, True), (3, natoms + 2, False)):
+        _check_program(run, model, example_frames(model, nframes, size, periodic))
+    return program
+
+
+def example_frames(
+    model: torch.nn.Module, nframes: int, natoms: int, periodic: bool, seed: int = 1
+) -> tuple[torch.Tensor, ...]:
+    """Program inputs: ``natoms`` atoms of every type, jittered on a grid of spacing rcut/2
+    in a cubic cell (zeros when not ``periodic``), with their neighbour lists."""
+    rng = np.random.default_rng(seed)
+    side = int(np.ceil(natoms ** (1 / 3)))
+    spacing = 0.5 * model.rcut
+    grid = np.stack(np.meshgrid(*[np.arange(side)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    coord = (grid[:natoms] + rng.uniform(-0.2, 0.2, (nframes, natoms, 3))) * spacing
+    atype = np.sort(np.arange(natoms) % len(model.type_map))
+    cell = np.eye(3) * side * spacing
+    lists = [
+        build_nlist(c, cell if periodic else None, atype, model.rcut, model.sel) for c in coord
+    ]
+    box = np.broadcast_to(cell if periodic else np.zeros((3, 3)), (nframes, 3, 3))
+    return (
+        torch.tensor(coord),
+        torch.tensor(atype),
+        torch.tensor(np.ascontiguousarray(box)),
+        torch.tensor(np.stack([nlist for nlist, _, _ in lists])),
+        torch.tensor(np.stack([shift for _, shift, _ in lists])),
+    )
+
+
+def _check_program(program: Callable, model: torch.nn.Module, inputs: tuple) -> None:
+    """A one-line error where the program's outputs differ from the model's (a tracing
+    problem must not reach a file)."""
+    with torch.no_grad():
+        got = program(*inputs)
+        want = model(*inputs)
+    for key in ("energy", "atom_energy", "force", "virial"):
+        if not torch.allclose(got[key], want[key], rtol=1e-7, atol=1e-7):
+            worst = float((got[key] - want[key]).abs().max())
+            raise MDTrainError(
+                f"freeze: the exported program's {key} differs from the model's by {worst:.3g} "
+                f"on {inputs[0].shape[0]} frame(s) of {inputs[0].shape[1]} atoms"
+            )
+
+
+def _metadata(model: torch.nn.Module, kind: str, extra: dict | None) -> dict:
+    return {
+        "format": kind,
         "mdtrain_version": __version__,
         "torch_version": torch.__version__,
         "type_map": list(model.type_map),
@@ -47,11 +150,22 @@ def freeze_model(
         "model_config": model.get_model_config(),
         **(extra or {}),
     }
-    files = {FROZEN_METADATA: json.dumps(metadata, sort_keys=True)}
+
+
+def _check_directory(output: str | os.PathLike) -> str:
+    output = os.fspath(output)
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        raise MDTrainError(f"freeze: output directory {directory} does not exist")
+    return output
+
+
+def _write(output: str, save: Callable[[str], None]) -> None:
+    """``save`` to a temporary file beside ``output``, then renamed: a failure leaves no
+    partial file and whatever ``output`` held before."""
     tmp = f"{output}.{os.getpid()}.tmp"
     try:
-        with quiet_jit():
-            torch.jit.save(scripted, tmp, _extra_files=files)
+        save(tmp)
         os.replace(tmp, output)
     except (OSError, RuntimeError) as exc:
         if os.path.exists(tmp):

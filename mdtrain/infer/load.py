@@ -1,9 +1,11 @@
-"""Load a model for inference from a checkpoint (.pt), a frozen TorchScript file (.pth) or a
-DeePMD-kit model file (.dp, ``mdtrain.model.deepmd_file``).
+"""Load a model for inference from a checkpoint (.pt), a frozen TorchScript file (.pth), an
+exported program (.pt2, ``mdtrain.infer.program``: run as the program itself) or a DeePMD-kit
+model file (.dp, ``mdtrain.model.deepmd_file``).
 
-Both kinds are zip archives; a TorchScript archive is recognised by its ``constants.pkl``
-or ``code/`` entries, whatever the file is called. Checkpoints are read with
-``weights_only=True`` (never runs code). Either way the result is a module in eval mode with
+Checkpoints, frozen files and programs are zip archives; a TorchScript archive is recognised
+by its ``constants.pkl`` or ``code/`` entries, a program by its ``archive_format``, whatever
+the file is called. Checkpoints are read with ``weights_only=True`` (never runs code). Every
+way the result is a module in eval mode with
 the EnergyModel forward and the attributes ``type_map``, ``rcut`` and ``sel``.
 
 A frozen file is loaded by default as an eager EnergyModel built from the ``model_config``
@@ -20,13 +22,18 @@ import contextlib
 import json
 import os
 import warnings
-import zipfile
 from collections.abc import Iterator
 
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.finite import check_weights
+from mdtrain.infer.program import is_exported_program, load_program
 from mdtrain.model.config import stored_model_config
+from mdtrain.model.files import is_torchscript, weights_mismatch
+
+#: The newest checkpoint of a training output folder (a link to ``model.ckpt-<step>.pt``).
+CHECKPOINT = "model.ckpt.pt"
 
 #: Name of the JSON metadata stored in a frozen model's ``_extra_files``.
 FROZEN_METADATA = "mdtrain.json"
@@ -41,14 +48,22 @@ def quiet_jit() -> Iterator[None]:
         yield
 
 
-def is_torchscript(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a TorchScript archive (``torch.jit.save``), not a pickle."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+def model_file(path: str | os.PathLike) -> str:
+    """The model file ``path`` names: itself, or in a training output folder its newest
+    checkpoint (``model.ckpt.pt``), as ``freeze -c`` and ``model-devi -m`` take it."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return path
+    single = os.path.join(path, CHECKPOINT)
+    if os.path.isfile(single):
+        return single
+    members = sorted(n for n in os.listdir(path) if n.startswith("member-"))
+    if members:
+        raise MDTrainError(
+            f"model {path}: a committee folder; give one member, e.g. "
+            f"{os.path.join(path, members[0])}"
+        )
+    raise MDTrainError(f"model {path}: a folder without {CHECKPOINT} (no training output)")
 
 
 def model_from_checkpoint(
@@ -67,6 +82,9 @@ def model_from_checkpoint(
     weights = state["model_state"]
     if any(k.startswith("module.") for k in weights):  # saved from a DDP wrapper
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
+    mismatch = weights_mismatch(model, weights)
+    if mismatch:
+        raise MDTrainError(f"{source}: model_state does not match model_config: {mismatch}")
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
@@ -93,6 +111,8 @@ def load_model(
         )
     if is_dp_file(path):
         model = model_from_checkpoint(load_dp(path), f"model {path}", device)
+    elif is_exported_program(path):
+        model = load_program(path, device)
     elif is_torchscript(path):
         # the eager model only borrows the frozen weights: read them on the CPU, copied once
         model, metadata = _load_frozen(path, device if scripted else "cpu")
@@ -103,6 +123,7 @@ def load_model(
     else:
         state = load_checkpoint(path, map_location="cpu")
         model = model_from_checkpoint(state, f"model {path}", device)
+    check_weights(model, f"model {path}")
     return model.eval()
 
 

@@ -18,6 +18,7 @@ import torch
 
 from mdtrain.data import System
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.finite import check_predictions
 from mdtrain.memory import InferenceChunker
 
 log = logging.getLogger("mdtrain.test")
@@ -109,6 +110,7 @@ def evaluate_system(
     device: torch.device | str = "cpu",
     chunker=None,
     on_frames=None,
+    name: str = "the model",
 ) -> SystemResult:
     """Predictions for the first ``nframes`` frames of ``system``, in OOM-adaptive chunks.
 
@@ -128,6 +130,7 @@ def evaluate_system(
         with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
             out = model(*batch.inputs())
         result = {k: out[k].detach().cpu().numpy() for k in ("energy", "force", "virial")}
+        check_predictions(result, name, system.path, start)
         for k in labels:
             result["label_" + k] = batch.labels[k].cpu().numpy()
         if on_frames is not None:

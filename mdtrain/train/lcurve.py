@@ -83,7 +83,8 @@ class LcurveWriter:
 
     ``append=False`` starts a new file with the header; ``append=True`` continues an existing
     one (first dropping rows after ``resume_step`` when given, and a torn last row), writing the header only if the
-    file is missing or empty. Use as a context manager or call `close`.
+    file is missing or empty. ``mirror`` (a `mdtrain.train.tensorboard.TensorboardWriter`)
+    is handed every row too. Use as a context manager or call `close`.
     """
 
     def __init__(
@@ -93,7 +94,9 @@ class LcurveWriter:
         has_validation: bool,
         append: bool,
         resume_step: int | None = None,
+        mirror=None,  # noqa: ANN001 (any object with write/close)
     ) -> None:
+        self.mirror = mirror
         self.path = os.fspath(path)
         self.keys = sorted(keys)
         self.has_validation = has_validation
@@ -146,10 +149,15 @@ class LcurveWriter:
         row += f"   {lr:8.1e}\n"
         self._file.write(row)
         self._file.flush()
+        if self.mirror is not None:
+            self.mirror.write(step, lr, train, valid)
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+        if self.mirror is not None:
+            self.mirror.close()
+            self.mirror = None
 
     def __enter__(self) -> LcurveWriter:
         return self

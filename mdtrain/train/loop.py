@@ -28,6 +28,7 @@ from mdtrain.train.lr import make_schedule
 from mdtrain.train.optimizer import load_optimizer_state, make_optimizer, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
+from mdtrain.train.tensorboard import tensorboard_writer
 from mdtrain.train.training_loop import TrainingLoop
 
 log = logging.getLogger("mdtrain")
@@ -320,6 +321,7 @@ class Trainer(TrainingLoop):
                 self.valid_sampler is not None,
                 append=append,
                 resume_step=self.step if append else None,
+                mirror=tensorboard_writer(self.config["training"], self.out_dir),
             )
         ]
 

@@ -472,12 +472,12 @@ def test_key_at_the_wrong_level_names_where_it_belongs():
 
 def test_unimplemented_deepmd_options_only_at_their_off_value():
     data = water(
-        training__tensorboard=False,
+        training__profiling=False,
         model__atom_exclude_types=[],
     )
     data["training"]["training_data"]["rglob_patterns"] = None
     config = normalize_config(data, "input.json")
-    assert "tensorboard" not in config["training"]
+    assert "profiling" not in config["training"]
     assert "rglob_patterns" not in config["training"]["training_data"]
 
     assert single_problem(water(training__zero_stage=1)) == (

@@ -147,6 +147,30 @@ def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: b
     )
 
 
+def water_batch(
+    rcut: float, sel: list[int], nframes: int, nmol: int, edge: float, periodic: bool, seed: int
+) -> tuple:
+    """``nframes`` frames of ``nmol`` water-like molecules in a triclinic cell of ``edge``
+    (atoms sorted O first; no cell when not ``periodic``) with their neighbour lists, as
+    model inputs."""
+    from tests.helpers.datagen import random_water_like
+
+    coords, types, boxes = random_water_like(nframes, nmol, edge, seed=seed, triclinic=True)
+    order = np.argsort(types, kind="stable")
+    coords, atype = coords[:, order], types[order]
+    box = boxes if periodic else None
+    lists = [
+        build_nlist(c, b if periodic else None, atype, rcut, sel) for c, b in zip(coords, boxes)
+    ]
+    return (
+        torch.tensor(coords),
+        torch.tensor(atype),
+        None if box is None else torch.tensor(box),
+        torch.tensor(np.stack([nl for nl, _, _ in lists])),
+        torch.tensor(np.stack([sh for _, sh, _ in lists])),
+    )
+
+
 TINY_CONFIG = {
     "type_map": ["O", "H"],
     "descriptor": {

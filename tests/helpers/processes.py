@@ -154,6 +154,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def python_without_mdtrain(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -c script args`` with an environment that cannot reach mdtrain (no
+    PYTHONPATH, no site beyond the interpreter's): what a deployment without it sees."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+
+
 def run_processes(
     commands: Sequence[Sequence[str]],
     timeout: float,

@@ -12,7 +12,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.calculator import MDTrainCalculator
 from tests.helpers.models import evaluate, make_model, triclinic, water_like
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")

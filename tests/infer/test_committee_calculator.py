@@ -17,7 +17,8 @@ from tests.helpers.datagen import random_water_like
 from tests.helpers.models import TINY_CONFIG, tiny_model
 from tests.helpers.placement import OTHER, OtherDevice
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# ASE 3.29's MaxwellBoltzmannDistribution calls a deprecated function of its own
+pytestmark = pytest.mark.filterwarnings("ignore:Use thermalize_momenta:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -18,30 +16,16 @@ from mdtrain.cli import main
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import is_torchscript, load_model, read_frozen_metadata
 from mdtrain.model import EnergyModel
-from mdtrain.neighbors.nlist import build_nlist
 from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
-from tests.helpers.models import save_tiny_checkpoint, tiny_model
+from tests.helpers.models import save_tiny_checkpoint, tiny_model, water_batch
+from tests.helpers.processes import python_without_mdtrain
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
 
 
 def batch_inputs(periodic: bool) -> tuple:
     """Two frames of 24 atoms (sorted O first), with neighbour lists, as model inputs."""
-    coords, types, boxes = random_water_like(2, 8, 6.4, seed=5, triclinic=True)
-    order = np.argsort(types, kind="stable")
-    coords, atype = coords[:, order], types[order]
-    box = boxes if periodic else None
-    lists = [
-        build_nlist(coords[f], None if box is None else box[f], atype, 4.0, [16, 32])
-        for f in range(2)
-    ]
-    return (
-        torch.tensor(coords),
-        torch.tensor(atype),
-        None if box is None else torch.tensor(box),
-        torch.tensor(np.stack([nl for nl, _, _ in lists])),
-        torch.tensor(np.stack([sh for _, sh, _ in lists])),
-    )
+    return water_batch(4.0, [16, 32], 2, 8, 6.4, periodic, 5)
 
 
 @pytest.fixture(scope="module")
@@ -134,13 +118,8 @@ def test_frozen_in_fresh_process_without_mdtrain(frozen, tmp_path):
         {"coord": coord, "atype": atype, "box": box, "nlist": nlist, "shift": shift},
         tmp_path / "in.pt",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH, path, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    proc = python_without_mdtrain(
+        FRESH, path, str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['O', 'H'] 4.0 [16, 32]"

@@ -46,7 +46,6 @@ from tests.helpers.models import TINY_CONFIG, evaluate, tiny_model
 from tests.helpers.placement import OTHER, OtherDevice
 from tests.helpers.trajectories import write_extxyz, write_lammps_dump
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TYPE_MAP = ["O", "H"]
 
 

@@ -16,8 +16,6 @@ from mdtrain.infer.test import evaluate_system
 from tests.helpers.models import save_tiny_checkpoint, tiny_model, triclinic, water_like
 from tests.helpers.placement import OTHER, OtherDevice, module_devices
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 
 @pytest.fixture(params=["checkpoint", "frozen"])
 def model_file(request, tmp_path) -> str:

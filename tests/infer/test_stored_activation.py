@@ -16,7 +16,7 @@ from mdtrain.model import EnergyModel
 from mdtrain.model.files import load_checkpoint
 from tests.helpers.models import TINY_CONFIG, batch, save_tiny_checkpoint, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit's notices
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:DeprecationWarning")
 
 
 def config_with(name: str) -> dict:
