@@ -67,6 +67,10 @@ class TensorLoss:
             keys.append(f"rmse_global_{self.name}")
         return sorted(keys)
 
+    def loss_metric_keys(self) -> list[str]:
+        """Metrics a validation takes from this loss (all but ``rmse``)."""
+        return [k for k in self.metric_keys() if k != "rmse"]
+
     def __call__(
         self,
         pred: Mapping[str, torch.Tensor],
