@@ -48,6 +48,27 @@ def tensor_model_to_deepmd(model: TensorModel) -> dict:
     }
 
 
+def tensor_def_script(model: TensorModel) -> dict:
+    """The ``model`` section of a DeePMD-kit input that builds this architecture (stored as
+    ``model_def_script``): DeePMD-kit's keys only, the selected types as
+    ``atom_exclude_types`` (the PyTorch backend's way)."""
+    cfg = model.get_model_config()
+    fit = {k: v for k, v in cfg["fitting_net"].items() if k not in ("sel_type", "embedding_width")}
+    script = {
+        "type_map": cfg["type_map"],
+        "descriptor": dict(cfg["descriptor"]),
+        "fitting_net": fit,
+        "atom_exclude_types": [int(t) for t in model.excluded],
+        "data_stat_nbatch": cfg["data_stat_nbatch"],
+    }
+    for name in ("descriptor", "fitting_net"):
+        section = script[name]
+        section["activation_function"] = activation_out(
+            section["activation_function"], f"model/{name}"
+        )
+    return script
+
+
 def tensor_model_from_deepmd(data: dict, source: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(model_config, state_dict)`` of a `TensorModel` from a DeePMD-kit file dict."""
     r = Reader(source)
