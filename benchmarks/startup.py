@@ -46,12 +46,12 @@ THREAD_VARIABLES = (
 )
 
 
-def write_input(data: str, folder: str) -> str:
+def write_input(data: str, folder: str, rcut: float = RCUT) -> str:
     """A DeePMD-style input both programs read; returns its path."""
     config = {
         "model": {
             "type_map": TYPE_MAP,
-            "descriptor": {"type": "se_e2_a", "sel": "auto", "rcut": RCUT, "rcut_smth": 0.5,
+            "descriptor": {"type": "se_e2_a", "sel": "auto", "rcut": rcut, "rcut_smth": 0.5,
                            "neuron": [25, 50, 100], "axis_neuron": 16, "seed": 1},
             "fitting_net": {"neuron": [240, 240, 240], "seed": 1},
         },

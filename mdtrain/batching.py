@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mdtrain.data import EXTRA_LABELS, System
+from mdtrain.data import EXTRA_LABELS, TENSOR_LABELS, System
 from mdtrain.data.params import ParamSpec, read_params
+from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.nlist import build_nlist
 
-LABELS = ("energy", "force", "virial", *EXTRA_LABELS)
+LABELS = ("energy", "force", "virial", *EXTRA_LABELS, *TENSOR_LABELS)
 
 
 @dataclass
@@ -49,6 +50,28 @@ class Batch:
         return self.coord, self.atype, self.box, self.nlist, self.shift, self.fparam, self.aparam
 
 
+@dataclass(frozen=True)
+class NeighborLimit:
+    """Neighbour counts a training may not meet more of, per type, and where they come from
+    (a neighbour-stat file's ``max_nbor_size``, or ``sel`` under ``training.strict_sel``): a
+    frame with more is an error, not a list silently cut to ``sel``."""
+
+    counts: tuple[int, ...]
+    source: str
+    type_map: tuple[str, ...] = ()
+
+    def check(self, counts: np.ndarray, system: str, frame: int) -> None:
+        """``counts`` (natoms, ntypes) of one frame, against the limit."""
+        found = counts.max(axis=0) if counts.size else np.zeros(len(self.counts), np.int64)
+        for t, (n, allowed) in enumerate(zip(found, self.counts)):
+            if allowed and int(n) > allowed:
+                name = self.type_map[t] if t < len(self.type_map) else t
+                raise MDTrainError(
+                    f"system {system}, frame {frame}: {int(n)} neighbours of type {name} within "
+                    f"rcut, more than {allowed} ({self.source})"
+                )
+
+
 class NeighborListCache:
     """Neighbour lists of frames already seen, kept compactly (int32 indices, int8 image
     shifts when they fit), keyed by system path, frame, rcut and sel.
@@ -57,8 +80,9 @@ class NeighborListCache:
     draws frames at random, so any kept frame is as likely to come back as another).
     """
 
-    def __init__(self, max_bytes: int = 1 << 30) -> None:
+    def __init__(self, max_bytes: int = 1 << 30, limit: NeighborLimit | None = None) -> None:
         self.max_bytes = int(max_bytes)
+        self.limit = limit
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
@@ -83,7 +107,9 @@ class NeighborListCache:
             self.hits += 1
             return kept[0].astype(np.int64), kept[1].astype(np.int64)
         self.misses += 1
-        nlist, shift, _ = build_nlist(coord, box, system.atype, rcut, sel)
+        nlist, shift, counts = build_nlist(coord, box, system.atype, rcut, sel)
+        if self.limit is not None:
+            self.limit.check(counts, system.path, int(frame))
         small = nlist.astype(np.int32)
         fits = shift.size == 0 or int(np.abs(shift).max()) <= np.iinfo(np.int8).max
         small_shift = shift.astype(np.int8 if fits else np.int64)

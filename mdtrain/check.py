@@ -14,6 +14,7 @@ from typing import Any
 from mdtrain.config import complete_config, parse_json, resolve_path
 from mdtrain.config.precision import mode_of, network_problem
 from mdtrain.data import expand_systems, open_systems, validate_system
+from mdtrain.data.pair_table import check_table_types, read_table_file, types_of_columns
 from mdtrain.data.params import ParamSpec, param_problems
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
@@ -141,7 +142,7 @@ def _check_per_system_lists(part: dict, nsystems: int, where: str, source: str) 
 
 
 def _check_paths(config: dict, source: str) -> list[str]:
-    """Files named by the training section that must already exist."""
+    """Files named by the input that must already exist (and, for a pair table, be one)."""
     problems = []
     name = _get(config, "training", "neighbor_stat_file")
     if isinstance(name, str) and not os.path.isfile(resolve_path(source, name)):
@@ -152,6 +153,15 @@ def _check_paths(config: dict, source: str) -> list[str]:
         parent = os.path.dirname(resolve_path(source, stat).partition("#")[0])
         if not os.path.isdir(parent):
             problems.append(f"{source}: training.stat_file: directory {parent} does not exist")
+    table = _get(config, "model", "use_srtab")
+    type_map = _get(config, "model", "type_map")
+    if isinstance(table, str) and isinstance(type_map, list):
+        path = resolve_path(source, table)
+        try:
+            raw = read_table_file(path)
+            check_table_types(types_of_columns(raw.shape[1] - 1) or 0, type_map, path)
+        except MDTrainError as err:
+            problems.append(f"{source}: model.use_srtab: {err}")
     return problems
 
 

@@ -84,11 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("test", help="evaluate a model on systems: RMSE and MAE tables")
     p.add_argument(
-        "-m",
-        "--model",
-        required=True,
-        help="checkpoint .pt, frozen .pth, exported .pt2, DeePMD-kit .dp",
-    )
+        "-m", "--model", required=True,
+        help="checkpoint .pt, frozen .pth, exported .pt2, DeePMD-kit .dp, or a training output "
+        "folder (its model.ckpt.pt)",
+    )  # fmt: skip
     p.add_argument("-s", "--system", nargs="+", required=True, help="systems to test on")
     p.add_argument("-n", "--numb-test", type=int, default=0, help="frames per system (0: all)")
     p.add_argument("--json", help="write the figures to this JSON file")

@@ -17,7 +17,7 @@ from mdtrain.infer.change_bias import (
     read_model,
     write_model,
 )
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import Output, check_outputs, file_kind
 
 log = logging.getLogger("mdtrain.change_bias")
 
@@ -36,12 +36,10 @@ def _system_paths(args: argparse.Namespace) -> list[str]:
 def run_change_bias(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain change-bias``."""
     output = args.output or default_output(args.model)
-    if os.path.exists(args.model) and (
-        os.path.abspath(output) == os.path.abspath(args.model)
-        or (os.path.exists(output) and os.path.samefile(output, args.model))
-    ):
-        raise MDTrainError(f"-o {output}: is the input model; name a new file")
-    check_output_file(output, "-o")  # before the model is read or any frame evaluated
+    inputs = [("model", args.model), ("-f", args.datafile)]
+    inputs += [("-s", path) for path in args.system or []]
+    # the input is never replaced, nor any file of another kind; before any work
+    check_outputs([Output("-o", output, file_kind(args.model))], inputs)
     if args.numb_batch < 0:
         raise MDTrainError(f"-n/--numb-batch must be >= 0, got {args.numb_batch}")
     model, state = read_model(args.model)

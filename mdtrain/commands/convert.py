@@ -8,7 +8,7 @@ import logging
 
 from mdtrain.data.convert import convert
 from mdtrain.errors import MDTrainError
-from mdtrain.outputs import check_output_dir, check_output_file
+from mdtrain.outputs import KIND_DATA, Output, check_outputs
 
 log = logging.getLogger("mdtrain.convert")
 
@@ -32,10 +32,7 @@ def run_convert(args: argparse.Namespace) -> int:
         raise MDTrainError("--compression: only with --pack")
     if not 0.0 <= args.valid_fraction < 1.0:
         raise MDTrainError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
-    if to.startswith("deepmd/hdf5"):  # checked before any input is read
-        check_output_file(output, "-o", create_parents=True)
-    else:
-        check_output_dir(output, "-o")
+    _check_output(args, to)  # before any input is read
     splits = convert(
         args.inputs,
         output,
@@ -67,8 +64,18 @@ def _run_pack(args: argparse.Namespace, to: str) -> int:
     ):
         if given:
             raise MDTrainError(f"{option}: not with --pack (it copies deepmd systems as they are)")
-    check_output_file(args.output, "-o", create_parents=True)
+    _check_output(args, to)
     packed = pack(args.inputs, args.output, args.compression or "none", args.set_size)
     frames = sum(p.nframes for p in packed)
     log.info("%s: %d systems, %d frames (deepmd/hdf5, packed)", args.output, len(packed), frames)
     return 0
+
+
+def _check_output(args: argparse.Namespace, to: str) -> None:
+    """``-o`` is no input, and an existing HDF5 file there holds data (not a model, not
+    statistics); checked before any input is read."""
+    if to.startswith("deepmd/hdf5"):
+        output = Output("-o", args.output, KIND_DATA, create=True)
+    else:
+        output = Output("-o", args.output, directory=True)
+    check_outputs([output], [("input", path) for path in args.inputs])

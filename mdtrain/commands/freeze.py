@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import export_model, freeze_model
-from mdtrain.infer.load import is_torchscript, model_from_checkpoint
+from mdtrain.infer.load import is_torchscript, model_file, model_from_checkpoint
 from mdtrain.infer.program import is_exported_program
 from mdtrain.model.deepmd_file import tf_conversion_caveats, write_dp
 from mdtrain.model.files import load_model_file
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import KIND_DP, KIND_EXPORTED, KIND_FROZEN, Output, check_outputs
 
 log = logging.getLogger("mdtrain.freeze")
 
@@ -24,10 +23,12 @@ def run_freeze(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``."""
     if args.checkpoint and args.checkpoint_option:
         raise MDTrainError("freeze: give the checkpoint once, as an argument or with -c")
-    check_output_file(args.output, "-o")  # before the checkpoint is read and scripted
-    checkpoint = args.checkpoint or args.checkpoint_option or "."
-    if os.path.isdir(checkpoint):  # a training output directory, as DeePMD-kit's -c
-        checkpoint = os.path.join(checkpoint, "model.ckpt.pt")
+    # a training output directory, as DeePMD-kit's -c: its model.ckpt.pt
+    checkpoint = model_file(args.checkpoint or args.checkpoint_option or ".")
+    suffix = args.output.rsplit(".", 1)[-1]
+    kind = {"dp": KIND_DP, "pt2": KIND_EXPORTED}.get(suffix, KIND_FROZEN)
+    # before the checkpoint is read and scripted
+    check_outputs([Output("-o", args.output, kind)], [("checkpoint", checkpoint)])
     if is_torchscript(checkpoint):
         raise MDTrainError(f"checkpoint {checkpoint}: already a frozen (TorchScript) model")
     if is_exported_program(checkpoint):

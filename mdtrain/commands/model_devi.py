@@ -12,7 +12,7 @@ import torch
 
 from mdtrain.data.trajectory import open_frame_sources
 from mdtrain.errors import MDTrainError
-from mdtrain.infer.committee import load_committee
+from mdtrain.infer.committee import expand_models, load_committee
 from mdtrain.infer.model_devi import (
     committee_model_devi,
     frame_steps,
@@ -20,7 +20,7 @@ from mdtrain.infer.model_devi import (
     write_model_devi,
 )
 from mdtrain.memory import InferenceChunker, keep_freed_memory
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import KIND_MODEL_DEVI, Output, check_outputs
 from mdtrain.progress import progress
 
 log = logging.getLogger("mdtrain.model_devi")
@@ -45,7 +45,9 @@ def _check_levels(args: argparse.Namespace) -> None:
 def run_model_devi(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain model-devi``."""
     _check_levels(args)
-    check_output_file(args.output, "-o")  # before any model or frame is read
+    inputs = [("-m", m) for m in expand_models(args.models)] + [("-s", s) for s in args.system]
+    # before any model or frame is read
+    check_outputs([Output("-o", args.output, KIND_MODEL_DEVI)], inputs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     keep_freed_memory()
     models, files = load_committee(args.models, device)
@@ -72,7 +74,7 @@ def run_model_devi(args: argparse.Namespace) -> int:
     with handle:
         for source in sources:
             deviation = committee_model_devi(
-                models, source, device, chunker, advance, args.relative, args.relative_v
+                models, source, device, chunker, advance, args.relative, args.relative_v, files
             )
             steps = frame_steps(source, args.frequency)
             write_model_devi(handle, source.path, steps, deviation, args.atomic)

@@ -24,7 +24,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, parse_sel, resolve_sel
 from mdtrain.neighbors.stat import NeighborStat, compute_neighbor_stat
 from mdtrain.neighbors.stat_file import write_neighbor_stat
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import KIND_NEIGHBOR_STAT, Output, check_outputs
 
 log = logging.getLogger("mdtrain.neighbors")
 
@@ -33,7 +33,9 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
     """Entry point of the subcommand; returns the exit code."""
     from mdtrain.data import expand_systems, open_all
 
-    check_output_file(args.output, "-o", create_parents=True)  # before any system is read
+    inputs = [("input", args.input)] if args.input else [("-s", s) for s in args.system or []]
+    output = Output("-o", args.output, KIND_NEIGHBOR_STAT, create=True)
+    check_outputs([output], inputs)  # before any system is read
     sel_ratio = getattr(args, "sel_ratio", None)
     input_sel, mixed = None, False
     if args.input:

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from mdtrain.errors import MDTrainError
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import KIND_PNG, Output, check_outputs
 from mdtrain.plot import parse_lcurve, plot_lcurve
 
 log = logging.getLogger("mdtrain.plot")
@@ -14,7 +14,8 @@ log = logging.getLogger("mdtrain.plot")
 
 def run_plot(args: argparse.Namespace) -> int:
     """CLI handler: ``mdtrain plot [lcurve.out] -o lcurve.png``."""
-    check_output_file(args.output, "-o")
+    kind = KIND_PNG if str(args.output).lower().endswith(".png") else None
+    check_outputs([Output("-o", args.output, kind)], [("lcurve", args.lcurve)])
     columns = parse_lcurve(args.lcurve)
     if len(columns["step"]) == 0:
         raise MDTrainError(f"{args.lcurve}: no data rows yet; nothing to plot")

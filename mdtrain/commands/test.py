@@ -16,10 +16,10 @@ import torch
 from mdtrain.data import System, expand_systems, open_systems
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
-from mdtrain.infer.load import load_model
+from mdtrain.infer.load import load_model, model_file
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
 from mdtrain.memory import InferenceChunker, keep_freed_memory
-from mdtrain.outputs import check_output_file
+from mdtrain.outputs import KIND_JSON, KIND_PNG, Output, check_outputs
 from mdtrain.progress import progress
 
 log = logging.getLogger("mdtrain.test")
@@ -52,16 +52,21 @@ def _expand(entries: list[str]) -> tuple[list[str], list[str]]:
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
     [-d PREFIX] [--torchscript]``."""
-    outputs = [("--json", args.json), ("--parity", args.parity)]
+    model_path = model_file(args.model)
+    named = [("--json", args.json, KIND_JSON), ("--parity", args.parity, KIND_PNG)]
     if args.detail_file:
-        outputs += [("-d", path) for path in detail_paths(args.detail_file)]
-    for option, path in outputs:
-        if path:
-            check_output_file(path, option)  # before any model or system is read
+        named += [("-d", path, None) for path in detail_paths(args.detail_file)]
+    outputs = [Output(option, path, kind) for option, path, kind in named if path]
+    inputs = [("-m", model_path), *(("-s", s) for s in args.system)]
+    check_outputs(outputs, inputs)  # before any model or system is read
     device = _device()
     keep_freed_memory()
-    model = load_model(args.model, device, scripted=args.torchscript)
+    model = load_model(model_path, device, scripted=args.torchscript)
     type_map = list(model.type_map)
+    if getattr(model, "label", None) and (args.detail_file or args.parity):
+        raise MDTrainError(
+            f"model {args.model}: -d/--parity are not written for {model.label} models yet"
+        )
     systems, labels = [], []
     for path, name in zip(*_expand(args.system), strict=True):
         for system in open_systems(path, type_map):  # a mixed-type one: its compositions
@@ -69,7 +74,7 @@ def run_test(args: argparse.Namespace) -> int:
             labels.append(name + system.path[len(system.source) :])
     counts = [_frames_to_test(s, args.numb_test) for s in systems]
     total_frames = sum(counts)
-    log.info("testing %s on %d system(s), %d frame(s)", args.model, len(systems), total_frames)
+    log.info("testing %s on %d system(s), %d frame(s)", model_path, len(systems), total_frames)
 
     chunker = InferenceChunker(device=device)
     bar = progress(iter(range(total_frames)), total_frames, "test")
@@ -84,7 +89,8 @@ def run_test(args: argparse.Namespace) -> int:
     if args.detail_file:
         remove_stale(args.detail_file)
     for k, (system, n) in enumerate(zip(systems, counts)):
-        result = evaluate_system(model, system, n, device, chunker, advance)
+        name = f"model {model_path}"
+        result = evaluate_system(model, system, n, device, chunker, advance, name)
         if args.detail_file:  # DeePMD-kit's files: the first system starts them
             write_details(args.detail_file, result, system, labels[k], append=k > 0)
         errors = result.errors()
@@ -111,7 +117,7 @@ def run_test(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(
             args.json,
-            {"model": os.path.abspath(args.model), "systems": per_system, "total": totals},
+            {"model": os.path.abspath(model_path), "systems": per_system, "total": totals},
         )
     if args.parity:
         draw_parity(results, args.parity)

@@ -25,7 +25,52 @@ def cross_checks(config: dict) -> list[str]:
         *_check_schedule_and_loss(config),
         *_check_length(config),
         *_check_validating(config),
+        *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
+        *_check_model_kind(config, fit if isinstance(fit, dict) else {}),
     ]
+
+
+def _check_srtab(model: dict) -> list[str]:
+    """``use_srtab`` needs ``sw_rmin < sw_rmax``, as DeePMD-kit's DP+ZBL model does."""
+    if "use_srtab" not in model:
+        return []
+    low, high = model.get("sw_rmin"), model.get("sw_rmax")
+    missing = [f"model.{k}" for k, v in (("sw_rmin", low), ("sw_rmax", high)) if v is None]
+    if missing:
+        return [f"{' and '.join(missing)}: required with model.use_srtab"]
+    if _number(low) and _number(high) and not high > low:
+        return [f"model.sw_rmax: {show(high)} must be greater than model.sw_rmin {show(low)}"]
+    return []
+
+
+# fitting type -> the loss type it trains with (DeePMD-kit's pairing)
+_LOSS_OF_FITTING = {"ener": "ener", "dipole": "tensor", "polar": "tensor"}
+
+
+def _check_model_kind(config: dict, fit: dict) -> list[str]:
+    """The loss suits the fitting; tensor prefactors not both zero; ``atom_exclude_types``
+    only for tensor models (the energy model's statistics do not handle it)."""
+    kind = fit.get("type", "ener")
+    loss = _get(config, "loss")
+    loss_type = loss.get("type", "ener") if isinstance(loss, dict) else "ener"
+    want = _LOSS_OF_FITTING.get(kind)
+    problems = []
+    if want and loss_type != want:
+        problems.append(
+            f"loss.type: a {kind!r} fitting trains with the {want!r} loss, got {loss_type!r}"
+        )
+    if loss_type == "tensor" and isinstance(loss, dict):
+        prefs = (loss.get("pref"), loss.get("pref_atomic"))
+        if all(_number(p) for p in prefs) and not any(prefs):
+            problems.append(
+                "loss: pref and pref_atomic are both 0, so there is nothing to train on"
+            )
+    excluded = _get(config, "model.atom_exclude_types")
+    if kind == "ener" and excluded:
+        problems.append(
+            f"model.atom_exclude_types: {excluded} is supported for dipole and polar models only"
+        )
+    return problems
 
 
 def _get(config: dict, dotted: str) -> Any:
@@ -115,7 +160,7 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
             (loss.get(f"start_pref_{x}", 0), loss.get(f"limit_pref_{x}", 0))
             for x in ("e", "f", "v", "ae", "pf", "gf")
         ]
-        if isinstance(loss, dict)
+        if isinstance(loss, dict) and loss.get("type", "ener") == "ener"
         else []
     )
     # a term trains only when both its prefactors are non-zero (DeePMD-kit's PyTorch backend)
@@ -128,7 +173,7 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
             "loss: no term has both its start_pref and limit_pref non-zero, so there is "
             "nothing to train on"
         )
-    if isinstance(loss, dict):
+    if pairs:
         problems += _loss_option_conflicts(loss, pairs)
     return problems
 

@@ -37,7 +37,11 @@ def load_config(path: str | os.PathLike) -> dict:
         raise MDTrainError(f"{source}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MDTrainError(f"{source}: cannot read: {exc}") from None
-    return normalize_config(parse_json(text, source), source)
+    config = normalize_config(parse_json(text, source), source)
+    model = config.get("model")
+    if isinstance(model, dict) and isinstance(model.get("use_srtab"), str):
+        model["use_srtab"] = resolve_path(source, model["use_srtab"])  # as systems are
+    return config
 
 
 def parse_json(text: str, source: str) -> Any:

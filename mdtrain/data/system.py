@@ -24,6 +24,8 @@ from mdtrain.errors import MDTrainError
 LABELS = ("energy", "force", "virial")
 # per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
 EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
+# labels of the tensor models (DeePMD-kit's files): global per frame, atomic per atom
+TENSOR_LABELS = ("dipole", "polarizability", "atomic_dipole", "atomic_polarizability")
 # model inputs beside positions (DeePMD-kit's frame and atomic parameters): read when present
 PARAMS = ("fparam", "aparam")
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
@@ -38,6 +40,10 @@ _LAYOUT = {
     "atom_pref": (1, True),
     "atom_ener_coeff": (1, True),
     "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
+    "dipole": (3, False),
+    "polarizability": (9, False),
+    "atomic_dipole": (3, True),
+    "atomic_polarizability": (9, True),
     "fparam": (0, False),  # numb_fparam per frame, checked against the model elsewhere
     "aparam": (0, True),  # numb_aparam per atom
 }
@@ -244,7 +250,7 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS, *PARAMS):
+            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS):
                 count = self._nframes_of(set_name, name, nf)
                 if count is None:
                     continue
@@ -259,7 +265,7 @@ class System:
                     f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
                     "(add an empty 'nopbc' file if the system is not periodic)"
                 )
-            here = frozenset(present & {*LABELS, *EXTRA_LABELS, *PARAMS})
+            here = frozenset(present & {*LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS})
             if labels is None:
                 labels, first = here, set_name
             elif here != labels:
@@ -277,7 +283,7 @@ class System:
 
     def has(self, label: str) -> bool:
         """True when every frame has ``label`` (``energy``, ``force``, ``virial`` or one of
-        `EXTRA_LABELS` or `PARAMS`)."""
+        `EXTRA_LABELS`, `TENSOR_LABELS`, `PARAMS`)."""
         return label in self.labels
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
@@ -332,6 +338,10 @@ class System:
             if name in out:
                 per_atom = out[name].reshape(n, natoms, -1)[:, order]
                 result[name] = per_atom[:, :, 0] if per_atom.shape[2] == 1 else per_atom
+        for name in TENSOR_LABELS:  # (n, 3 or 9), atomic ones (n, natoms, 3 or 9)
+            if name in out:
+                atomic = name.startswith("atomic_")
+                result[name] = out[name].reshape(n, natoms, -1)[:, order] if atomic else out[name]
         if "fparam" in out:
             result["fparam"] = out["fparam"]
         if "aparam" in out:  # (n, natoms, numb_aparam) in the model's atom order

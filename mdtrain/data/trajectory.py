@@ -92,6 +92,8 @@ def read_trajectory(
     _, name = resolve_format(path, fmt)
     is_dump = name == LAMMPS_DUMP
     names = (dump_type_map or type_map) if is_dump else dump_type_map
+    if is_dump:
+        _check_dump_types(path, names, given=bool(dump_type_map))
     blocks = read_blocks(path, fmt, names)
     if not blocks:
         raise MDTrainError(f"{path}: no frames found")
@@ -164,3 +166,38 @@ def lammps_dump_timesteps(path: str) -> np.ndarray | None:
     except OSError as exc:
         raise MDTrainError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return np.array(steps, dtype=np.int64) if steps else None
+
+
+def _check_dump_types(path: str, names: list[str], given: bool) -> None:
+    """Every LAMMPS type number in the dump has an element in ``names`` (type 1 first)."""
+    largest = lammps_dump_largest_type(path)
+    if largest is None or largest <= len(names):
+        return
+    source = "-t" if given else "the model's type_map (no -t given)"
+    missing = " ".join(f"<element of type {t}>" for t in range(len(names) + 1, largest + 1))
+    raise MDTrainError(
+        f"{path}: LAMMPS type {largest} has no element: {source} names types 1 to "
+        f"{len(names)} ({' '.join(names)}); give one element per type, type 1 first: "
+        f"-t {' '.join(names)} {missing}"
+    )
+
+
+def lammps_dump_largest_type(path: str) -> int | None:
+    """The largest number in the ``type`` column of a LAMMPS text dump (None if none)."""
+    largest, column = None, None
+    try:
+        with open(path, errors="replace") as handle:
+            for line in handle:
+                if line.startswith("ITEM:"):
+                    fields = line.split()
+                    atoms = line.startswith("ITEM: ATOMS") and "type" in fields[2:]
+                    column = fields[2:].index("type") if atoms else None
+                    continue
+                if column is None:
+                    continue
+                values = line.split()
+                if len(values) > column and values[column].isdigit():
+                    largest = max(largest or 0, int(values[column]))
+    except OSError as exc:
+        raise MDTrainError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return largest

@@ -19,6 +19,7 @@ from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.committee import check_committee, committee_members
 from mdtrain.infer.deviation import committee_deviation
+from mdtrain.infer.finite import check_predictions, check_weights
 from mdtrain.infer.load import load_model
 from mdtrain.infer.model_devi import neighbor_groups
 from mdtrain.model.backend import to_device
@@ -26,7 +27,10 @@ from mdtrain.neighbors.nlist import build_nlist
 
 
 class MDTrainCalculator(Calculator):
-    """Energy, forces and stress of an mdtrain model for ASE ``Atoms``.
+    """Energy, forces and stress of an mdtrain model for ASE ``Atoms``; for a dipole or
+    polar model instead its tensor: ``dipole`` (3,) (``atoms.get_dipole_moment()``) and
+    ``atom_dipole`` (natoms, 3), or ``polarizability`` and ``atom_polarizability`` (3 x 3
+    each), atoms in the ``Atoms``' order (``calc.get_property("polarizability", atoms)``).
 
     ``model`` is a path (checkpoint or frozen TorchScript model, see ``mdtrain.infer.load``)
     or a ``torch.nn.Module`` with the EnergyModel forward signature and the attributes
@@ -48,17 +52,33 @@ class MDTrainCalculator(Calculator):
         self.device = torch.device(device)
         if isinstance(model, torch.nn.Module):
             self.model = to_device(model, self.device).eval()
+            self.model_name = "the calculator's model"
         else:
             self.model = load_model(model, self.device)
+            self.model_name = f"model {model}"
+        check_weights(self.model, self.model_name)
         self.type_map: list[str] = list(self.model.type_map)
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
         self.params = ParamSpec.of_model(self.model)
+        self.tensor: str | None = getattr(self.model, "label", None)  # a dipole/polar model
+        if self.tensor:  # its tensor, whole and per atom (in the atoms' order)
+            self.implemented_properties = [self.tensor, f"atom_{self.tensor}"]
 
-    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
+    def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
+        properties = properties or (self.tensor or "energy",)
         super().calculate(atoms, properties, system_changes)
         frame = atoms_frame(self.atoms, self.type_map, self.params)
         out = evaluate_frame(self.model, frame, self.device)
+        check_predictions(
+            {k: v[None] for k, v in out.items()}, self.model_name, "the calculator's atoms"
+        )
+        if self.tensor:
+            shape = (3,) if self.tensor == "dipole" else (3, 3)
+            atomic = out[f"atom_{self.tensor}"]
+            self.results[self.tensor] = out[self.tensor].reshape(shape)
+            self.results[f"atom_{self.tensor}"] = atomic.reshape(len(atomic), *shape)
+            return
         self.results.update(frame.results(out, properties))
 
 
@@ -160,7 +180,8 @@ def evaluate_frame(
     device: torch.device,
     lists: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """``energy`` (scalar array), ``atom_energy``, ``force`` and ``virial`` of one frame;
+    """The model's outputs for one frame (an energy model: ``energy`` (scalar array),
+    ``atom_energy``, ``force`` and ``virial``; a tensor model: its tensor and atomic ones);
     ``lists`` (nlist, shift) when already built for the model's rcut and sel."""
     nlist, shift = lists or frame.nlist(float(model.rcut), [int(s) for s in model.sel])
 
@@ -179,9 +200,7 @@ def evaluate_frame(
             inputs.append(None if value is None else t(value, torch.float64))
     with torch.enable_grad():  # forces are derivatives, even for TorchScript models
         out = model(*inputs)
-    return {
-        k: out[k].detach()[0].cpu().numpy() for k in ("energy", "atom_energy", "force", "virial")
-    }
+    return {k: v.detach()[0].cpu().numpy() for k, v in out.items()}
 
 
 ModelLike = str | os.PathLike | torch.nn.Module
@@ -229,7 +248,7 @@ class CommitteeCalculator(Calculator):
     ) -> None:
         super().__init__(**kwargs)
         self.device = torch.device(device)
-        self.models = _load_members(models, self.device)
+        self.models, self.names = _load_members(models, self.device)
         self.type_map: list[str] = list(self.models[0].type_map)
         self.relative, self.relative_v = relative, relative_v
         self.params = ParamSpec.of_model(self.models[0])
@@ -242,6 +261,10 @@ class CommitteeCalculator(Calculator):
             lists = frame.nlist(rcut, sel)  # once for every model with this rcut and sel
             for k in members:
                 outs[k] = evaluate_frame(self.models[k], frame, self.device, lists)
+                where = "the calculator's atoms"
+                check_predictions(
+                    {key: v[None] for key, v in outs[k].items()}, self.names[k], where
+                )
         stacked = {key: np.stack([out[key] for out in outs]) for key in outs[0]}
         mean = {key: value.mean(axis=0) for key, value in stacked.items()}
         self.results.update(frame.results(mean, properties))
@@ -266,17 +289,21 @@ class CommitteeCalculator(Calculator):
         )
 
 
-def _load_members(models: ModelLike | list[ModelLike], device: torch.device) -> list:
-    """The committee's modules on ``device``, in eval mode (see `CommitteeCalculator`)."""
+def _load_members(
+    models: ModelLike | list[ModelLike], device: torch.device
+) -> tuple[list, list[str]]:
+    """The committee's modules on ``device``, in eval mode (see `CommitteeCalculator`), and
+    their names for messages."""
     items = list(models) if isinstance(models, (list, tuple)) else [models]
     loaded, names = [], []
     for item in items:
         if isinstance(item, torch.nn.Module):
             loaded.append(to_device(item, device).eval())
             names.append(f"model {len(names)}")
+            check_weights(loaded[-1], names[-1])
             continue
         for file in committee_members(item):
             loaded.append(load_model(file, device))
             names.append(file)
     check_committee(loaded, names)
-    return loaded
+    return loaded, [n if n.startswith("model ") else f"model {n}" for n in names]

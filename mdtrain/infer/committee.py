@@ -9,16 +9,19 @@ file of any kind ``mdtrain.infer.load`` reads (checkpoint, frozen ``.pth``, DeeP
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
 import torch
 
 from mdtrain.errors import MDTrainError
-from mdtrain.infer.load import load_model
+from mdtrain.infer.finite import identical_pairs
+from mdtrain.infer.load import CHECKPOINT, load_model
+
+log = logging.getLogger("mdtrain.model_devi")
 
 MEMBER = re.compile(r"^member-(\d+)$")
-CHECKPOINT = "model.ckpt.pt"
 
 
 def committee_members(path: str | os.PathLike) -> list[str]:
@@ -52,7 +55,7 @@ def expand_models(paths: list[str | os.PathLike]) -> list[str]:
 
 def check_committee(models: list[torch.nn.Module], names: list[str]) -> None:
     """One-line errors for fewer than two models or differing type maps (``names`` label
-    the models in them)."""
+    the models in them); a warning for members with identical weights."""
     if len(models) < 2:
         raise MDTrainError(
             f"a committee needs at least two models, got {len(models)} ({' '.join(names)})"
@@ -64,6 +67,11 @@ def check_committee(models: list[torch.nn.Module], names: list[str]) -> None:
                 f"model {name}: type_map {list(model.type_map)} differs from {names[0]}'s "
                 f"{type_map} (a committee shares one type_map)"
             )
+    for first, again in identical_pairs(models, names):
+        log.warning(
+            "%s and %s are the same model (identical weights): their deviation is zero, so "
+            "the committee is smaller than it looks", first, again,
+        )  # fmt: skip
 
 
 def load_committee(

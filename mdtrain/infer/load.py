@@ -22,14 +22,18 @@ import contextlib
 import json
 import os
 import warnings
-import zipfile
 from collections.abc import Iterator
 
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.infer.finite import check_weights
 from mdtrain.infer.program import is_exported_program, load_program
 from mdtrain.model.config import stored_model_config
+from mdtrain.model.files import is_torchscript, weights_mismatch
+
+#: The newest checkpoint of a training output folder (a link to ``model.ckpt-<step>.pt``).
+CHECKPOINT = "model.ckpt.pt"
 
 #: Name of the JSON metadata stored in a frozen model's ``_extra_files``.
 FROZEN_METADATA = "mdtrain.json"
@@ -44,14 +48,22 @@ def quiet_jit() -> Iterator[None]:
         yield
 
 
-def is_torchscript(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a TorchScript archive (``torch.jit.save``), not a pickle."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+def model_file(path: str | os.PathLike) -> str:
+    """The model file ``path`` names: itself, or in a training output folder its newest
+    checkpoint (``model.ckpt.pt``), as ``freeze -c`` and ``model-devi -m`` take it."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return path
+    single = os.path.join(path, CHECKPOINT)
+    if os.path.isfile(single):
+        return single
+    members = sorted(n for n in os.listdir(path) if n.startswith("member-"))
+    if members:
+        raise MDTrainError(
+            f"model {path}: a committee folder; give one member, e.g. "
+            f"{os.path.join(path, members[0])}"
+        )
+    raise MDTrainError(f"model {path}: a folder without {CHECKPOINT} (no training output)")
 
 
 def model_from_checkpoint(
@@ -70,6 +82,9 @@ def model_from_checkpoint(
     weights = state["model_state"]
     if any(k.startswith("module.") for k in weights):  # saved from a DDP wrapper
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
+    mismatch = weights_mismatch(model, weights)
+    if mismatch:
+        raise MDTrainError(f"{source}: model_state does not match model_config: {mismatch}")
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
@@ -108,6 +123,7 @@ def load_model(
     else:
         state = load_checkpoint(path, map_location="cpu")
         model = model_from_checkpoint(state, f"model {path}", device)
+    check_weights(model, f"model {path}")
     return model.eval()
 
 

@@ -32,6 +32,7 @@ from mdtrain.infer.deviation import (
     model_devi_header,
     model_devi_rows,
 )
+from mdtrain.infer.finite import check_predictions
 from mdtrain.memory import InferenceChunker
 from mdtrain.neighbors.nlist import build_nlist
 
@@ -62,13 +63,15 @@ def evaluate_committee(
     device: torch.device | str = "cpu",
     chunker: InferenceChunker | None = None,
     on_frames: Callable[[int], None] | None = None,
+    names: list[str] | None = None,
 ) -> CommitteeOutput:
     """Every model's energy, forces and virial on every frame of ``source``.
 
     ``on_frames(n)`` is called after each chunk (progress); ``chunker`` carries its learned
-    chunk size from one source to the next.
+    chunk size from one source to the next; ``names`` label the models in errors (a
+    non-finite prediction is one, `mdtrain.infer.finite`).
     """
-    chunks = _over_chunks(models, source, device, chunker, on_frames, lambda out: out)
+    chunks = _over_chunks(models, source, device, chunker, on_frames, lambda out: out, names)
     return CommitteeOutput(
         *(np.concatenate([getattr(c, key) for c in chunks], axis=1) for key in _KEYS)
     )
@@ -82,6 +85,7 @@ def committee_model_devi(
     on_frames: Callable[[int], None] | None = None,
     relative: float | None = None,
     relative_v: float | None = None,
+    names: list[str] | None = None,
 ) -> Deviation:
     """The model deviations on every frame of ``source``, as `evaluate_committee` then
     `deviation_of`, chunk by chunk: only the deviations of all frames are kept, never every
@@ -93,6 +97,7 @@ def committee_model_devi(
         chunker,
         on_frames,
         lambda out: deviation_of(out, relative, relative_v),
+        names,
     )
     return Deviation(
         *(np.concatenate([getattr(c, f.name) for c in chunks]) for f in fields(Deviation))
@@ -109,6 +114,7 @@ def _over_chunks(
     chunker: InferenceChunker | None,
     on_frames: Callable[[int], None] | None,
     reduce: Callable[[CommitteeOutput], Any],
+    names: list[str] | None = None,
 ) -> list:
     """``reduce(CommitteeOutput)`` of each chunk of frames, in order (the module docstring
     says how chunks and neighbour lists are made)."""
@@ -154,6 +160,11 @@ def _over_chunks(
                 force[k][:, source.atom_order] = out["force"].detach().cpu().numpy()
                 virial[k] = out["virial"].detach().cpu().numpy()
                 del out
+                name = f"model {names[k] if names else k}"
+                check_predictions(
+                    {"energy": energy[k], "force": force[k], "virial": virial[k]},
+                    name, source.path, int(getattr(source, "first", 0)) + start,
+                )  # fmt: skip
         result = reduce(CommitteeOutput(energy=energy, force=force, virial=virial))
         if on_frames is not None:
             on_frames(nf)
@@ -192,6 +203,12 @@ def trust_counts(max_devi_f: np.ndarray, trust_lo: float, trust_hi: float) -> di
     """dpgen-style selection by ``max_devi_f``: accurate below ``trust_lo``, candidate from
     ``trust_lo`` up to (not including) ``trust_hi``, failed from ``trust_hi`` on."""
     values = np.asarray(max_devi_f)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:  # counted nowhere otherwise: every frame is in exactly one count
+        raise MDTrainError(
+            f"max_devi_f is not finite on {bad.size} frame(s) (the first: frame {int(bad[0])}); "
+            "no frame is left out of the trust counts"
+        )
     return {
         "accurate": int((values < trust_lo).sum()),
         "candidate": int(((values >= trust_lo) & (values < trust_hi)).sum()),

@@ -30,9 +30,13 @@ from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.autocast import Bf16Autocast, use_bf16, uses_bf16
+from mdtrain.model.combined import CombinedModel
+from mdtrain.model.combined_build import build_combined_model, is_combined
 from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
+from mdtrain.model.fittings.config import TENSOR_TYPES
+from mdtrain.model.tensor import TensorModel
 
 log = logging.getLogger("mdtrain.model")
 
@@ -106,7 +110,13 @@ def build_model(
     """The model for ``model_config`` on ``device``, with the fastest backend that can run it
     (see the module docstring); ``model.backend`` names the one chosen."""
     device = torch.device(device)
+    if is_combined(model_config):
+        return _combined_model(model_config, device, mixed_precision, backend)
     config = normalize_model_config(model_config)
+    if config["fitting_net"]["type"] in TENSOR_TYPES:  # no accelerated tensor fittings yet
+        if (backend or "reference") != "reference" or mixed_precision == "bf16":
+            raise MDTrainError("dipole and polar models run on the reference backend, float64/32")
+        return TensorModel(config).to(device)
     name, why = choose_backend(config, device, mixed_precision, backend)
     if name == "kernels":
         model = ExplicitEnergyModel(config, KernelEmbedding(load_kernels()))
@@ -121,6 +131,18 @@ def build_model(
         detail = f", products on {load_kernels().blas}" if name == "kernels" else ""
         log.info("model backend: %s%s (%s)", name, detail, why)
     return model.to(device)
+
+
+def _combined_model(
+    model_config: dict, device: torch.device, mixed_precision: str | None, backend: str | None
+) -> CombinedModel:
+    """A table or combined model (``model.combined_build``): the reference maths only."""
+    forced = (backend or os.environ.get(BACKEND_ENV, "") or "auto").strip().lower()
+    if forced not in ("auto", "reference"):
+        raise MDTrainError(f"backend {forced!r}: a model with a pair table runs on 'reference'")
+    if mixed_precision == "bf16":
+        raise MDTrainError("training.mixed_precision bf16: not supported with a pair table")
+    return build_combined_model(model_config).to(device)
 
 
 def build_committee(
@@ -159,6 +181,10 @@ def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Mo
 
 def as_reference(model: EnergyModel) -> EnergyModel:
     """The reference model with ``model``'s parameters and buffers (for TorchScript)."""
+    if isinstance(model, CombinedModel):
+        raise MDTrainError(
+            "a model with a pair table cannot be frozen to TorchScript; freeze it to .dp"
+        )
     if type(model) is EnergyModel and not uses_bf16(model):
         return model
     reference = EnergyModel(model.get_model_config())

@@ -17,16 +17,18 @@ import copy
 import json
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.conservative import ConservativeModel
 from mdtrain.model.descriptors import build_descriptor
 from mdtrain.model.fitting import EnergyFitting
 from mdtrain.model.network import check_activation, dtype_of
 
 
-class EnergyModel(nn.Module):
-    """Energy model of any registered descriptor. ``forward`` returns energy, atom_energy, force and virial."""
+class EnergyModel(ConservativeModel):
+    """Energy model of any registered descriptor. ``forward`` (``ConservativeModel``'s)
+    returns energy, atom_energy, force and virial."""
 
     type_map: list[str]
     rcut: float
@@ -83,19 +85,6 @@ class EnergyModel(nn.Module):
         if std is not None:
             self.out_std.copy_(torch.as_tensor(std, dtype=torch.float64).reshape(self.ntypes))
 
-    def pair_vectors(
-        self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
-    ) -> Tensor:
-        """Neighbour-minus-centre vectors (nf, N, nnei, 3); arbitrary in padded slots."""
-        nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
-        index = nlist.clamp(min=0).reshape(nf, natoms * nnei, 1).expand(nf, natoms * nnei, 3)
-        neigh = torch.gather(coord, 1, index).view(nf, natoms, nnei, 3)
-        diff = neigh - coord.unsqueeze(2)
-        if box is not None:
-            images = torch.bmm(shift.reshape(nf, natoms * nnei, 3).to(coord.dtype), box)
-            diff = diff + images.view(nf, natoms, nnei, 3)
-        return diff
-
     def atomic_energy(
         self,
         diff: Tensor,
@@ -110,67 +99,3 @@ class EnergyModel(nn.Module):
         if self.has_atom_exclusions:
             energy = energy * self.atom_keep[atype]
         return energy
-
-    def forward(
-        self,
-        coord: Tensor,
-        atype: Tensor,
-        box: Tensor | None,
-        nlist: Tensor,
-        shift: Tensor,
-        fparam: Tensor | None = None,
-        aparam: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        """Energy (nf,), atom_energy (nf, N), force (nf, N, 3), virial (nf, 3, 3), float64.
-
-        ``coord`` (nf, N, 3), ``atype`` (N,) int64, ``box`` (nf, 3, 3) or None, ``nlist``
-        (nf, N, nnei) int64 with -1 padding, ``shift`` (nf, N, nnei, 3) integer image shifts;
-        ``fparam`` (nf, numb_fparam) and ``aparam`` (nf, N, numb_aparam) when the fitting has them.
-        """
-        grad_enabled = torch.is_grad_enabled()
-        create_graph = grad_enabled and self.training
-        if torch.jit.is_scripting():
-            # TorchScript cannot switch grad mode on: a scripted model must be called with grad
-            # enabled (the calculator does so).
-            out = self._evaluate(coord, atype, box, nlist, shift, create_graph, fparam, aparam)
-        else:
-            with torch.enable_grad():
-                out = self._evaluate(coord, atype, box, nlist, shift, create_graph, fparam, aparam)
-        if not grad_enabled:
-            out = {k: v.detach() for k, v in out.items()}
-        return out
-
-    def _evaluate(
-        self,
-        coord: Tensor,
-        atype: Tensor,
-        box: Tensor | None,
-        nlist: Tensor,
-        shift: Tensor,
-        create_graph: bool,
-        fparam: Tensor | None = None,
-        aparam: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        x = coord.to(torch.float64)
-        if not x.requires_grad:
-            x = x.detach().requires_grad_(True)
-        strain = torch.zeros(x.shape[0], 3, 3, dtype=torch.float64, device=x.device)
-        strain.requires_grad_(True)
-        cell: Tensor | None = None
-        if box is not None:
-            cell = box.to(torch.float64)
-        diff = self.pair_vectors(x, cell, nlist, shift)
-        diff = diff + torch.matmul(diff, strain.unsqueeze(1))
-        atom_energy = self.atomic_energy(diff, nlist, atype, fparam, aparam)
-        energy = atom_energy.sum(dim=-1)
-        grads = torch.autograd.grad(
-            [energy.sum()],
-            [x, strain],
-            create_graph=create_graph,
-            retain_graph=create_graph,
-            allow_unused=True,  # atoms without any neighbour: the energy ignores positions
-        )
-        dx, dstrain = grads[0], grads[1]
-        force = -dx if dx is not None else torch.zeros_like(x)
-        virial = -dstrain.transpose(1, 2) if dstrain is not None else torch.zeros_like(strain)
-        return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

@@ -16,6 +16,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import stored_model_config
+from mdtrain.outputs import KIND_FROZEN, file_kind
 
 #: ``format`` and ``version`` entries of a checkpoint dict (written by ``save_checkpoint``).
 FORMAT = "mdtrain-checkpoint"
@@ -40,11 +41,35 @@ def _first_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def is_torchscript(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a TorchScript archive (``torch.jit.save``), not a pickle."""
+    return file_kind(path) == KIND_FROZEN
+
+
+def weights_mismatch(model: torch.nn.Module, weights: dict) -> str | None:
+    """The first array of ``weights`` whose shape differs from ``model``'s, named with
+    both shapes (None when every shared name fits): what ``load_state_dict`` says only
+    after a paragraph."""
+    for key, expected in model.state_dict().items():
+        given = weights.get(key)
+        if torch.is_tensor(given) and tuple(given.shape) != tuple(expected.shape):
+            return (
+                f"array {key} has shape {tuple(given.shape)}, the model of its config needs "
+                f"{tuple(expected.shape)}"
+            )
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
     """Load a checkpoint with ``weights_only=True``; any problem is one-line `MDTrainError`."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise MDTrainError(f"checkpoint {path}: file not found")
+    if is_torchscript(path):
+        raise MDTrainError(
+            f"checkpoint {path}: this is a frozen model (TorchScript, from mdtrain freeze); give "
+            "the checkpoint it was frozen from (model.ckpt-<step>.pt of its training folder)"
+        )
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are I/O errors)
     except OSError as exc:

@@ -39,7 +39,8 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
-from mdtrain.neighbors.nlist import NeighborSearch
+from mdtrain.neighbors.images import plane_heights
+from mdtrain.neighbors.nlist import NeighborSearch, search_chunks
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
@@ -120,33 +121,6 @@ def _min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None)
         cutoff *= 2.0
 
 
-def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cross products (n, 3): ``np.cross``'s arithmetic without its axis handling,
-    which cost more than the search itself for frames of a few atoms."""
-    return np.stack(
-        [
-            a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1],
-            a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
-            a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0],
-        ],
-        axis=-1,
-    )
-
-
-def _plane_spacing(boxes: np.ndarray) -> np.ndarray:
-    """Smallest distance between lattice planes of each cell (n, 3, 3) -> (n,)."""
-    volume = np.abs(np.linalg.det(boxes))
-    areas = np.stack(
-        [
-            np.linalg.norm(_cross(boxes[:, a], boxes[:, b]), axis=-1)
-            for a, b in ((1, 2), (2, 0), (0, 1))
-        ],
-        axis=-1,
-    )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(areas.max(axis=-1) > 0, volume / areas.max(axis=-1), 0.0)
-
-
 @dataclass
 class _Chunk:
     """The statistics of a few consecutive frames of one system."""
@@ -165,20 +139,24 @@ def _count_chunk(
     rows: np.ndarray,
     coords: np.ndarray,
     boxes: np.ndarray | None,
-    visit: Callable | None = None,
+    visit: Callable | None,
+    searched: list,
 ) -> _Chunk:
-    """Search frame by frame (``search`` keeps its buffers between frames), then count and
-    check the pairs of many frames at once (`_settle`): with frames of a few atoms the
-    per-frame numpy calls cost as much as the search. Problems are reported for the first
-    frame that has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and
-    their vectors (copies: the visitor may keep them)."""
+    """Count and check the pairs ``searched`` (``NeighborSearch.many``'s results for these
+    frames) of many frames at once (`_settle`): with frames of a few atoms the per-frame
+    numpy calls cost as much as the search. Problems are reported for the first frame that
+    has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and their vectors
+    (copies: the visitor may keep them)."""
     rcut = search.rcut
     natoms = len(atype)
     chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
-    spacing = None if boxes is None else _plane_spacing(boxes)
-    finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
-    if boxes is not None:
-        finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
+    if all(r is not None for r in searched):
+        spacing, finite = None, np.ones(len(rows), dtype=bool)  # `many` checked them
+    else:
+        spacing = None if boxes is None else plane_heights(boxes).min(axis=1)
+        finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
+        if boxes is not None:
+            finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
     found: list[tuple] = []  # (frame, i, j, dist, vec) of frames not yet settled
     npairs = 0
 
@@ -202,14 +180,9 @@ def _count_chunk(
                 f"system {path}, frame {index}: the cell is degenerate (its vectors span no "
                 f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
             )
-        try:
-            if visit is None:
-                i, j, _, dist = search.compute(coord, box, full=False, shifts=False)
-                vec = None
-            else:
-                i, j, vec, dist = (a.copy() for a in search.half_vectors(coord, box))
-        except ValueError as exc:
-            raise fail(f"system {path}, frame {index}: {exc}") from None
+        if isinstance(searched[k], ValueError):
+            raise fail(f"system {path}, frame {index}: {searched[k]}")
+        i, j, dist, vec = searched[k]
         if len(dist) == 0:
             chunk.lonely.append(index)
             if natoms > 1 or box is not None:
@@ -316,9 +289,10 @@ def neighbor_stat_partial(
 ) -> NeighborPartial:
     """Neighbour statistics of the frames ``rows[s]`` of each system ``s`` (default: all).
 
-    Frames are read in chunks and searched one by one; frames of ``_THREADED_MIN_ATOMS``
-    atoms or more use ``threads`` threads of the compiled search (default:
-    ``default_threads()``). The result does not depend on the number of threads.
+    Frames are read in chunks and searched by ``NeighborSearch.many`` (the small cells of
+    many systems together); frames of ``_THREADED_MIN_ATOMS`` atoms or more use ``threads``
+    threads of the compiled search (default: ``default_threads()``). The result does not
+    depend on the number of threads.
     ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
     half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
     of the same frames need no search of their own (the arrays are copies the visitor may
@@ -417,11 +391,12 @@ def compute_neighbor_stat(
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
     index = {id(total): k for k, total in enumerate(totals)}
-    for total, rows, coords, boxes in _read_chunks(totals):
-        search = multi if total.system.natoms >= _THREADED_MIN_ATOMS else single
+    sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
+    windows = search_chunks(_read_chunks(totals), single, multi, visit is not None, *sizes)
+    for (total, rows, coords, boxes), searched in windows:
         seen = None if visit is None else functools.partial(visit, index[id(total)])
         chunk = _count_chunk(
-            search, total.system.path, total.atype, ntypes, rows, coords, boxes, seen
+            single, total.system.path, total.atype, ntypes, rows, coords, boxes, seen, searched
         )
         total.merge(chunk)
         yield from rows

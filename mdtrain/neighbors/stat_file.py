@@ -100,7 +100,36 @@ def load_neighbor_stat(path: str) -> dict[str, Any]:
     for key in _REQUIRED_KEYS:
         if key not in content:
             raise MDTrainError(f"{path}: key '{key}' missing; rerun mdtrain neighbor-stat")
+    _check_consistent(path, content)
     return content
+
+
+def _check_consistent(path: str, content: dict[str, Any]) -> None:
+    """The file's totals are those of its own per-system entries (an edited count is
+    refused, not trusted)."""
+    hint = "the file was edited or damaged; rerun mdtrain neighbor-stat"
+    top = content["max_nbor_size"]
+    if not isinstance(top, list) or not all(isinstance(n, int) and n >= 0 for n in top):
+        raise MDTrainError(f"{path}: max_nbor_size {top!r} is not a list of counts; {hint}")
+    entries = content.get("systems") or []
+    sizes = [e.get("max_nbor_size") for e in entries if isinstance(e, dict)]
+    if not sizes:
+        return
+    if any(not isinstance(n, list) or len(n) != len(top) for n in sizes):
+        raise MDTrainError(f"{path}: a system's max_nbor_size has not {len(top)} entries; {hint}")
+    largest = [max(int(n[t]) for n in sizes) for t in range(len(top))]
+    if largest != list(top):
+        raise MDTrainError(
+            f"{path}: max_nbor_size {top} disagrees with its systems' largest counts "
+            f"{largest}; {hint}"
+        )
+    dists = [e.get("min_nbor_dist") for e in entries if e.get("min_nbor_dist") is not None]
+    stored = content["min_nbor_dist"]
+    if dists and (stored is None or not math.isclose(float(stored), min(dists), rel_tol=1e-12)):
+        raise MDTrainError(
+            f"{path}: min_nbor_dist {stored} disagrees with its systems' smallest "
+            f"{min(dists)}; {hint}"
+        )
 
 
 def check_neighbor_stat_matches(

@@ -193,6 +193,15 @@ class CheckpointManager:
         """The text file ``checkpoint`` naming the newest checkpoint (relative to out_dir)."""
         return os.path.join(self.out_dir, "checkpoint")
 
+    def owns(self, path: str | os.PathLike) -> bool:
+        """``path`` is (a link to) one of this manager's files: ``<prefix>-<step>.pt`` or
+        ``<prefix>.pt`` in its directory, files a run writes over."""
+        path = os.path.abspath(os.fspath(path))
+        if os.path.realpath(os.path.dirname(path)) != os.path.realpath(self.directory):
+            return False
+        name = os.path.basename(path)
+        return bool(self._pattern.fullmatch(name)) or name == self.stem + ".pt"
+
     def path_for(self, step: int) -> str:
         return os.path.join(self.directory, f"{self.stem}-{step}.pt")
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
-import re
 
 import numpy as np
 import torch
@@ -42,27 +40,19 @@ from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.model.committee import Committee, member_model_config
-from mdtrain.model.files import load_checkpoint
 from mdtrain.train.batch_controller import frame_weights
-from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loop import Trainer
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
 from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import mixed_precision
+from mdtrain.train.resume import member_dir
 from mdtrain.train.training_loop import TrainingLoop
 
 log = logging.getLogger("mdtrain")
 
 SHARED, PER_MEMBER = "shared", "per-member"
-MEMBER_PREFIX = "member-"
-_MEMBER_DIR = re.compile(re.escape(MEMBER_PREFIX) + r"(\d+)")
-
-
-def member_dir(out_dir: str, k: int) -> str:
-    """Where member ``k`` writes (its lcurve.out, checkpoints and out.json)."""
-    return os.path.join(out_dir, f"{MEMBER_PREFIX}{k}")
 
 
 def ensemble_size(option: int | None, training: dict) -> int:
@@ -87,48 +77,6 @@ def member_config(config: dict, k: int, sampling: str) -> dict:
     return config
 
 
-def member_checkpoints(path: str, size: int) -> list[str]:
-    """Every member's checkpoint of the same step as ``path``, a checkpoint inside some
-    ``member-k/`` folder of a committee's output directory (member 0's first)."""
-    parts = os.path.normpath(path).split(os.sep)
-    at = next((i for i in range(len(parts) - 2, -1, -1) if _MEMBER_DIR.fullmatch(parts[i])), None)
-    if at is None:
-        raise MDTrainError(
-            f"--restart {path}: with an ensemble, give a member's checkpoint "
-            f"({MEMBER_PREFIX}K/<name>.pt) or auto"
-        )
-    paths = []
-    for k in range(size):
-        parts[at] = f"{MEMBER_PREFIX}{k}"
-        member = os.sep.join(parts)
-        if not os.path.isfile(member):
-            raise MDTrainError(f"--restart {path}: member {k} has no checkpoint {member}")
-        paths.append(member)
-    return paths
-
-
-def latest_common_checkpoint(out_dir: str, training: dict, size: int) -> str | None:
-    """Member 0's checkpoint of the newest step that every member has a loadable checkpoint
-    of (a committee killed while saving may have some members one save ahead), or None."""
-    managers = [
-        CheckpointManager(
-            member_dir(out_dir, k), training["save_ckpt"], int(training["max_ckpt_keep"])
-        )
-        for k in range(size)
-    ]
-    steps = set.intersection(*({s for s, _ in m.checkpoints()} for m in managers))
-    for step in sorted(steps, reverse=True):
-        paths = [m.path_for(step) for m in managers]
-        try:
-            for p in paths:
-                load_checkpoint(p)
-        except MDTrainError as exc:  # a torn file: the step before
-            log.warning("skipping the committee checkpoints of step %d: %s", step, exc)
-            continue
-        return paths[0]
-    return None
-
-
 class CommitteeTrainer(TrainingLoop):
     """Trains the members of ``committee`` together (see the module docstring); ``run()`` as
     a ``Trainer``'s."""
@@ -143,13 +91,14 @@ class CommitteeTrainer(TrainingLoop):
         runtime: Runtime,
         out_dir: str,
         sampling: str,
+        nlist_cache: NeighborListCache | None = None,
     ) -> None:
         if sampling not in (SHARED, PER_MEMBER):
             raise ValueError(f"unknown committee sampling {sampling!r}")
         self.config, self.model, self.rt, self.out_dir = config, committee, runtime, out_dir
         self.shared = sampling == SHARED
         self.train_systems, self.valid_systems = train_systems, valid_systems
-        self.nlist_cache = NeighborListCache()
+        self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.members: list[Trainer] = []
         size = len(member_configs)
         for k, (cfg, model) in enumerate(zip(member_configs, committee.members, strict=True)):

@@ -24,7 +24,7 @@ from mdtrain.train.display import Display
 from mdtrain.train.epochs import run_length
 from mdtrain.train.extras import RunExtras, refuse_averaged
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, check_labels, merge_metrics
+from mdtrain.train.loss import ErrorAccumulator, check_labels, make_loss, merge_metrics
 from mdtrain.train.lr import make_schedule
 from mdtrain.train.optimizer import load_optimizer_state, make_optimizer, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
@@ -92,7 +92,7 @@ class Trainer(TrainingLoop):
             self.numb_valid = int(vcfg.get("numb_btch", 1))
         self.numb_steps = run_length(training, self.sampler)
         self.lr = make_schedule(lr_cfg, self.numb_steps)
-        self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
+        self.loss = make_loss(config["loss"], lr_cfg["start_lr"], model)
         check_labels(config["loss"], [*train_systems, *valid_systems])
         for system in [*train_systems, *valid_systems]:  # before any step: one line if not
             check_params(system, ParamSpec.of(config["model"]))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mdtrain import distributed as dist_rt
+from mdtrain.batching import NeighborLimit
 from mdtrain.config import mixed_types, resolve_path
 from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.share import share_ranges
@@ -185,6 +186,37 @@ def resolve_sel_and_min_dist(
     descriptor["sel"] = resolve_sel(descriptor["sel"], max_size, mixed)
     log.info("sel = %s", descriptor["sel"])
     return config, (float(min_dist) if math.isfinite(min_dist) else None)
+
+
+def neighbor_limit(
+    config: dict, config_path: str, neighbor_stat_file: str | None, from_file: bool
+) -> NeighborLimit | None:
+    """What training checks every frame's neighbour counts against (`NeighborLimit`): the
+    neighbour-stat file's ``max_nbor_size`` when the run took its statistics from one
+    (``from_file``; a frame with more means the file does not describe the data), and
+    ``sel`` under ``training.strict_sel`` (never a list cut short). None: neither, or a
+    descriptor that mixes the types (its one sel counts them together)."""
+    limits, sources = [], []
+    training = config["training"]
+    if mixed_types(config["model"]["descriptor"]):
+        return None
+    stat_path = neighbor_stat_file or training.get("neighbor_stat_file")
+    if from_file and stat_path:
+        stat_path = stat_path if neighbor_stat_file else resolve_path(config_path, stat_path)
+        limits.append(list(load_neighbor_stat(stat_path)["max_nbor_size"]))
+        sources.append(
+            f"neighbour-stat file {stat_path}'s max_nbor_size {limits[-1]}: it does not "
+            "describe these data, rerun mdtrain neighbor-stat"
+        )
+    sel = parse_sel(config["model"]["descriptor"]["sel"])
+    if training.get("strict_sel") and isinstance(sel, list):
+        limits.append(sel)
+        sources.append(f"sel {sel} under training.strict_sel")
+    if not limits:
+        return None
+    counts = [min((lim[t] or 1 << 30) for lim in limits) for t in range(len(limits[0]))]
+    type_map = tuple(config["model"]["type_map"])
+    return NeighborLimit(tuple(counts), " and ".join(sources), type_map)
 
 
 def output_path(out_dir: str, name: str) -> str:

@@ -17,27 +17,24 @@ import torch
 
 from mdtrain import __version__
 from mdtrain import distributed as dist_rt
+from mdtrain.batching import NeighborListCache
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_committee, build_model
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
-from mdtrain.model.files import load_checkpoint, load_model_file
+from mdtrain.model.files import load_checkpoint, load_model_file, weights_mismatch
 from mdtrain.model.stat_file import read_stat_file
 from mdtrain.neighbors.sel import parse_sel
-from mdtrain.outputs import check_output_dir, check_output_file
-from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.committee import (
     PER_MEMBER,
     SHARED,
     CommitteeTrainer,
     ensemble_size,
-    latest_common_checkpoint,
-    member_checkpoints,
     member_config,
-    member_dir,
 )
+from mdtrain.train.ensemble_budget import check_ensemble
 from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
 from mdtrain.train.loop import Trainer, seed_everything
 from mdtrain.train.loss import one_sided_terms
@@ -45,6 +42,7 @@ from mdtrain.train.precision import check_networks, mode_of
 from mdtrain.train.prepare import (
     check_samplers,
     model_statistics,
+    neighbor_limit,
     open_datasets,
     output_path,
     resolve_sel_and_min_dist,
@@ -52,7 +50,14 @@ from mdtrain.train.prepare import (
     stat_mode,
     validate_datasets,
 )
+from mdtrain.train.resume import check_layout, member_checkpoints, member_dir, resolve_restart
 from mdtrain.train.signals import PreemptionHandler
+from mdtrain.train.workdir import (
+    check_run_outputs,
+    make_output_dirs,
+    remove_empty_dirs,
+    run_inputs,
+)
 
 log = logging.getLogger("mdtrain")
 
@@ -76,58 +81,18 @@ class TrainRequest:
     ensemble: int | None = None  # committee size; overrides training.ensemble
 
 
-def _restart_request(request: TrainRequest, training: dict) -> tuple[str | None, bool]:
-    """What to continue from, and whether it comes from a torchrun relaunch.
-
-    ``--restart`` wins over ``training.restart``. When torchrun relaunches the group after a
-    failure (``TORCHELASTIC_RESTART_COUNT`` > 0) the run continues from its own newest
-    checkpoint: "auto", falling back to what was asked for when there is none yet.
-    """
-    asked = request.restart or training.get("restart")
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
-    if count.isdigit() and int(count) > 0:
-        log.info("relaunched by torchrun (restart %s): continuing with --restart auto", count)
-        return "auto", True
-    return asked, False
-
-
 def _resolve_restart(
     request: TrainRequest, training: dict, out_dir: str, ensemble: int = 1
 ) -> tuple[str | None, str | None]:
-    """``(restart, init_model)`` paths after "auto" (the newest valid checkpoint, if any).
-
-    "auto" and ``--init-model`` combine: resume when the output directory has a checkpoint,
-    else start from the given weights; a job script can pass both on every submission.
-    A committee (``ensemble`` > 1) restarts from member 0's checkpoint of the newest step
-    every member has.
-    """
-    restart, relaunched = _restart_request(request, training)
+    """``(restart, init_model)`` paths after "auto" (`mdtrain.train.resume`): ``--restart``
+    wins over ``training.restart``."""
     if request.init_model and request.finetune:
         raise MDTrainError("--init-model and --finetune exclude each other")
-    init_model = request.init_model or request.finetune
     option = "--finetune" if request.finetune else "--init-model"
-    if restart == "auto":
-        manager = CheckpointManager(out_dir, training["save_ckpt"], int(training["max_ckpt_keep"]))
-        found = dist_rt.run_on_main(
-            manager.latest
-            if ensemble == 1
-            else lambda: latest_common_checkpoint(out_dir, training, ensemble)
-        )
-        if found:
-            log.info("restart auto: continuing from %s", found)
-            if init_model:
-                log.info("restart auto: %s %s is not used", option, init_model)
-            return found, None
-        if relaunched and (request.restart or training.get("restart")) not in (None, "auto"):
-            restart = request.restart or training.get("restart")
-            log.info("restart auto: no checkpoint yet, using %s", restart)
-            return restart, None
-        log.info("restart auto: no checkpoint found, starting %s",
-                 f"from {init_model}" if init_model else "fresh")  # fmt: skip
-        return None, init_model
-    if restart and init_model:
-        raise MDTrainError(f"--restart and {option} exclude each other")
-    return restart, init_model
+    return resolve_restart(
+        request.restart or training.get("restart"), request.init_model or request.finetune,
+        option, training, out_dir, ensemble,
+    )  # fmt: skip
 
 
 def _check_compatible(state: dict, model_config: dict, path: str) -> None:
@@ -153,6 +118,9 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
 
 
 def _load_weights(model: EnergyModel, state: dict, path: str) -> None:
+    mismatch = weights_mismatch(model, state["model_state"])
+    if mismatch:
+        raise MDTrainError(f"checkpoint {path}: weights do not fit this model: {mismatch}")
     try:
         model.load_state_dict(state["model_state"])
     except (RuntimeError, KeyError) as exc:
@@ -178,24 +146,17 @@ def _check_stat_file(path: str) -> None:
     read_stat_file(path)
 
 
-def _prepare_outputs(request: TrainRequest, training: dict, ensemble: int = 1) -> None:
-    """Make the output directory and check every place training writes (checkpoints,
-    lcurve.out, out.json, a new stat file; a committee's in every ``member-k/``): a problem
-    is one line naming the path, before any data is read."""
-    out_dir = request.output_dir
-    check_output_dir(out_dir, "output directory", create=True)
-    check_output_file(output_path(out_dir, "out.json"), "out.json")
-    for where in [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]:
-        check_output_dir(where, "output directory", create=True)
-        ckpt_dir = os.path.dirname(output_path(where, training["save_ckpt"])) or where
-        check_output_dir(ckpt_dir, "training.save_ckpt directory")
-        check_output_file(output_path(where, training["disp_file"]), "training.disp_file")
-        check_output_file(output_path(where, "out.json"), "out.json")
-    stat_file = training.get("stat_file")
-    if stat_file:
-        path = resolve_path(request.input_path, stat_file)
-        if not os.path.exists(path):  # an existing one is read (and checked) first
-            check_output_file(path, "training.stat_file")
+def _prepare_outputs(request: TrainRequest, config: dict, ensemble: int = 1) -> None:
+    """Check every place training writes against what it reads (`mdtrain.train.workdir`),
+    and that a single run and a committee do not share a folder; nothing is created."""
+    training, path = config["training"], request.input_path
+    models = {"--init-model": request.init_model, "--finetune": request.finetune}
+    inputs = run_inputs(
+        config, path, {"--neighbor-stat-file": request.neighbor_stat_file, **models}
+    )
+    fresh = not (request.restart or training.get("restart"))
+    check_run_outputs(request.output_dir, config, path, ensemble, inputs, fresh)
+    check_layout(request.output_dir, training, ensemble)
 
 
 def _finished_marker(out_dir: str) -> str:
@@ -230,127 +191,152 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
             torch.get_num_threads(),
         )  # fmt: skip
         out_dir = request.output_dir
-        dist_rt.run_on_main(_prepare_outputs, request, training, ensemble)  # before any work
-        if runtime.is_main:
-            for message in (*one_sided_terms(config["loss"]), *inert_settings(config["model"])):
-                log.warning("%s", message)
+        dist_rt.run_on_main(_prepare_outputs, request, config, ensemble)  # before any work
         # everything up to the statistics checks the input; nothing in out_dir changes before
         restart, init_model = _resolve_restart(request, training, out_dir, ensemble)
-        if restart and ensemble > 1:  # a committee continues from member 0's of that step
-            restart = member_checkpoints(restart, ensemble)[0]
-        finetune = init_model if init_model and request.finetune else None
-        init_model = None if finetune else init_model
-        state = load_checkpoint(restart) if restart else None
-        if init_model or finetune:
-            state = load_model_file(init_model or finetune)
+        if ensemble > 1:
+            dist_rt.run_on_main(
+                check_ensemble, ensemble, config, request.input_path, runtime.device
+            )
+        created = dist_rt.run_on_main(make_output_dirs, out_dir, ensemble)
+        try:
+            _run(request, preemption, config, runtime, ensemble, precision_source, restart,
+                 init_model)  # fmt: skip
+        except BaseException:
+            if runtime.is_main:  # a failed run leaves no empty folders behind
+                remove_empty_dirs(created)
+            raise
+
+
+def _run(
+    request: TrainRequest, preemption: PreemptionHandler, config: dict, runtime,
+    ensemble: int, precision_source: str, restart: str | None, init_model: str | None,
+) -> None:  # fmt: skip
+    """The run after its outputs were checked and its restart point found."""
+    training = config["training"]
+    out_dir = request.output_dir
+    if runtime.is_main:
+        for message in (*one_sided_terms(config["loss"]), *inert_settings(config["model"])):
+            log.warning("%s", message)
+    if restart and ensemble > 1:  # a committee continues from member 0's of that step
+        restart = member_checkpoints(restart, ensemble)[0]
+    finetune = init_model if init_model and request.finetune else None
+    init_model = None if finetune else init_model
+    state = load_checkpoint(restart) if restart else None
+    if init_model or finetune:
+        state = load_model_file(init_model or finetune)
+    if restart:
+        _check_compatible(state, config["model"], restart)
+        config["model"] = state["model_config"]  # sel and sizes of the run being continued
+    elif init_model:
+        config = _init_model_config(config, state, init_model)
+    elif finetune:
+        config = finetune_config(config, state, finetune)
+    check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
+    data = open_datasets(config, request.input_path)
+    check_samplers(config, request.input_path, data, runtime.world_size)
+    dist_rt.run_on_main(validate_datasets, data)
+    stat_file = training.get("stat_file")
+    stat_file = resolve_path(request.input_path, stat_file) if stat_file else None
+    if stat_file and not (restart or init_model):
+        dist_rt.run_on_main(_check_stat_file, stat_file)
+    min_nbor_dist = state.get("min_nbor_dist") if state else None
+    collected = None  # data statistics gathered while the neighbour statistics search
+    if not (restart or init_model or finetune):
+        collected = stat_collector(config, data, stat_file, runtime.device)
+    if not restart:
+        config, found = resolve_sel_and_min_dist(
+            config,
+            request.input_path,
+            data,
+            request.neighbor_stat_file,
+            request.skip_neighbor_stat,
+            collected,
+        )
+        min_nbor_dist = found if found is not None else min_nbor_dist
+    if finetune:
+        config = pin_pretrained_sel(config, state)
+    training = config["training"]  # resolve_model_sel returns a new config
+    if training.get("seed") is None:
+        training["seed"] = dist_rt.run_on_main(_random_seed)  # the same on every rank
+        log.info(
+            "training.seed is not set: drew %d (written to out.json; set it to repeat "
+            "this run)", training["seed"],
+        )  # fmt: skip
+    if ensemble > 1:
+        config = _committee_seeds(config)
+    seed_everything(int(training["seed"]))
+    keep_freed_memory()
+    precision = mode_of(training.get("mixed_precision"))
+    sampling, members = None, [config]
+    if ensemble > 1:
+        sampling = _committee_sampling(state if restart else None, init_model or finetune, ensemble)
+        members = [member_config(config, k, sampling) for k in range(ensemble)]
+        model = build_committee([m["model"] for m in members], runtime.device, precision)
+        first = model.members[0]
+    else:
+        model = first = build_model(config["model"], runtime.device, precision)
+    if init_model:
+        _load_weights(first, state, init_model)
+    elif finetune:
+        nbatch = int(config["model"].get("data_stat_nbatch", 10))
+        dist_rt.run_on_main(load_pretrained, first, state, data.train, nbatch)
+    elif not restart:
+        nbatch = int(config["model"].get("data_stat_nbatch", 10))
+        model_statistics(first, data.train, stat_file, nbatch, stat_mode(config), collected)
+    if ensemble > 1 and not restart:
+        _share_start(model, same_weights=bool(init_model or finetune))
+    dist_rt.broadcast_module(model)
+    # every frame's neighbour counts checked against the stat file's, and sel if strict
+    from_file = not (restart or request.skip_neighbor_stat)
+    limit = neighbor_limit(config, request.input_path, request.neighbor_stat_file, from_file)
+    cache = NeighborListCache(limit=limit)
+    if ensemble > 1:
+        trainer = CommitteeTrainer(
+            config, model, members, data.train, data.valid, runtime, out_dir, sampling, cache
+        )
+        for member in trainer.members:
+            member.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
         if restart:
-            _check_compatible(state, config["model"], restart)
-            config["model"] = state["model_config"]  # sel and sizes of the run being continued
-        elif init_model:
-            config = _init_model_config(config, state, init_model)
-        elif finetune:
-            config = finetune_config(config, state, finetune)
-        check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
-        data = open_datasets(config, request.input_path)
-        check_samplers(config, request.input_path, data, runtime.world_size)
-        dist_rt.run_on_main(validate_datasets, data)
-        stat_file = training.get("stat_file")
-        stat_file = resolve_path(request.input_path, stat_file) if stat_file else None
-        if stat_file and not (restart or init_model):
-            dist_rt.run_on_main(_check_stat_file, stat_file)
-        min_nbor_dist = state.get("min_nbor_dist") if state else None
-        collected = None  # data statistics gathered while the neighbour statistics search
-        if not (restart or init_model or finetune):
-            collected = stat_collector(config, data, stat_file, runtime.device)
-        if not restart:
-            config, found = resolve_sel_and_min_dist(
-                config,
-                request.input_path,
-                data,
-                request.neighbor_stat_file,
-                request.skip_neighbor_stat,
-                collected,
-            )
-            min_nbor_dist = found if found is not None else min_nbor_dist
-        if finetune:
-            config = pin_pretrained_sel(config, state)
-        training = config["training"]  # resolve_model_sel returns a new config
-        if training.get("seed") is None:
-            training["seed"] = dist_rt.run_on_main(_random_seed)  # the same on every rank
-            log.info(
-                "training.seed is not set: drew %d (written to out.json; set it to repeat "
-                "this run)", training["seed"],
-            )  # fmt: skip
-        if ensemble > 1:
-            config = _committee_seeds(config)
-        seed_everything(int(training["seed"]))
-        keep_freed_memory()
-        precision = mode_of(training.get("mixed_precision"))
-        sampling, members = None, [config]
-        if ensemble > 1:
-            sampling = _committee_sampling(
-                state if restart else None, init_model or finetune, ensemble
-            )
-            members = [member_config(config, k, sampling) for k in range(ensemble)]
-            model = build_committee([m["model"] for m in members], runtime.device, precision)
-            first = model.members[0]
+            paths = member_checkpoints(restart, ensemble)
+            trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
+            log.info("continuing the committee from %s at step %d", restart, trainer.step)
         else:
-            model = first = build_model(config["model"], runtime.device, precision)
-        if init_model:
-            _load_weights(first, state, init_model)
-        elif finetune:
-            nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            dist_rt.run_on_main(load_pretrained, first, state, data.train, nbatch)
-        elif not restart:
-            nbatch = int(config["model"].get("data_stat_nbatch", 10))
-            model_statistics(first, data.train, stat_file, nbatch, stat_mode(config), collected)
-        if ensemble > 1 and not restart:
-            _share_start(model, same_weights=bool(init_model or finetune))
-        dist_rt.broadcast_module(model)
+            trainer.check_statistics()
+    else:
+        trainer = Trainer(
+            config, model, data.train, data.valid, runtime, out_dir, nlist_cache=cache
+        )
+        trainer.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
+        if restart:
+            trainer.load_state_dict(state)
+            log.info("continuing from %s at step %d", restart, trainer.step)
+    if runtime.is_main:
+        dump_config(config, output_path(out_dir, "out.json"))
         if ensemble > 1:
-            trainer = CommitteeTrainer(
-                config, model, members, data.train, data.valid, runtime, out_dir, sampling
-            )
-            for member in trainer.members:
-                member.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
-            if restart:
-                paths = member_checkpoints(restart, ensemble)
-                trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
-                log.info("continuing the committee from %s at step %d", restart, trainer.step)
-            else:
-                trainer.check_statistics()
-        else:
-            trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
-            trainer.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
-            if restart:
-                trainer.load_state_dict(state)
-                log.info("continuing from %s at step %d", restart, trainer.step)
+            for k, member in enumerate(members):
+                dump_config(member, output_path(member_dir(out_dir, k), "out.json"))
+        with contextlib.suppress(FileNotFoundError):  # a marker of an earlier, shorter run
+            os.remove(_finished_marker(out_dir))
+    nparams = sum(p.numel() for p in first.parameters())
+    if ensemble > 1:
+        log.info(
+            "committee of %d models (%s sampling), %d parameters each; training for %d "
+            "steps", ensemble, sampling, nparams, trainer.numb_steps,
+        )  # fmt: skip
+    else:
+        log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
+    result = trainer.run(append_lcurve=bool(restart), preemption=preemption.install())
+    if result.preempted:
+        log.info(
+            "preempted at step %d of %d: checkpoint %s written; the run is unfinished, "
+            "continue it with `mdtrain train ... --restart auto`",
+            result.step, trainer.numb_steps, result.checkpoint,
+        )  # fmt: skip
+    else:
         if runtime.is_main:
-            dump_config(config, output_path(out_dir, "out.json"))
-            if ensemble > 1:
-                for k, member in enumerate(members):
-                    dump_config(member, output_path(member_dir(out_dir, k), "out.json"))
-            with contextlib.suppress(FileNotFoundError):  # a marker of an earlier, shorter run
-                os.remove(_finished_marker(out_dir))
-        nparams = sum(p.numel() for p in first.parameters())
-        if ensemble > 1:
-            log.info(
-                "committee of %d models (%s sampling), %d parameters each; training for %d "
-                "steps", ensemble, sampling, nparams, trainer.numb_steps,
-            )  # fmt: skip
-        else:
-            log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
-        result = trainer.run(append_lcurve=bool(restart), preemption=preemption.install())
-        if result.preempted:
-            log.info(
-                "preempted at step %d of %d: checkpoint %s written; the run is unfinished, "
-                "continue it with `mdtrain train ... --restart auto`",
-                result.step, trainer.numb_steps, result.checkpoint,
-            )  # fmt: skip
-        else:
-            if runtime.is_main:
-                _write_marker(_finished_marker(out_dir), result.step)
-            log.info("finished at step %d", result.step)
+            _write_marker(_finished_marker(out_dir), result.step)
+        log.info("finished at step %d", result.step)
 
 
 def _random_seed() -> int:

@@ -6,46 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.finite_diff import fd_forces, fd_virial, rel_err
 from tests.helpers.models import (
-    energy_of,
     evaluate,
     make_model,
-    strained,
     triclinic,
     water_like,
 )
-
-H = 1e-5
-
-
-def fd_forces(model, coord, box, atype) -> np.ndarray:
-    forces = np.zeros_like(coord)
-    for i in range(len(coord)):
-        for k in range(3):
-            plus, minus = coord.copy(), coord.copy()
-            plus[i, k] += H
-            minus[i, k] -= H
-            e_p = energy_of(model, plus, box, atype)
-            e_m = energy_of(model, minus, box, atype)
-            forces[i, k] = -(e_p - e_m) / (2 * H)
-    return forces
-
-
-def fd_virial(model, coord, box, atype) -> np.ndarray:
-    """virial[k][j] = -dE/d eps[j][k] with r' = r (I + eps) applied to coordinates and cell."""
-    dE = np.zeros((3, 3))
-    for a in range(3):
-        for b in range(3):
-            eps = np.zeros((3, 3))
-            eps[a, b] = H
-            e_p = energy_of(model, *strained(coord, box, eps), atype)
-            e_m = energy_of(model, *strained(coord, box, -eps), atype)
-            dE[a, b] = (e_p - e_m) / (2 * H)
-    return -dE.T
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def frames():

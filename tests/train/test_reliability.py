@@ -10,7 +10,6 @@ statistics or training having started, and every file of the output directory by
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from mdtrain.data import open_system
 from mdtrain.neighbors.stat import compute_neighbor_stat
 from tests.helpers.datagen import water_labeled
 from tests.helpers.processes import clean_env, run_process
-from tests.helpers.training import lcurve_rows, make_project, mdtrain_command
+from tests.helpers.training import lcurve_rows, make_project, mdtrain_command, snapshot
 
 STEPS = 2
 
@@ -53,18 +52,6 @@ def project(finished_run, tmp_path) -> Path:
     root = tmp_path / "p"
     shutil.copytree(finished_run, root, symlinks=True)
     return root / "input.json"
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    """Every file (and link target) below ``directory`` with its content hash."""
-    found = {}
-    for path in sorted(directory.rglob("*")):
-        rel = str(path.relative_to(directory))
-        if path.is_symlink():
-            found[rel] = "-> " + os.readlink(path)
-        elif path.is_file():
-            found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 def edit_config(inp: Path, change: Callable[[dict], None]) -> None:
