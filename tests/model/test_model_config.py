@@ -31,7 +31,7 @@ def test_missing_defaults_are_filled():
         ({"descriptor": {"rcut_smth": 4.0}}, "rcut_smth"),
         ({"descriptor": {"precision": "float16"}}, "precision"),
         ({"descriptor": {"activation_function": "swish"}}, "activation_function"),
-        ({"fitting_net": {"numb_fparam": 2}}, "numb_fparam"),
+        ({"fitting_net": {"numb_fparam": 2, "default_fparam": [1.0]}}, "default_fparam"),
         ({"descriptor": {"exclude_types": [[0, 5]]}}, "exclude_types"),
     ],
 )
