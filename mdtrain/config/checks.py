@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from mdtrain.config.mixed_types import integer_sel_problem
+from mdtrain.config.precision import committee_problem
 from mdtrain.config.wording import show
 
 
@@ -26,6 +27,7 @@ def cross_checks(config: dict) -> list[str]:
         *_check_length(config),
         *_check_validating(config),
         *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
+        *_check_precision(config),
     ]
 
 
@@ -40,6 +42,12 @@ def _check_srtab(model: dict) -> list[str]:
     if _number(low) and _number(high) and not high > low:
         return [f"model.sw_rmax: {show(high)} must be greater than model.sw_rmin {show(low)}"]
     return []
+
+
+def _check_precision(config: dict) -> list[str]:
+    value = _get(config, "training.mixed_precision")
+    problem = committee_problem(value, _get(config, "training.ensemble"))
+    return [problem] if problem else []
 
 
 def _get(config: dict, dotted: str) -> Any:

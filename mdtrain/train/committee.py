@@ -46,7 +46,7 @@ from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loop import Trainer
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
 from mdtrain.train.optimizer import step_together
-from mdtrain.train.precision import mixed_precision
+from mdtrain.train.precision import committee_problem, mixed_precision
 from mdtrain.train.resume import member_dir
 from mdtrain.train.training_loop import TrainingLoop
 
@@ -115,6 +115,8 @@ class CommitteeTrainer(TrainingLoop):
             first.numb_steps, first.disp_freq, first.save_freq,
         )  # fmt: skip
         self.loss, self.lr, self.precision = first.loss, first.lr, first.precision
+        if problem := committee_problem(config["training"].get("mixed_precision"), size):
+            raise MDTrainError(problem)  # --ensemble given on the command line
         self.descriptor = first.descriptor
         self.step = 0
         self.controller = first.controller

@@ -232,7 +232,7 @@ def _run(
         config = _init_model_config(config, state, init_model)
     elif finetune:
         config = finetune_config(config, state, finetune)
-    check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
+    check_networks(training["mixed_precision"], config["model"], precision_source)
     data = open_datasets(config, request.input_path)
     check_samplers(config, request.input_path, data, runtime.world_size)
     dist_rt.run_on_main(validate_datasets, data)
