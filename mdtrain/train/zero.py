@@ -5,9 +5,9 @@ rank, as torch's ``ZeroRedundancyOptimizer`` partitions them). Gradients are ave
 all ranks as without sharding (the same buckets), so every rank holds every averaged
 gradient; the owner alone runs the optimiser on its parameters, with the state for them
 only, and then broadcasts them. The optimiser updates a parameter from its own gradient and
-state, so the weights equal plain data parallelism's to the last bit (Adam, AdamW; the Muon
-types orthogonalise same-shape matrices in one batch, which a different batch may round
-differently in the last bits).
+state, so the weights equal plain data parallelism's to the last bit (tested for Adam, AdamW,
+AdaMuon and HybridMuon on CPU; the Muon types orthogonalise same-shape matrices in one
+batch, so a BLAS whose batched products round by batch size could differ in the last bits).
 
 Checkpoints hold the state of the whole, unsharded optimiser (`consolidate`, a collective,
 gathers it on rank 0 before a save), so a run continues exactly with any number of ranks,
