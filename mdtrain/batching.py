@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mdtrain.data import EXTRA_LABELS, System
+from mdtrain.data import EXTRA_LABELS, TENSOR_LABELS, System
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.nlist import build_nlist
 
-LABELS = ("energy", "force", "virial", *EXTRA_LABELS)
+LABELS = ("energy", "force", "virial", *EXTRA_LABELS, *TENSOR_LABELS)
 
 
 @dataclass

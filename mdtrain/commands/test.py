@@ -63,6 +63,10 @@ def run_test(args: argparse.Namespace) -> int:
     keep_freed_memory()
     model = load_model(model_path, device, scripted=args.torchscript)
     type_map = list(model.type_map)
+    if getattr(model, "label", None) and (args.detail_file or args.parity):
+        raise MDTrainError(
+            f"model {args.model}: -d/--parity are not written for {model.label} models yet"
+        )
     systems, labels = [], []
     for path, name in zip(*_expand(args.system), strict=True):
         for system in open_systems(path, type_map):  # a mixed-type one: its compositions

@@ -28,6 +28,7 @@ def cross_checks(config: dict) -> list[str]:
         *_check_validating(config),
         *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
         *_check_precision(config),
+        *_check_model_kind(config, fit if isinstance(fit, dict) else {}),
     ]
 
 
@@ -48,6 +49,34 @@ def _check_precision(config: dict) -> list[str]:
     value = _get(config, "training.mixed_precision")
     problem = committee_problem(value, _get(config, "training.ensemble"))
     return [problem] if problem else []
+# fitting type -> the loss type it trains with (DeePMD-kit's pairing)
+_LOSS_OF_FITTING = {"ener": "ener", "dipole": "tensor", "polar": "tensor"}
+
+
+def _check_model_kind(config: dict, fit: dict) -> list[str]:
+    """The loss suits the fitting; tensor prefactors not both zero; ``atom_exclude_types``
+    only for tensor models (the energy model's statistics do not handle it)."""
+    kind = fit.get("type", "ener")
+    loss = _get(config, "loss")
+    loss_type = loss.get("type", "ener") if isinstance(loss, dict) else "ener"
+    want = _LOSS_OF_FITTING.get(kind)
+    problems = []
+    if want and loss_type != want:
+        problems.append(
+            f"loss.type: a {kind!r} fitting trains with the {want!r} loss, got {loss_type!r}"
+        )
+    if loss_type == "tensor" and isinstance(loss, dict):
+        prefs = (loss.get("pref"), loss.get("pref_atomic"))
+        if all(_number(p) for p in prefs) and not any(prefs):
+            problems.append(
+                "loss: pref and pref_atomic are both 0, so there is nothing to train on"
+            )
+    excluded = _get(config, "model.atom_exclude_types")
+    if kind == "ener" and excluded:
+        problems.append(
+            f"model.atom_exclude_types: {excluded} is supported for dipole and polar models only"
+        )
+    return problems
 
 
 def _get(config: dict, dotted: str) -> Any:
@@ -137,7 +166,7 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
             (loss.get(f"start_pref_{x}", 0), loss.get(f"limit_pref_{x}", 0))
             for x in ("e", "f", "v", "ae", "pf", "gf")
         ]
-        if isinstance(loss, dict)
+        if isinstance(loss, dict) and loss.get("type", "ener") == "ener"
         else []
     )
     # a term trains only when both its prefactors are non-zero (DeePMD-kit's PyTorch backend)
@@ -150,7 +179,7 @@ def _check_schedule_and_loss(config: dict) -> list[str]:
             "loss: no term has both its start_pref and limit_pref non-zero, so there is "
             "nothing to train on"
         )
-    if isinstance(loss, dict):
+    if pairs:
         problems += _loss_option_conflicts(loss, pairs)
     return problems
 

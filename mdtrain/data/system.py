@@ -24,6 +24,8 @@ from mdtrain.errors import MDTrainError
 LABELS = ("energy", "force", "virial")
 # per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
 EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
+# labels of the tensor models (DeePMD-kit's files): global per frame, atomic per atom
+TENSOR_LABELS = ("dipole", "polarizability", "atomic_dipole", "atomic_polarizability")
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 # values per frame, as a multiple of natoms (True) or a fixed count (False)
 _LAYOUT = {
@@ -36,6 +38,10 @@ _LAYOUT = {
     "atom_pref": (1, True),
     "atom_ener_coeff": (1, True),
     "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
+    "dipole": (3, False),
+    "polarizability": (9, False),
+    "atomic_dipole": (3, True),
+    "atomic_polarizability": (9, True),
 }
 
 
@@ -220,7 +226,7 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS):
+            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS):
                 count = self._nframes_of(set_name, name)
                 if count is None:
                     continue
@@ -235,7 +241,7 @@ class System:
                     f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
                     "(add an empty 'nopbc' file if the system is not periodic)"
                 )
-            here = frozenset(present & {*LABELS, *EXTRA_LABELS})
+            here = frozenset(present & {*LABELS, *EXTRA_LABELS, *TENSOR_LABELS})
             if labels is None:
                 labels, first = here, set_name
             elif here != labels:
@@ -253,7 +259,7 @@ class System:
 
     def has(self, label: str) -> bool:
         """True when every frame has ``label`` (``energy``, ``force``, ``virial`` or one of
-        `EXTRA_LABELS`)."""
+        `EXTRA_LABELS`, `TENSOR_LABELS`)."""
         return label in self.labels
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
@@ -301,6 +307,10 @@ class System:
             if name in out:
                 per_atom = out[name].reshape(n, natoms, -1)[:, order]
                 result[name] = per_atom[:, :, 0] if per_atom.shape[2] == 1 else per_atom
+        for name in TENSOR_LABELS:  # (n, 3 or 9), atomic ones (n, natoms, 3 or 9)
+            if name in out:
+                atomic = name.startswith("atomic_")
+                result[name] = out[name].reshape(n, natoms, -1)[:, order] if atomic else out[name]
         return result
 
     def values_per_atom(self, name: str) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.data.system import EXTRA_LABELS, System
+from mdtrain.data.system import EXTRA_LABELS, TENSOR_LABELS, System
 
 _SHOWN = 5  # frame indices quoted per problem
 
@@ -50,7 +50,7 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
 _ORDER = [
     *(
         f"{name} holds NaN or inf"
-        for name in ("coord", "box", "energy", "force", "virial", *EXTRA_LABELS)
+        for name in ("coord", "box", "energy", "force", "virial", *EXTRA_LABELS, *TENSOR_LABELS)
     ),
     "box is singular (zero volume)",
 ]

@@ -26,7 +26,10 @@ from mdtrain.neighbors.nlist import build_nlist
 
 
 class MDTrainCalculator(Calculator):
-    """Energy, forces and stress of an mdtrain model for ASE ``Atoms``.
+    """Energy, forces and stress of an mdtrain model for ASE ``Atoms``; for a dipole or
+    polar model instead its tensor: ``dipole`` (3,) (``atoms.get_dipole_moment()``) and
+    ``atom_dipole`` (natoms, 3), or ``polarizability`` and ``atom_polarizability`` (3 x 3
+    each), atoms in the ``Atoms``' order (``calc.get_property("polarizability", atoms)``).
 
     ``model`` is a path (checkpoint or frozen TorchScript model, see ``mdtrain.infer.load``)
     or a ``torch.nn.Module`` with the EnergyModel forward signature and the attributes
@@ -54,14 +57,24 @@ class MDTrainCalculator(Calculator):
         self.type_map: list[str] = list(self.model.type_map)
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
+        self.tensor: str | None = getattr(self.model, "label", None)  # a dipole/polar model
+        if self.tensor:  # its tensor, whole and per atom (in the atoms' order)
+            self.implemented_properties = [self.tensor, f"atom_{self.tensor}"]
 
-    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
+    def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
+        properties = properties or (self.tensor or "energy",)
         super().calculate(atoms, properties, system_changes)
         frame = atoms_frame(self.atoms, self.type_map)
         out = evaluate_frame(self.model, frame, self.device)
         check_predictions(
             {k: v[None] for k, v in out.items()}, self.model_name, "the calculator's atoms"
         )
+        if self.tensor:
+            shape = (3,) if self.tensor == "dipole" else (3, 3)
+            atomic = out[f"atom_{self.tensor}"]
+            self.results[self.tensor] = out[self.tensor].reshape(shape)
+            self.results[f"atom_{self.tensor}"] = atomic.reshape(len(atomic), *shape)
+            return
         self.results.update(frame.results(out, properties))
 
 
@@ -126,7 +139,8 @@ def evaluate_frame(
     device: torch.device,
     lists: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """``energy`` (scalar array), ``atom_energy``, ``force`` and ``virial`` of one frame;
+    """The model's outputs for one frame (an energy model: ``energy`` (scalar array),
+    ``atom_energy``, ``force`` and ``virial``; a tensor model: its tensor and atomic ones);
     ``lists`` (nlist, shift) when already built for the model's rcut and sel."""
     nlist, shift = lists or frame.nlist(float(model.rcut), [int(s) for s in model.sel])
 
@@ -141,9 +155,7 @@ def evaluate_frame(
             t(nlist, torch.long),
             t(shift, torch.long),
         )
-    return {
-        k: out[k].detach()[0].cpu().numpy() for k in ("energy", "atom_energy", "force", "virial")
-    }
+    return {k: v.detach()[0].cpu().numpy() for k, v in out.items()}
 
 
 ModelLike = str | os.PathLike | torch.nn.Module

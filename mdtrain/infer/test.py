@@ -30,7 +30,13 @@ QUANTITIES: dict[str, tuple[str, str]] = {
     "force": ("force", "eV/Å"),
     "virial": ("virial", "eV"),
     "virial_per_atom": ("virial", "eV/atom"),
+    # dipole and polar models: in the labels' own unit
+    "dipole": ("dipole", "label unit"),
+    "atomic_dipole": ("atomic_dipole", "label unit"),
+    "polarizability": ("polarizability", "label unit"),
+    "atomic_polarizability": ("atomic_polarizability", "label unit"),
 }
+TENSOR_QUANTITIES = ("dipole", "atomic_dipole", "polarizability", "atomic_polarizability")
 PARITY_MAX_POINTS = 200_000  # force components drawn at most (a random subset beyond)
 
 
@@ -86,7 +92,7 @@ class SystemResult:
 
     @property
     def nframes(self) -> int:
-        return len(self.pred["energy"])
+        return len(next(iter(self.pred.values())))
 
     def errors(self) -> ErrorSums:
         sums = ErrorSums(nframes=self.nframes)
@@ -100,6 +106,9 @@ class SystemResult:
             dv = self.pred["virial"] - self.label["virial"]
             sums.add("virial", dv)
             sums.add("virial_per_atom", dv / self.natoms)
+        for name in TENSOR_QUANTITIES:
+            if name in self.label:
+                sums.add(name, self.pred[name] - self.label[name])
         return sums
 
 
@@ -121,7 +130,14 @@ def evaluate_system(
 
     chunker = chunker or InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
-    labels = [k for k in ("energy", "force", "virial") if system.has(k)]
+    tensor = getattr(model, "label", None)  # "dipole" or "polarizability" for those models
+    # prediction name -> the model output that gives it
+    outputs = (
+        {tensor: tensor, f"atomic_{tensor}": f"atom_{tensor}"}
+        if tensor
+        else {k: k for k in ("energy", "force", "virial")}
+    )
+    labels = [k for k in outputs if system.has(k)]
     if not system.periodic and "virial" in labels:
         labels.remove("virial")  # a virial without a cell is not comparable
 
@@ -129,7 +145,7 @@ def evaluate_system(
         batch = make_batch(system, np.arange(start, stop), rcut, sel, device)
         with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
             out = model(*batch.inputs())
-        result = {k: out[k].detach().cpu().numpy() for k in ("energy", "force", "virial")}
+        result = {k: out[o].detach().cpu().numpy() for k, o in outputs.items()}
         check_predictions(result, name, system.path, start)
         for k in labels:
             result["label_" + k] = batch.labels[k].cpu().numpy()
@@ -142,7 +158,7 @@ def evaluate_system(
     return SystemResult(
         path=system.path,
         natoms=system.natoms,
-        pred={k: joined[k] for k in ("energy", "force", "virial")},
+        pred={k: joined[k] for k in outputs},
         label={k: joined["label_" + k] for k in labels},
     )
 
@@ -157,7 +173,7 @@ def format_table(title: str, summary: dict) -> str:
                 f"  {name.replace('_per_atom', '/atom'):<16}{rmse:>14.6e}{mae:>14.6e}  {unit}"
             )
     if len(lines) == 2:
-        lines.append("  (no energy, force or virial labels)")
+        lines.append("  (no labels of the model's outputs)")
     return "\n".join(lines)
 
 

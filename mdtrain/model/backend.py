@@ -35,6 +35,8 @@ from mdtrain.model.combined_build import build_combined_model, is_combined
 from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
+from mdtrain.model.fittings.config import TENSOR_TYPES
+from mdtrain.model.tensor import TensorModel
 
 log = logging.getLogger("mdtrain.model")
 
@@ -109,6 +111,10 @@ def build_model(
     if is_combined(model_config):
         return _combined_model(model_config, device, mixed_precision, backend)
     config = normalize_model_config(model_config)
+    if config["fitting_net"]["type"] in TENSOR_TYPES:  # no accelerated tensor fittings yet
+        if (backend or "reference") != "reference" or mixed_precision == "bf16":
+            raise MDTrainError("dipole and polar models run on the reference backend, float64/32")
+        return TensorModel(config).to(device)
     name, why = choose_backend(config, device, mixed_precision, backend)
     if name == "kernels":
         model = ExplicitEnergyModel(config, KernelEmbedding(load_kernels()))

@@ -12,6 +12,7 @@ from typing import Any
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.registry import descriptor_class
+from mdtrain.model.fittings.config import TENSOR_TYPES, normalize_tensor_fitting
 
 FITTING_DEFAULTS: dict[str, Any] = {
     "type": "ener",
@@ -131,9 +132,15 @@ def normalize_model_config(model_config: dict) -> dict:
     desc_cls = descriptor_class(given.get("type", "se_e2_a"))
     desc = _fill(given, desc_cls.defaults, "model/descriptor")
     desc["type"] = desc_cls.type_name
-    fit = _fill(cfg.get("fitting_net") or {}, FITTING_DEFAULTS, "model/fitting_net")
-    if fit["type"] != "ener":
-        raise MDTrainError(f"model/fitting_net/type: {fit['type']!r} is not supported (ener)")
+    fit_in = cfg.get("fitting_net") or {}
+    if fit_in.get("type") in TENSOR_TYPES:
+        fit = normalize_tensor_fitting(fit_in, ntypes)
+    else:
+        fit = _fill(fit_in, FITTING_DEFAULTS, "model/fitting_net")
+    if fit["type"] not in ("ener", *TENSOR_TYPES):
+        raise MDTrainError(
+            f"model/fitting_net/type: {fit['type']!r} is not supported (ener, dipole, polar)"
+        )
     sel = desc.get("sel")
     if not isinstance(sel, list):
         raise MDTrainError(
@@ -147,11 +154,12 @@ def normalize_model_config(model_config: dict) -> dict:
     for t in cfg["atom_exclude_types"]:
         if not 0 <= int(t) < ntypes:
             raise MDTrainError(f"model/atom_exclude_types: type {t!r} out of range")
-    if isinstance(fit["trainable"], list):
+    if isinstance(fit.get("trainable", True), list):
         raise MDTrainError("model/fitting_net/trainable: only true/false is supported")
     _store_activation(desc)
     _store_activation(fit)
-    _check_off(fit, "fitting_net", "model/fitting_net")
+    if fit["type"] == "ener":
+        _check_off(fit, "fitting_net", "model/fitting_net")
     _check_off(cfg, "model", "model")
     cfg["descriptor"] = desc
     cfg["fitting_net"] = fit

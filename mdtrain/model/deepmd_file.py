@@ -30,6 +30,12 @@ from mdtrain.model.deepmd_combined import (
     is_combined_dict,
 )
 from mdtrain.model.deepmd_format import deepmd_to_model, model_def_script, model_to_deepmd
+from mdtrain.model.tensor_deepmd import (
+    is_tensor_deepmd,
+    tensor_def_script,
+    tensor_model_from_deepmd,
+    tensor_model_to_deepmd,
+)
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -67,13 +73,21 @@ def _map_variables(obj: Any, convert: Callable[[Any], Any], inside: bool = False
 def write_dp(
     model: torch.nn.Module, path: str | os.PathLike, min_nbor_dist: float | None = None
 ) -> None:
-    """Write ``model`` (an mdtrain EnergyModel) as a DeePMD-kit ``.dp`` file, atomically."""
+    """Write ``model`` (an mdtrain EnergyModel or TensorModel) as a DeePMD-kit ``.dp`` file,
+    atomically."""
     path = os.fspath(path)
     combined = isinstance(model, CombinedModel)
+    tensor = getattr(model, "tensor_size", 0)  # a dipole or polar model
+    if combined:
+        body, script = combined_to_deepmd(model), combined_def_script(model)
+    elif tensor:
+        body, script = tensor_model_to_deepmd(model), tensor_def_script(model)
+    else:
+        body, script = model_to_deepmd(model), model_def_script(model)
     data: dict[str, Any] = {
         "backend": "mdtrain",
-        "model": combined_to_deepmd(model) if combined else model_to_deepmd(model),
-        "model_def_script": combined_def_script(model) if combined else model_def_script(model),
+        "model": body,
+        "model_def_script": script,
     }
     if min_nbor_dist is not None:  # where DeePMD-kit's backends and its .dp compressor look
         data["@variables"] = {"min_nbor_dist": np.float64(min_nbor_dist)}
@@ -123,10 +137,15 @@ def read_dp(path: str | os.PathLike) -> dict:
 
 def load_dp(path: str | os.PathLike) -> dict:
     """A checkpoint-like dict (``model_config``, ``model_state``, ``min_nbor_dist``) of the
-    se_e2_a energy model in a ``.dp`` file, for everything that takes a checkpoint."""
+    energy, dipole or polar model in a ``.dp`` file, for everything that takes a checkpoint."""
     path = os.fspath(path)
     data = read_dp(path)
-    read = deepmd_to_combined if is_combined_dict(data) else deepmd_to_model
+    if is_combined_dict(data):
+        read = deepmd_to_combined
+    elif is_tensor_deepmd(data):
+        read = tensor_model_from_deepmd
+    else:
+        read = deepmd_to_model
     config, state = read(data, f"model {path}")
     min_dist = (data.get("@variables") or {}).get("min_nbor_dist")
     return {
@@ -156,7 +175,7 @@ def tf_conversion_caveats(model: torch.nn.Module) -> list[str]:
         found.append("atom_exclude_types (TF ignores it)")
     if desc["env_protection"]:
         found.append("env_protection (TF refuses to convert)")
-    widths = [model.fitting.dim_in, *fit["neuron"]]
+    widths = [model.descriptor.dim_out, *fit["neuron"]]
     if any(b == 2 * a for a, b in zip(widths, widths[1:])):
         found.append(
             "a fitting layer twice as wide as the one before (TF has no concat skip there)"

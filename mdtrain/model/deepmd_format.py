@@ -120,7 +120,9 @@ def model_def_script(model: torch.nn.Module) -> dict:
 # -- reading ---------------------------------------------------------------------------------
 
 
-def _descriptor_in(r: Reader, d: dict, state: dict) -> dict:
+def descriptor_from_deepmd(r: Reader, d: dict, state: dict) -> dict:
+    """The ``model.descriptor`` section of DeePMD-kit's descriptor dict ``d`` (any
+    registered descriptor); its parameters and buffers go into ``state``."""
     kind = d.get("type")
     cls = deepmd_descriptor_class(kind)
     if cls is None:
@@ -195,7 +197,7 @@ def deepmd_to_model(data: dict, source: str) -> tuple[dict, dict[str, torch.Tens
     r.off(model, "spin", "model", "a spin model")
     type_map = [str(t) for t in r.get(model, "type_map", "model")]
     state: dict[str, torch.Tensor] = {}
-    descriptor = _descriptor_in(r, r.get(model, "descriptor", "model"), state)
+    descriptor = descriptor_from_deepmd(r, r.get(model, "descriptor", "model"), state)
     ntypes = len(type_map)
     if len(descriptor["sel"]) != ntypes:
         raise r.fail("model/descriptor/sel", f"{len(descriptor['sel'])} entries for {ntypes} types")

@@ -11,9 +11,10 @@ uses a few ``x-`` keywords that validators ignore:
 - ``x-off-defaults``: DeePMD keys of an object that mdtrain does not implement, with their
   "off" value: accepted (and dropped) only at that value;
 - ``x-ignored``: DeePMD keys of an object that are accepted and dropped whatever their value;
-- ``x-discriminator``: on an object with ``anyOf`` branches (the descriptor), the key whose
-  value picks the branch (the branch whose property of that name lists it in its ``enum``
-  or its ``x-value-aliases``);
+- ``x-discriminator``: on an object with ``anyOf`` branches (the descriptor, the fitting
+  net, the loss), the key whose value picks the branch (the branch whose property of that
+  name lists it in its ``enum`` or its ``x-value-aliases``; when the key is left out, the one
+  branch whose property has a ``default``);
 - ``x-variant``: an object whose keys depend on one of them (``key``, e.g. ``type``):
   ``only`` lists the variants each restricted key belongs to, ``defaults`` the defaults
   that differ by variant (``{variant: {key: default}}``).
@@ -89,6 +90,11 @@ def matching_branches(value: Any, node: dict, root: dict | None = None) -> list[
         picked = not (key and isinstance(value, dict) and key in value)
         if picked or value[key] in discriminator_values(branch, key, root):
             found.append(branch)
+    if key and isinstance(value, dict) and key not in value and len(found) > 1:
+        # the discriminating key left out: the branch whose key has a default (``ener``)
+        default = [b for b in found if "default" in resolve(b["properties"][key], root)]
+        if len(default) == 1:
+            return default
     return found
 
 

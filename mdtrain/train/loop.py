@@ -23,7 +23,7 @@ from mdtrain.train.display import Display
 from mdtrain.train.epochs import run_length
 from mdtrain.train.extras import RunExtras, refuse_averaged
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loss import EnergyLoss, ErrorAccumulator, check_labels, merge_metrics
+from mdtrain.train.loss import ErrorAccumulator, check_labels, make_loss, merge_metrics
 from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.lr import make_schedule
 from mdtrain.train.optimizer import load_optimizer_state, reserve_state
@@ -93,7 +93,7 @@ class Trainer(TrainingLoop):
             self.numb_valid = int(vcfg.get("numb_btch", 1))
         self.numb_steps = run_length(training, self.sampler)
         self.lr = make_schedule(lr_cfg, self.numb_steps)
-        self.loss = EnergyLoss.from_config(config["loss"], lr_cfg["start_lr"])
+        self.loss = make_loss(config["loss"], lr_cfg["start_lr"], model)
         check_labels(config["loss"], [*train_systems, *valid_systems])
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]

@@ -30,6 +30,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.train.loss_labels import TERM_KEYS, label_problems, one_sided_terms, prefactors
+from mdtrain.train.loss_tensor import TensorLoss
 from mdtrain.train.loss_terms import (
     LossOptions,
     atom_energy_term,
@@ -43,8 +44,10 @@ from mdtrain.train.loss_terms import (
 __all__ = [
     "EnergyLoss",
     "ErrorAccumulator",
+    "TensorLoss",
     "check_labels",
     "label_problems",
+    "make_loss",
     "merge_metrics",
     "one_sided_terms",
 ]
@@ -216,6 +219,17 @@ class EnergyLoss:
         return weighted_force_term(diff, weight.to(diff.dtype), opts, pref)
 
 
+def make_loss(loss: Mapping, start_lr: float, model: torch.nn.Module) -> EnergyLoss | TensorLoss:
+    """The loss of the ``loss`` section: ``tensor`` for a dipole or polar ``model`` (its label
+    names the tensor), ``ener`` otherwise."""
+    if loss.get("type") == "tensor":
+        label = getattr(model, "label", None)
+        if label is None:
+            raise MDTrainError("loss.type: 'tensor' needs a dipole or polar model")
+        return TensorLoss.from_config(loss, label)
+    return EnergyLoss.from_config(loss, start_lr)
+
+
 def check_labels(loss: Mapping, systems: Iterable) -> None:
     """Raise the first of `label_problems` of ``systems`` (opened systems), naming how many
     more there are: training stops before its first step, not at the first batch."""
@@ -283,12 +297,12 @@ class ErrorAccumulator:
         `rmse()["rmse"]` is the frame-weighted root of the mean loss; ``metrics`` (the loss's,
         for the ``extra`` names) likewise, each skipped when NaN (a label the batch lacks).
         """
-        nf = pred["energy"].shape[0]
-        if "energy" in label:
+        nf = next(iter(pred.values())).shape[0]
+        if "energy" in label and "energy" in pred:
             self._add("e", (pred["energy"] - label["energy"].to(pred["energy"].dtype)) / natoms)
-        if "force" in label:
+        if "force" in label and "force" in pred:
             self._add("f", pred["force"] - label["force"].to(pred["force"].dtype))
-        if "virial" in label:
+        if "virial" in label and "virial" in pred:
             self._add("v", (pred["virial"] - label["virial"].to(pred["virial"].dtype)) / natoms)
         if loss is not None:
             row = self.QUANTITIES.index("loss")

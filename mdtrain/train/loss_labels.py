@@ -50,6 +50,8 @@ def term_on(loss: Mapping[str, Any], term: str) -> bool:
 def label_problems(loss: Mapping[str, Any], system: Any) -> list[str]:
     """One line per label file ``system`` lacks (or holds in the wrong shape) for the terms
     that are on; ``system`` is an opened `mdtrain.data.System`."""
+    if loss.get("type") == "tensor":
+        return tensor_label_problems(loss, system)
     problems = []
     for term, what in REQUIRED_FILES.items():
         if not term_on(loss, term):
@@ -72,6 +74,25 @@ def label_problems(loss: Mapping[str, Any], system: Any) -> list[str]:
                     f"loss.numb_generalized_coord {ncoord} needs 3 x {ncoord} = {3 * ncoord}"
                 )
     return problems
+
+
+def tensor_label_problems(loss: Mapping[str, Any], system: Any) -> list[str]:
+    """A system of a ``tensor`` loss needs the label file of at least one term that is on
+    (DeePMD-kit skips a term whose label a system lacks); which tensor is read from the
+    files the system has."""
+    have = [
+        f"{prefix}{name}.npy"
+        for name in ("dipole", "polarizability")
+        for prefix, key in (("atomic_", "pref_atomic"), ("", "pref"))
+        if _number(loss.get(key)) > 0 and system.has(prefix + name)
+    ]
+    if have:
+        return []
+    return [
+        f"system {system.path}: no tensor label for the terms that are on (dipole.npy or "
+        "atomic_dipole.npy, polarizability.npy or atomic_polarizability.npy, as loss.pref and "
+        "loss.pref_atomic select)"
+    ]
 
 
 def one_sided_terms(loss: Mapping[str, Any]) -> list[str]:

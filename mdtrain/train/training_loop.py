@@ -17,7 +17,7 @@ from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
-from mdtrain.train.loss import EnergyLoss
+from mdtrain.train.loss import EnergyLoss, TensorLoss
 from mdtrain.train.lr import Schedule
 from mdtrain.train.signals import PreemptionHandler
 
@@ -41,7 +41,7 @@ class TrainingLoop:
     config: dict
     model: torch.nn.Module
     rt: Runtime
-    loss: EnergyLoss
+    loss: EnergyLoss | TensorLoss
     lr: Schedule
     numb_steps: int
     step: int

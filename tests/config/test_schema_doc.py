@@ -18,6 +18,10 @@ def _keys(node, root, path=""):
         child = f"{path}.{name}" if path else name
         yield path, name, resolve(sub, root)
         yield from _keys(sub, root, child)
+    key = node.get("x-discriminator")
+    for branch in node.get("anyOf", []) if key else []:
+        value = resolve(branch, root)["properties"][key]["enum"][0]
+        yield from _keys(branch, root, f"{path} ({key} {value})")
 
 
 def test_reference_is_regenerated():

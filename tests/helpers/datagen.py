@@ -216,9 +216,12 @@ def write_npy_system(
     virial: np.ndarray | None = None,
     set_size: int | None = None,
     real_types: np.ndarray | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> str:
     """Write a deepmd/npy system directory; ``boxes=None`` writes ``nopbc``; ``real_types``
-    (nframes, natoms) makes it mixed-type (``set.*/real_atom_types.npy``). Returns the path."""
+    (nframes, natoms) makes it mixed-type (``set.*/real_atom_types.npy``); ``extra`` more
+    arrays by file name (``dipole``, ``atomic_dipole``, ...), one row per frame. Returns the
+    path."""
     path = str(path)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "type.raw"), "w") as handle:
@@ -229,6 +232,8 @@ def write_npy_system(
     if boxes is None:
         open(os.path.join(path, "nopbc"), "w").close()
     arrays = _arrays(coords, boxes, energy, force, virial, real_types)
+    for name, values in (extra or {}).items():
+        arrays[name] = np.asarray(values, dtype=np.float64).reshape(len(coords), -1)
     for set_name, rows in _sets(len(coords), set_size):
         os.makedirs(os.path.join(path, set_name), exist_ok=True)
         for name, values in arrays.items():
@@ -298,6 +303,32 @@ def water_labeled(
         "energy": energy,
         "force": force,
         "virial": virial,
+    }
+
+
+def tensor_labels(coords: np.ndarray, types: np.ndarray) -> dict[str, np.ndarray]:
+    """Wannier-centre-like labels of water-like frames (atoms ``O H H`` per molecule, as
+    `random_water_like` lays them out), turning with the frame as a model's tensors must.
+
+    Each oxygen carries the atomic dipole ``-0.4 (d1 + d2)`` (``d`` its O-H bond vectors,
+    taken from its own molecule) and the atomic polarizability ``1.5 I + 0.3 (d1 d1ᵀ +
+    d2 d2ᵀ)``; hydrogens carry nothing. Returns ``dipole`` (nf, 3), ``atomic_dipole`` (nf,
+    N, 3), ``polarizability`` (nf, 9), ``atomic_polarizability`` (nf, N, 9), atoms in file
+    order; the global labels are sums over atoms.
+    """
+    nf, natoms = coords.shape[:2]
+    oxygens = np.flatnonzero(types == 0)
+    atomic_dipole = np.zeros((nf, natoms, 3))
+    atomic_polar = np.zeros((nf, natoms, 3, 3))
+    for o in oxygens:
+        bonds = coords[:, o + 1 : o + 3] - coords[:, o : o + 1]  # (nf, 2, 3)
+        atomic_dipole[:, o] = -0.4 * bonds.sum(axis=1)
+        atomic_polar[:, o] = 1.5 * np.eye(3) + 0.3 * np.einsum("fbi,fbj->fij", bonds, bonds)
+    return {
+        "dipole": atomic_dipole.sum(axis=1),
+        "atomic_dipole": atomic_dipole,
+        "polarizability": atomic_polar.sum(axis=1).reshape(nf, 9),
+        "atomic_polarizability": atomic_polar.reshape(nf, natoms, 9),
     }
 
 

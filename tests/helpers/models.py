@@ -45,6 +45,25 @@ def set_random_stats(model: EnergyModel, seed: int = 0) -> EnergyModel:
     return model
 
 
+def make_tensor_model(kind: str, seed: int = 0, **fitting):
+    """A small dipole or polar `TensorModel` (se_e2_a of `BASE`) with random statistics,
+    random ``bias_atom_e`` and, for polar, random ``constant_matrix`` and ``out_bias``."""
+    from mdtrain.model.tensor import TensorModel
+
+    cfg = small_config(fitting={"type": kind, "neuron": [16, 16], "seed": 2, **fitting})
+    cfg["fitting_net"].pop("resnet_dt")
+    model = TensorModel(cfg)
+    rng = np.random.default_rng(seed)
+    random_env_stats(model.descriptor, rng)
+    with torch.no_grad():
+        bias = model.fitting.nets.bias_atom_e
+        bias.copy_(torch.from_numpy(rng.normal(0, 0.3, size=tuple(bias.shape))))
+        if kind == "polar":
+            model.fitting.constant_matrix.copy_(torch.from_numpy(rng.normal(size=2)))
+            model.out_bias.copy_(torch.from_numpy(rng.normal(size=(2, 9))))
+    return model
+
+
 def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) -> None:
     """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
     type, a mean for the first group only (the radial column), a std per group."""

@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.helpers.datagen import water_labeled, write_npy_system
+from tests.helpers.datagen import (
+    random_water_like,
+    tensor_labels,
+    water_labeled,
+    write_npy_system,
+)
 
 
 def tiny_config(**training: object) -> dict:
@@ -134,3 +139,29 @@ def snapshot(directory: str | os.PathLike) -> dict[str, str]:
         elif path.is_file():
             found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found
+
+
+def make_tensor_project(root: str | os.PathLike, kind: str, numb_steps: int = 40) -> Path:
+    """A dipole or polar project: training systems with frame labels (``dipole.npy``,
+    ``polarizability.npy``) and with atomic ones, a validation system with both, and
+    ``input.json`` (hydrogens excluded, as in DeePMD-kit's water_tensor examples)."""
+    root = Path(root)
+    for name, seed, which in (
+        ("global", 1, ("dipole", "polarizability")),
+        ("atomic", 2, ("atomic_dipole", "atomic_polarizability")),
+        ("valid", 3, ("dipole", "polarizability", "atomic_dipole", "atomic_polarizability")),
+    ):
+        coords, types, boxes = random_water_like(6, 6, 6.0, seed=seed)
+        labels = tensor_labels(coords, types)
+        extra = {k: labels[k] for k in which}
+        write_npy_system(root / "data" / name, coords, types, ["O", "H"], boxes, extra=extra)
+    config = tiny_config(numb_steps=numb_steps, disp_freq=numb_steps // 2, save_freq=numb_steps)
+    config["model"]["atom_exclude_types"] = [1]
+    config["model"]["fitting_net"] = {"type": kind, "neuron": [16, 16], "seed": 1}
+    config["loss"] = {"type": "tensor", "pref": 1.0, "pref_atomic": 1.0}
+    config["learning_rate"] = {"type": "exp", "start_lr": 1e-2, "stop_lr": 1e-3, "decay_steps": 10}
+    config["training"]["training_data"]["systems"] = ["data/global", "data/atomic"]
+    config["training"]["validation_data"]["systems"] = ["data/valid"]
+    path = root / "input.json"
+    path.write_text(json.dumps(config, indent=1))
+    return path

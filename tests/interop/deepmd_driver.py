@@ -4,7 +4,8 @@ It imports neither mdtrain nor torch: DeePMD-kit lives in a virtual environment 
 (see docs/interop-tests.md). The tests hand it one JSON job file::
 
     {"convert": [["model.dp", "model.pb"], ...],          # `dp convert-backend IN OUT`
-     "evaluate": [{"model": "model.pb", "frames": "in.npz", "out": "out.npz"}, ...]}
+     "evaluate": [{"model": "model.pb", "frames": "in.npz", "out": "out.npz"}, ...],
+     "evaluate_tensor": [{"kind": "dipole", "model": "m.dp", "frames": ..., "out": ...}]}
 
 Conversions run first, through DeePMD-kit's own command-line entry point (the code
 ``dp convert-backend`` runs, in this process: one TensorFlow start-up for the whole job).
@@ -65,6 +66,28 @@ def evaluate(model: str, frames: str, out: str) -> None:
     )
 
 
+def evaluate_tensor(kind: str, model: str, frames: str, out: str) -> None:
+    """A dipole or polar model through ``DeepDipole``/``DeepPolar``: ``global`` (nf, 3 or 9)
+    and ``atomic`` (nf, N, 3 or 9), atoms in the frames' order, and ``sel_type``."""
+    from deepmd.infer.deep_dipole import DeepDipole
+    from deepmd.infer.deep_polar import DeepPolar
+
+    data = np.load(frames)
+    coord = np.asarray(data["coord"], dtype=np.float64)
+    nf, natoms = coord.shape[:2]
+    box = np.asarray(data["box"], dtype=np.float64).reshape(nf, 9) if "box" in data else None
+    atype = np.asarray(data["atype"], dtype=np.int64)
+    dp = (DeepDipole if kind == "dipole" else DeepPolar)(model)
+    whole = dp.eval(coord.reshape(nf, -1), box, atype, atomic=False)
+    atomic = dp.eval(coord.reshape(nf, -1), box, atype, atomic=True)
+    np.savez(
+        out,
+        **{"global": np.asarray(whole, dtype=np.float64).reshape(nf, -1)},
+        atomic=np.asarray(atomic, dtype=np.float64).reshape(nf, natoms, -1),
+        sel_type=np.asarray(dp.get_sel_type(), dtype=np.int64),
+    )
+
+
 def main(job_path: str) -> None:
     with open(job_path) as handle:
         job = json.load(handle)
@@ -84,6 +107,9 @@ def main(job_path: str) -> None:
             errors[item["out"]] = f"no model: {errors[item['model']]}"
             continue
         attempt(item["out"], evaluate, item["model"], item["frames"], item["out"])
+    for item in job.get("evaluate_tensor", []):
+        args = (item["kind"], item["model"], item["frames"], item["out"])
+        attempt(item["out"], evaluate_tensor, *args)
     with open(job_path.removesuffix(".json") + ".errors.json", "w") as handle:
         json.dump(errors, handle, indent=1)
 

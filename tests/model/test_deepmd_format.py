@@ -156,8 +156,8 @@ def _edit_json(path, edit) -> None:
         ),
         (lambda d: d["model"]["fitting"].update(numb_aparam=1), "model/fitting/numb_aparam"),
         (
-            lambda d: d["model"]["fitting"].update(type="dipole"),
-            "model/fitting/type: fitting 'dipole'",
+            lambda d: d["model"]["fitting"].update(type="dos"),
+            "model/fitting/type: fitting 'dos'",
         ),
         (lambda d: d["model"].update(type="zbl"), "a 'zbl' model is not supported"),
         (

@@ -208,6 +208,25 @@ class DescriptorSeA(Descriptor):
             out = out.index_copy(1, idx, d.view(nf, -1, self.dim_out))
         return out
 
+    def forward_with_rot(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """``(D, gr)``: the descriptor as `forward` gives it, and the rotation matrix ``gr``
+        (nf, N, M, 3) that tensor fittings contract with: DeePMD-kit's ``gr[..., 1:]``, i.e.
+        the last three rows of ``T/nnei`` transposed (it turns with the frame: ``gr R``)."""
+        nf, natoms = diff.shape[0], diff.shape[1]
+        rr = self.normalized_rows(diff, nlist, atype)
+        if self.type_one_side:
+            t = self._contract(rr.view(nf * natoms, self.nnei, 4), -1) / self.nnei
+        else:
+            t = torch.zeros(nf, natoms, 4, self.neuron_out, dtype=rr.dtype, device=rr.device)
+            for c in range(self.ntypes):
+                idx = torch.nonzero(atype == c).view(-1)
+                tc = self._contract(rr.index_select(1, idx).reshape(-1, self.nnei, 4), c)
+                t = t.index_copy(1, idx, (tc / self.nnei).view(nf, -1, 4, self.neuron_out))
+            t = t.view(nf * natoms, 4, self.neuron_out)
+        d = self.descriptor_of_t(t).view(nf, natoms, self.dim_out)
+        gr = t[:, 1:, :].transpose(1, 2).reshape(nf, natoms, self.neuron_out, 3)
+        return d, gr
+
     def normalized_rows(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Rows R̃ (nf, N, nnei, 4) in the descriptor dtype: ``(raw − davg)/dstd`` of the
         centre's type, 0 for excluded pairs."""

@@ -38,6 +38,7 @@ from mdtrain.model.stats.energy_bias import compute_energy_bias
 from mdtrain.model.stats.pairs import PairStatSums
 from mdtrain.model.stats.sampling import my_stat_plan, stat_frames
 from mdtrain.model.stats.share import ALONE, StatShare
+from mdtrain.model.stats.tensor_bias import tensor_out_bias
 
 log = logging.getLogger("mdtrain.model.stats")
 
@@ -118,7 +119,7 @@ def compute_or_load_stats(
     names = [f"{k}_{t}" for t in range(ntypes) for k in desc.stat_groups]
     bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
     have_items = all(f"{dkey}/{n}" in stored for n in names)
-    have_bias = bkey in stored and skey in stored
+    have_bias = (bkey in stored and skey in stored) or bool(getattr(model, "tensor_size", 0))
     if not (have_items and have_bias):  # one pass over the sampled frames for both
         plan = my_stat_plan(systems, nbatch, batch_size, share)
         gathered = None
@@ -140,6 +141,14 @@ def compute_or_load_stats(
         new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
     davg, dstd = desc.stats_from_items(items)
     desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    if getattr(model, "tensor_size", 0):  # a dipole or polar model: its own output bias
+        if model.kind == "polar":
+            bias = tensor_out_bias(model, systems, my_stat_plan(systems, nbatch, batch_size))
+            model.out_bias.copy_(torch.from_numpy(bias))
+            log.info("polarizability bias (mean diagonal) per type: %s", bias[:, ::4].mean(1))
+        if stat_file and new:
+            share.on_main(write_stat_file, stat_file, new, {DATA_ATTR: summary})
+        return
 
     if have_bias:
         bias, std = stored[bkey].ravel(), stored[skey].ravel()

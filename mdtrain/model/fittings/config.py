@@ -1,0 +1,88 @@
+"""The ``fitting_net`` section of a dipole or polar model: DeePMD-kit 3.2's keys and defaults
+(``deepmd/utils/argcheck.py``: ``fitting_dipole``, ``fitting_polar``), checked with one-line
+errors naming the JSON path.
+
+``sel_type`` (aliases ``dipole_type``/``pol_type``) names the types that carry an atomic
+tensor, as DeePMD-kit's TensorFlow backend defines it; the other types are excluded like
+``atom_exclude_types`` (which DeePMD-kit's PyTorch backend uses instead). ``embedding_width``
+is not an input key in DeePMD-kit: it is the descriptor's ``neuron[-1]``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from mdtrain.errors import MDTrainError
+
+TENSOR_TYPES = ("dipole", "polar")
+TENSOR_DEFAULTS: dict[str, Any] = {
+    "numb_fparam": 0,
+    "numb_aparam": 0,
+    "default_fparam": None,
+    "dim_case_embd": 0,
+    "neuron": [120, 120, 120],
+    "activation_function": "tanh",
+    "resnet_dt": True,
+    "precision": "default",
+    "sel_type": None,
+    "seed": None,
+}
+POLAR_DEFAULTS: dict[str, Any] = {"fit_diag": True, "scale": 1.0, "shift_diag": True}
+_ALIASES = {"n_neuron": "neuron", "dipole_type": "sel_type", "pol_type": "sel_type"}
+# accepted only at the value that means "off"
+_OFF = {"numb_fparam": 0, "numb_aparam": 0, "default_fparam": None, "dim_case_embd": 0}
+
+
+def normalize_tensor_fitting(fit: dict, ntypes: int, where: str = "model/fitting_net") -> dict:
+    """A full copy of a dipole/polar ``fitting_net``: defaults filled, aliases resolved,
+    ``sel_type`` a sorted list of types (all types when absent), ``scale`` one value per
+    type."""
+    out = dict(fit)
+    kind = out.get("type")
+    if kind not in TENSOR_TYPES:
+        raise MDTrainError(f"{where}/type: {kind!r} is not a tensor fitting {TENSOR_TYPES}")
+    for alias, name in _ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise MDTrainError(f"{where}: both {alias!r} and {name!r} given")
+            out[name] = out.pop(alias)
+    defaults = {**TENSOR_DEFAULTS, **(POLAR_DEFAULTS if kind == "polar" else {})}
+    for key, value in defaults.items():
+        out.setdefault(key, copy.deepcopy(value))
+    allowed = {"type", "embedding_width", "trainable", "rcond", *defaults}
+    unknown = sorted(set(out) - allowed)
+    if unknown:
+        raise MDTrainError(f"{where}/{unknown[0]}: not a key of a {kind} fitting")
+    for key, off in _OFF.items():
+        if out[key] != off:
+            raise MDTrainError(f"{where}/{key}: {out[key]!r} is not supported by mdtrain")
+    sel = out["sel_type"]
+    if sel is None:
+        sel = list(range(ntypes))
+    elif isinstance(sel, int) and not isinstance(sel, bool):
+        sel = [sel]
+    if not isinstance(sel, list) or not all(isinstance(t, int) and 0 <= t < ntypes for t in sel):
+        raise MDTrainError(
+            f"{where}/sel_type: {out['sel_type']!r} is not a list of types 0..{ntypes - 1}"
+        )
+    out["sel_type"] = sorted(set(sel))
+    if kind == "polar":
+        scale = out["scale"]
+        if isinstance(scale, int | float) and not isinstance(scale, bool):
+            scale = [float(scale)] * ntypes
+        if not isinstance(scale, list) or len(scale) != ntypes:
+            raise MDTrainError(
+                f"{where}/scale: {out['scale']!r}: one number or one per type ({ntypes})"
+            )
+        out["scale"] = [float(s) for s in scale]
+    return out
+
+
+def excluded_types(model_cfg: dict) -> list[int]:
+    """The atom types whose atomic tensor is zero: ``atom_exclude_types`` and the types
+    outside the fitting's ``sel_type``."""
+    ntypes = len(model_cfg["type_map"])
+    sel = set(model_cfg["fitting_net"].get("sel_type") or range(ntypes))
+    off = {int(t) for t in model_cfg.get("atom_exclude_types") or []}
+    return sorted(off | (set(range(ntypes)) - sel))

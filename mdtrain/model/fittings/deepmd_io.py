@@ -1,0 +1,141 @@
+"""Dipole and polar fittings as DeePMD-kit 3.2's serialised fitting dict, and back.
+
+The dict is the one ``deepmd.dpmodel.fitting`` (``DipoleFitting``/``PolarFitting``)
+``serialize`` writes: per-type ``FittingNetwork``s (layers as `mdtrain.model.deepmd_nets`
+writes and reads them) of ``embedding_width`` outputs (polar without ``fit_diag``: its
+square), ``bias_atom_e`` (ntypes, net outputs), and for polar ``scale`` (ntypes, 1) and
+``constant_matrix`` (ntypes,). What mdtrain cannot run (frame or atomic parameters, one net
+for all types, shared layers) is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mdtrain.model.deepmd_nets import (
+    PRECISION_NAMES,
+    Reader,
+    activation_in,
+    collection_dict,
+    fitting_net_dict,
+    network_layers,
+    precision_in,
+    to_numpy,
+)
+
+# key -> (what it is, the values meaning "off")
+_OFF = {
+    "numb_fparam": ("frame parameters (fparam)", (0, None)),
+    "numb_aparam": ("atomic parameters (aparam)", (0, None)),
+    "dim_case_embd": ("a case embedding (multi-task)", (0, None)),
+    "mixed_types": ("one fitting net for all types", (False, None)),
+    "layer_name": ("shared fitting layers", (None,)),
+    "spin": ("a spin model", (None,)),
+    "use_aparam_as_mask": ("use_aparam_as_mask", (False, None)),
+    "tot_ener_zero": ("tot_ener_zero", (False, None)),
+}
+
+
+def fitting_to_deepmd(fitting: torch.nn.Module, fcfg: dict, type_map: list[str], act: str) -> dict:
+    """DeePMD-kit's dict of a `DipoleFitting` or `PolarFitting` built from section ``fcfg``
+    (``act``: the activation under DeePMD-kit's name)."""
+    nets = fitting.nets
+    ntypes = nets.ntypes
+    polar = fcfg["type"] == "polar"
+    net_cfg = {**fcfg, "trainable": True}
+    networks = []
+    for net in nets.networks:
+        data = fitting_net_dict(net, nets.dim_in, net_cfg, act)
+        data["out_dim"] = nets.n_out
+        networks.append(data)
+    variables: dict[str, Any] = {
+        "bias_atom_e": to_numpy(nets.bias_atom_e),
+        "case_embd": None,
+        "fparam_avg": None,
+        "fparam_inv_std": None,
+        "aparam_avg": None,
+        "aparam_inv_std": None,
+    }
+    data = {
+        "@class": "Fitting",
+        "@version": 5 if polar else 4,
+        "type": fcfg["type"],
+        "var_name": "polar" if polar else "dipole",
+        "ntypes": ntypes,
+        "dim_descrpt": nets.dim_in,
+        "embedding_width": fitting.embedding_width,
+        "neuron": [int(n) for n in fcfg["neuron"]],
+        "resnet_dt": bool(fcfg["resnet_dt"]),
+        "numb_fparam": 0,
+        "numb_aparam": 0,
+        "dim_case_embd": 0,
+        "default_fparam": None,
+        "rcond": None,
+        "activation_function": act,
+        "precision": PRECISION_NAMES[nets.dtype],
+        "mixed_types": False,
+        "exclude_types": [t for t in range(ntypes) if float(nets.type_keep[t]) == 0.0],
+        "nets": collection_dict(networks, 1, ntypes, "fitting_network"),
+        "@variables": variables,
+        "type_map": list(type_map),
+        "tot_ener_zero": False,
+        "trainable": [True] * (len(fcfg["neuron"]) + 1),
+        "layer_name": None,
+        "use_aparam_as_mask": False,
+        "spin": None,
+    }
+    if polar:
+        data["fit_diag"] = bool(fitting.fit_diag)
+        data["shift_diag"] = bool(fitting.shift_diag)
+        variables["scale"] = to_numpy(fitting.scale).reshape(ntypes, 1)
+        variables["constant_matrix"] = to_numpy(fitting.constant_matrix)
+    else:
+        data["r_differentiable"] = True
+        data["c_differentiable"] = True
+    return data
+
+
+def fitting_from_deepmd(
+    r: Reader, f: dict, ntypes: int, state: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """The ``model.fitting_net`` section of DeePMD-kit's dipole/polar fitting dict ``f``; its
+    parameters and buffers go into ``state`` under ``fitting.*``."""
+    where = "model/fitting"
+    kind = f.get("type")
+    if kind not in ("dipole", "polar"):
+        raise r.fail(f"{where}/type", f"{kind!r} is not a dipole or polar fitting")
+    for key, (what, allowed) in _OFF.items():
+        r.off(f, key, where, what, allowed=allowed)
+    networks = r.get(r.get(f, "nets", where), "networks", f"{where}/nets")
+    if len(networks) != ntypes:
+        raise r.fail(f"{where}/nets", f"{len(networks)} networks, expected {ntypes}")
+    for t, net in enumerate(networks):
+        network_layers(r, net, f"{where}/nets/networks/{t}", f"fitting.nets.networks.{t}", state)
+    variables = r.get(f, "@variables", where)
+    bias = r.array(variables, "bias_atom_e", where).astype(np.float64)
+    state["fitting.nets.bias_atom_e"] = torch.from_numpy(bias.reshape(ntypes, -1).copy())
+    act = activation_in(r, f.get("activation_function", "tanh"), where)
+    section: dict[str, Any] = {
+        "type": kind,
+        "neuron": [int(n) for n in r.get(f, "neuron", where)],
+        "activation_function": "linear" if act == "none" else act,
+        "resnet_dt": bool(f.get("resnet_dt", True)),
+        "precision": precision_in(r, f.get("precision", "float64"), where),
+        "seed": None,
+    }
+    if kind == "polar":
+        scale = r.array(variables, "scale", where).astype(np.float64).reshape(-1)
+        const = r.array(variables, "constant_matrix", where).astype(np.float64).reshape(-1)
+        if scale.size != ntypes or const.size != ntypes:
+            raise r.fail(f"{where}/@variables", f"scale/constant_matrix not of {ntypes} types")
+        state["fitting.scale"] = torch.from_numpy(scale.copy())
+        state["fitting.constant_matrix"] = torch.from_numpy(const.copy())
+        section.update(
+            fit_diag=bool(f.get("fit_diag", True)),
+            shift_diag=bool(f.get("shift_diag", True)),
+            scale=[float(s) for s in scale],
+        )
+    return section

@@ -1,0 +1,89 @@
+"""Per-type fitting nets with several outputs, as DeePMD-kit's ``GeneralFitting`` runs them.
+
+Atom ``i`` of type ``t`` gets ``net_t(D_i) + bias_atom_e[t]`` (``n_out`` values), and zero
+when ``t`` is excluded (``exclude_types``): the common part of the dipole and polar fittings.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from mdtrain.model.network import ResidualLayer, child_seed
+
+
+class OutputNet(nn.Module):
+    """Residual hidden layers then a linear layer of ``n_out`` outputs (rows, n_in) -> (rows,
+    n_out); the layer rules are `mdtrain.model.network.ResidualLayer`'s (DeePMD-kit's)."""
+
+    def __init__(
+        self,
+        n_in: int,
+        n_out: int,
+        neuron: list[int],
+        activation: str,
+        resnet_dt: bool,
+        dtype: torch.dtype,
+        seed: int | None,
+    ) -> None:
+        super().__init__()
+        sizes = [n_in, *neuron]
+        layers = [
+            ResidualLayer(a, b, activation, True, resnet_dt, dtype, child_seed(seed, i))
+            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))
+        ]
+        out_seed = child_seed(seed, len(neuron))
+        layers.append(ResidualLayer(sizes[-1], n_out, "linear", False, False, dtype, out_seed))
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class TypeFittingNets(nn.Module):
+    """One `OutputNet` per atom type; buffer ``bias_atom_e`` (ntypes, n_out) float64."""
+
+    ntypes: int
+    dim_in: int
+    n_out: int
+
+    def __init__(
+        self,
+        ntypes: int,
+        dim_in: int,
+        n_out: int,
+        neuron: list[int],
+        activation: str = "tanh",
+        resnet_dt: bool = True,
+        dtype: torch.dtype = torch.float64,
+        seed: int | None = None,
+        exclude_types: list[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.ntypes, self.dim_in, self.n_out = ntypes, dim_in, n_out
+        self.dtype = dtype
+        self.networks = nn.ModuleList(
+            [
+                OutputNet(
+                    dim_in, n_out, list(neuron), activation, resnet_dt, dtype, child_seed(seed, t)
+                )
+                for t in range(ntypes)
+            ]
+        )
+        self.register_buffer("bias_atom_e", torch.zeros(ntypes, n_out, dtype=torch.float64))
+        keep = torch.ones(ntypes, dtype=dtype)
+        for t in exclude_types or []:
+            keep[int(t)] = 0.0
+        self.register_buffer("type_keep", keep, persistent=False)
+
+    def forward(self, descriptor: Tensor, atype: Tensor) -> Tensor:
+        """(nf, N, n_out) in the fitting dtype from D (nf, N, dim_in)."""
+        nf, natoms = descriptor.shape[0], descriptor.shape[1]
+        x = descriptor.to(self.dtype)
+        out = torch.zeros(nf, natoms, self.n_out, dtype=self.dtype, device=descriptor.device)
+        for c, net in enumerate(self.networks):
+            idx = torch.nonzero(atype == c).view(-1)
+            y = net(x.index_select(1, idx).reshape(-1, self.dim_in))
+            out = out.index_copy(1, idx, y.view(nf, -1, self.n_out))
+        out = out + self.bias_atom_e.to(self.dtype)[atype]
+        return out * self.type_keep[atype].unsqueeze(-1)

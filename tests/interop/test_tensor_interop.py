@@ -1,0 +1,84 @@
+"""Dipole and polar models written by mdtrain, evaluated by DeePMD-kit itself.
+
+A model with random weights and non-trivial statistics, biases, ``scale`` and
+``constant_matrix`` is written as ``.dp`` (``write_dp``) and evaluated by DeePMD-kit's
+``DeepDipole``/``DeepPolar`` (its numpy backend): atomic and frame tensors equal mdtrain's to
+1e-10 relative, on periodic water frames (atoms not sorted by type) and a cluster. And a
+briefly trained model, converted by ``dp convert-backend model.dp model.pth``, gets from
+``dp --pt test`` the frame RMSE that ``mdtrain test`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from mdtrain.cli import main
+from mdtrain.model.deepmd_file import write_dp
+from tests.helpers.datagen import random_water_like
+from tests.helpers.deepmd import frames_npz, rel_diff
+from tests.helpers.models import evaluate, make_tensor_model
+from tests.helpers.training import make_tensor_project
+
+pytestmark = pytest.mark.interop
+
+CASES = {
+    "dipole": ("dipole", {}),
+    "dipole_sel_type": ("dipole", {"sel_type": [0]}),
+    "polar_full": ("polar", {"fit_diag": False, "scale": [0.7, 1.3]}),
+    "polar_diag": ("polar", {"fit_diag": True, "sel_type": [0], "shift_diag": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_deepmd_evaluates_the_tensor_export_as_mdtrain(deepmd, tmp_path, name):
+    kind, fit = CASES[name]
+    model = make_tensor_model(kind, seed=5, **fit).eval()
+    write_dp(model, tmp_path / "model.dp")
+    groups = {
+        "periodic": random_water_like(2, 6, 6.0, seed=8),
+        "cluster": (*random_water_like(2, 4, 6.0, seed=9)[:2], None),
+    }
+    job = {"evaluate_tensor": []}
+    for group, (coord, atype, box) in groups.items():
+        frames_npz(tmp_path / f"{group}.npz", coord, atype, box)
+        job["evaluate_tensor"].append(
+            {"kind": kind, "model": "model.dp", "frames": f"{group}.npz", "out": f"{group}-dp.npz"}
+        )
+    errors = deepmd.driver(job, tmp_path)
+    assert not errors, errors
+    worst = {}
+    for group, (coord, atype, box) in groups.items():
+        theirs = np.load(tmp_path / f"{group}-dp.npz")
+        assert list(theirs["sel_type"]) == model.sel_type()
+        out = [
+            evaluate(model, c, None if box is None else box[f], atype) for f, c in enumerate(coord)
+        ]
+        atomic = np.stack([o[f"atom_{model.label}"] for o in out])
+        total = np.stack([o[model.label] for o in out])
+        worst[(group, "atomic")] = rel_diff(atomic, theirs["atomic"])
+        worst[(group, "global")] = rel_diff(total, theirs["global"])
+    print(name, {k: f"{v:.1e}" for k, v in worst.items()})
+    assert max(worst.values()) < 1e-10, worst
+
+
+@pytest.mark.parametrize(("kind", "printed"), [("dipole", "Dipole"), ("polar", "Polarizability")])
+def test_dp_test_prints_the_figures_of_mdtrain_test(
+    deepmd_pt, tmp_path, monkeypatch, kind, printed
+):
+    inp = make_tensor_project(tmp_path, kind, numb_steps=20)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", str(inp), "-o", "out"]) == 0
+    assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "model.dp"]) == 0
+    deepmd_pt.dp_cmd(["convert-backend", "model.dp", "model.pth"], tmp_path)
+    dp_test = deepmd_pt.dp_cmd(["--pt", "test", "-m", "model.pth", "-s", "data/valid"], tmp_path)
+    assert main(["test", "-m", "model.dp", "-s", "data/valid", "--json", "mt.json"]) == 0
+    label = "dipole" if kind == "dipole" else "polarizability"
+    found = json.loads((tmp_path / "mt.json").read_text())["total"][f"{label}_rmse"]
+    theirs = re.findall(rf"{printed}\s+RMSE\s*:\s*(\S+)", dp_test)
+    assert theirs, f"no {printed} RMSE in dp test's output"
+    print(kind, "mdtrain", found, "dp --pt test", theirs[-1])
+    assert found == pytest.approx(float(theirs[-1]), rel=1e-6)
