@@ -49,6 +49,8 @@ def _check_precision(config: dict) -> list[str]:
     value = _get(config, "training.mixed_precision")
     problem = committee_problem(value, _get(config, "training.ensemble"))
     return [problem] if problem else []
+
+
 # fitting type -> the loss type it trains with (DeePMD-kit's pairing)
 _LOSS_OF_FITTING = {"ener": "ener", "dipole": "tensor", "polar": "tensor"}
 
