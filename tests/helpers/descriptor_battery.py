@@ -27,6 +27,15 @@ BATTERY: dict[str, dict] = {
         "resnet_dt": True,
         "seed": 1,
     },
+    "se_e3": {
+        "type": "se_e3",
+        "sel": [8, 16],
+        "rcut": 3.0,
+        "rcut_smth": 0.5,
+        "neuron": [2, 4],
+        "resnet_dt": True,
+        "seed": 1,
+    },
 }
 # Variants each run too: settings that change the arithmetic.
 VARIANTS: dict[str, list[dict]] = {

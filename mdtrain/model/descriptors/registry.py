@@ -9,8 +9,9 @@ from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.base import Descriptor
 from mdtrain.model.descriptors.se_e2_a import DescriptorSeA
 from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
+from mdtrain.model.descriptors.se_e3 import DescriptorSeT
 
-_IMPLEMENTED: tuple[type[Descriptor], ...] = (DescriptorSeA, DescriptorSeR)
+_IMPLEMENTED: tuple[type[Descriptor], ...] = (DescriptorSeA, DescriptorSeR, DescriptorSeT)
 
 # Every descriptor type DeePMD-kit 3.2 accepts (name: aliases), for the messages.
 DEEPMD_TYPES: dict[str, tuple[str, ...]] = {
