@@ -94,9 +94,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_descriptor(desc: dict, ntypes: int | None) -> list[str]:
+def _check_descriptor(desc: dict, ntypes: int | None, where: str = "model.descriptor") -> list[str]:
+    members = desc.get("list") if desc.get("type") == "hybrid" else None
+    if isinstance(members, list):  # a hybrid: each member by its index
+        return [
+            problem
+            for k, member in enumerate(members)
+            if isinstance(member, dict)
+            for problem in _check_descriptor(member, ntypes, f"{where}.list[{k}]")
+        ]
     problems = []
-    where = "model.descriptor"
     rcut, rcut_smth = desc.get("rcut"), desc.get("rcut_smth")
     if _number(rcut) and _number(rcut_smth) and 0 < rcut <= rcut_smth:
         problems.append(f"{where}.rcut_smth: must be smaller than rcut ({rcut}), got {rcut_smth}")

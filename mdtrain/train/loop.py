@@ -17,6 +17,7 @@ from mdtrain.data import System
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
+from mdtrain.model.descriptors import list_cut
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
@@ -126,6 +127,7 @@ class Trainer(TrainingLoop):
             micro_batches=ctrl.get("micro_batches"),
         )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
+        self.list_cut = list_cut(self.descriptor)  # the neighbour list's rcut and sel
         # frames come back many times: search once
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.disp_freq = int(training["disp_freq"])
@@ -187,8 +189,8 @@ class Trainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        d = self.descriptor
-        return make_batch(system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache)
+        rcut, sel = self.list_cut
+        return make_batch(system, frames, rcut, sel, self.rt.device, self.nlist_cache)
 
     def train_step(self, lr: float) -> dict[str, float]:
         """One optimisation step on this rank's share of the global batch; returns its metrics.

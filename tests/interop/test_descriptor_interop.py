@@ -39,12 +39,24 @@ EXPORTED = {
         "exclude": {"type_one_side": True, "exclude_types": [[1, 1]]},
     },
     "se_e3": {"plain": {}, "exclude": {"exclude_types": [[0, 1]], "set_davg_zero": True}},
+    "hybrid": {"one_side": {"type_one_side": True}},
 }
 # descriptor -> DeePMD-kit input settings of the model it trains
 TRAINED = {
     "se_e2_r": {"type": "se_e2_r", "type_one_side": True, "axis_neuron": None},
     "se_e3": {"type": "se_e3", "axis_neuron": None, "rcut": 3.5, "neuron": [2, 4]},
+    "hybrid": {
+        "type": "hybrid",
+        "list": [
+            {"type": "se_e2_a", "rcut": 3.0, "rcut_smth": 0.5, "sel": [8, 16], "neuron": [4, 8]},
+            {"type": "se_e2_r", "rcut": 4.0, "rcut_smth": 0.5, "sel": [16, 32], "neuron": [3, 6]},
+        ],
+        **dict.fromkeys(("rcut", "rcut_smth", "sel", "neuron", "axis_neuron"), None),
+        **dict.fromkeys(("precision", "seed"), None),
+    },
 }
+for _member in TRAINED["hybrid"]["list"]:
+    _member.update(type_one_side=True, precision="float64", seed=1)
 
 
 def ours(model, coord, atype, box) -> dict[str, np.ndarray]:
