@@ -100,3 +100,17 @@ def hybrid_input(**member1) -> dict:
 def test_a_bad_member_is_named_by_its_index(member, expected):
     problems = validate_config(hybrid_input(**member))
     assert any(p.startswith(expected) and "\n" not in p for p in problems), problems
+
+
+def test_neighbor_stat_of_a_hybrid_input_takes_its_largest_rcut(tmp_path):
+    import json
+
+    from mdtrain.cli import main
+    from tests.helpers.training import make_project
+
+    inp = make_project(tmp_path)
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"] = battery_config("hybrid")["descriptor"]
+    inp.write_text(json.dumps(config))
+    assert main(["neighbor-stat", str(inp), "-o", str(tmp_path / "stat.json")]) == 0
+    assert json.loads((tmp_path / "stat.json").read_text())["rcut"] == 3.5
