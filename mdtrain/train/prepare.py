@@ -221,7 +221,9 @@ def neighbor_limit(
             f"neighbour-stat file {stat_path}'s max_nbor_size {limits[-1]}: it does not "
             "describe these data, rerun mdtrain neighbor-stat"
         )
-    sel = parse_sel(config["model"]["descriptor"]["sel"])
+    descriptor = config["model"]["descriptor"]
+    # a hybrid has no sel of its own: its members' were checked at their own rcut
+    sel = parse_sel(descriptor["sel"]) if "sel" in descriptor else None
     if training.get("strict_sel") and isinstance(sel, list):
         limits.append(sel)
         sources.append(f"sel {sel} under training.strict_sel")

@@ -114,3 +114,11 @@ def test_neighbor_stat_of_a_hybrid_input_takes_its_largest_rcut(tmp_path):
     inp.write_text(json.dumps(config))
     assert main(["neighbor-stat", str(inp), "-o", str(tmp_path / "stat.json")]) == 0
     assert json.loads((tmp_path / "stat.json").read_text())["rcut"] == 3.5
+
+
+def test_parameters_are_counted_before_the_members_sel_is_known():
+    from mdtrain.train.ensemble_budget import count_parameters
+
+    cfg = battery_config("hybrid", sel="auto")
+    known = EnergyModel(battery_config("hybrid"))
+    assert count_parameters(cfg) == sum(p.numel() for p in known.parameters())
