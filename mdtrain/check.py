@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdtrain.config import complete_config, parse_json, resolve_path
-from mdtrain.config.precision import mode_of, network_problem
+from mdtrain.config.precision import network_problem
 from mdtrain.data import expand_systems, open_systems, validate_system
 from mdtrain.data.pair_table import check_table_types, read_table_file, types_of_columns
 from mdtrain.data.params import ParamSpec, param_problems
@@ -60,9 +60,11 @@ def check_config(data: Any, source: str) -> CheckReport:
     config, config_problems = complete_config(data)
     problems = [f"{source}: {p}" for p in config_problems]
     problems += _check_paths(config, source)
-    mode = mode_of(_get(config, "training", "mixed_precision"))
+    precision = _get(config, "training", "mixed_precision")
     model = _get(config, "model")
-    if isinstance(model, dict) and (p := network_problem(mode, model, "training.mixed_precision")):
+    if isinstance(model, dict) and (
+        p := network_problem(precision, model, "training.mixed_precision")
+    ):
         problems.append(f"{source}: {p}")
     type_map = _get(config, "model", "type_map")
     if not (isinstance(type_map, list) and all(isinstance(t, str) for t in type_map)):

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-neighbor-stat", action="store_true", help="trust the list sel given")
     p.add_argument(
         "--mixed-precision",
-        choices=["off", "tf32", "bf16"],
+        choices=["off", "tf32", "bf16", "fp16"],
         help="override training.mixed_precision (GPUs; needs float32 networks)",
     )
     p.add_argument(

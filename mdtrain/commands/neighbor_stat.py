@@ -92,7 +92,11 @@ def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any, bool]
     config = load_config(path)
     model = config.get("model", {})
     descriptor = model.get("descriptor", {})
-    rcut = descriptor.get("rcut")
+    rcut, sel = descriptor.get("rcut"), descriptor.get("sel")
+    members = descriptor.get("list") if descriptor.get("type") == "hybrid" else None
+    if isinstance(members, list) and members:  # a hybrid's list reaches its largest rcut
+        cuts = [m.get("rcut") for m in members if isinstance(m, dict)]
+        rcut = max(cuts) if cuts and None not in cuts else None
     type_map = model.get("type_map")
     if rcut is None:
         raise MDTrainError(f"{path}: model.descriptor.rcut is required for neighbor-stat")
@@ -108,7 +112,6 @@ def _from_input(path: str) -> tuple[list[str], str, float, list[str], Any, bool]
     if not entries:
         raise MDTrainError(f"{path}: training.training_data.systems is empty")
     base_dir = os.path.dirname(os.path.abspath(path))
-    sel = descriptor.get("sel")
     return entries, base_dir, float(rcut), list(type_map), sel, mixed_types(descriptor)
 
 

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from mdtrain.config.mixed_types import integer_sel_problem
+from mdtrain.config.precision import committee_problem
 from mdtrain.config.wording import show
 
 
@@ -26,6 +27,7 @@ def cross_checks(config: dict) -> list[str]:
         *_check_length(config),
         *_check_validating(config),
         *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
+        *_check_precision(config),
         *_check_model_kind(config, fit if isinstance(fit, dict) else {}),
     ]
 
@@ -41,6 +43,12 @@ def _check_srtab(model: dict) -> list[str]:
     if _number(low) and _number(high) and not high > low:
         return [f"model.sw_rmax: {show(high)} must be greater than model.sw_rmin {show(low)}"]
     return []
+
+
+def _check_precision(config: dict) -> list[str]:
+    value = _get(config, "training.mixed_precision")
+    problem = committee_problem(value, _get(config, "training.ensemble"))
+    return [problem] if problem else []
 
 
 # fitting type -> the loss type it trains with (DeePMD-kit's pairing)
@@ -86,9 +94,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_descriptor(desc: dict, ntypes: int | None) -> list[str]:
+def _check_descriptor(desc: dict, ntypes: int | None, where: str = "model.descriptor") -> list[str]:
+    members = desc.get("list") if desc.get("type") == "hybrid" else None
+    if isinstance(members, list):  # a hybrid: each member by its index
+        return [
+            problem
+            for k, member in enumerate(members)
+            if isinstance(member, dict)
+            for problem in _check_descriptor(member, ntypes, f"{where}.list[{k}]")
+        ]
     problems = []
-    where = "model.descriptor"
     rcut, rcut_smth = desc.get("rcut"), desc.get("rcut_smth")
     if _number(rcut) and _number(rcut_smth) and 0 < rcut <= rcut_smth:
         problems.append(f"{where}.rcut_smth: must be smaller than rcut ({rcut}), got {rcut_smth}")

@@ -18,6 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from mdtrain.config.checks import cross_checks
+from mdtrain.config.precision import apply_output_prec
 from mdtrain.config.schema_walk import apply_aliases, fill_defaults, strip_private
 from mdtrain.config.type_map import fill_type_map
 from mdtrain.config.wording import describe, format_problems, show
@@ -108,6 +109,7 @@ def complete_config(data: Any) -> tuple[dict, list[str]]:
     config = apply_aliases(config, schema, (), problems)
     config = fill_defaults(config, schema)
     config = fill_type_map(config, problems)
+    problems.extend(apply_output_prec(config))  # DeePMD-kit's networks' precision
     for error in _validator().iter_errors(config):
         problems.extend(describe(error))
     problems.extend(cross_checks(config))

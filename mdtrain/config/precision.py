@@ -1,35 +1,96 @@
 """What ``training.mixed_precision`` asks for, read from the config alone (no torch: ``mdtrain
 check`` uses it and must start fast); what a mode does during a run is in
-``mdtrain.train.precision``."""
+``mdtrain.train.precision``.
+
+Two forms. mdtrain's strings ``"tf32"``, ``"bf16"``, ``"fp16"`` need float32 networks. DeePMD-kit's
+``{"output_prec": ..., "compute_prec": "float16" | "bfloat16"}``: ``output_prec`` (default
+``"float32"``) is the precision of the networks' trainable parameters and of what each net
+hands back, as DeePMD-kit defines it, so it sets ``model.descriptor.precision`` and
+``model.fitting_net.precision`` (`apply_output_prec`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-MODES = ("tf32", "bf16")
+MODES = ("tf32", "bf16", "fp16")
+COMPUTE_PREC = {"bfloat16": "bf16", "float16": "fp16"}  # DeePMD-kit's names -> modes
+OUTPUT_PREC = ("float32", "float64")
+_PARTS = ("descriptor", "fitting_net")
 
 
 def mode_of(value: Any) -> str | None:
-    """``"tf32"``, ``"bf16"`` or None (off) for a ``training.mixed_precision`` value: a mode
-    name, or DeePMD's ``{"output_prec": "float32", "compute_prec": "bfloat16"}``."""
+    """``"tf32"``, ``"bf16"``, ``"fp16"`` or None (off) for a ``training.mixed_precision``
+    value: a mode name, or DeePMD-kit's ``{"output_prec": ..., "compute_prec": ...}``."""
     if isinstance(value, dict):
-        return "bf16" if value.get("compute_prec") == "bfloat16" else None
+        return COMPUTE_PREC.get(value.get("compute_prec"))
     return value if value in MODES else None
 
 
-def network_problem(mode: str | None, model_config: dict, where: str) -> str | None:
-    """Why ``mode`` cannot train this model (its networks must be float32), or None."""
+def network_precision(value: Any) -> str:
+    """The networks' precision ``value`` needs: DeePMD-kit's ``output_prec``, else float32."""
+    if isinstance(value, dict):
+        return str(value.get("output_prec", "float32"))
+    return "float32"
+
+
+def _effective(precision: Any) -> Any:
+    return "float64" if precision == "default" else precision
+
+
+def network_problem(value: Any, model_config: dict, where: str) -> str | None:
+    """Why the ``training.mixed_precision`` ``value`` cannot train this model (its networks
+    must have `network_precision`), or None."""
+    mode = mode_of(value)
     if mode is None:
         return None
-    wide = [
+    want = network_precision(value)
+    wrong = [
         f"model.{part}.precision"
-        for part in ("descriptor", "fitting_net")
+        for part in _PARTS
         if isinstance(model_config.get(part), dict)
-        and model_config[part].get("precision", "default") in ("default", "float64")
+        and _effective(model_config[part].get("precision", "default")) != want
     ]
-    if not wide:
+    if not wrong:
         return None
+    have = _effective(model_config[wrong[0].split(".")[1]].get("precision", "default"))
     return (
-        f'{where} "{mode}" needs float32 networks: set {" and ".join(wide)} to "float32" '
-        "(float64 now)"
+        f'{where} "{mode}" needs {want} networks: set {" and ".join(wrong)} to "{want}" '
+        f"({have} now)"
     )
+
+
+def apply_output_prec(config: dict) -> list[str]:
+    """DeePMD-kit's form sets the networks' precision to its ``output_prec`` (filled with
+    "float32" when absent); a precision given explicitly otherwise is a conflict, one line."""
+    value = (config.get("training") or {}).get("mixed_precision")
+    model = config.get("model")
+    if not isinstance(value, dict) or not isinstance(model, dict):
+        return []
+    want = value.setdefault("output_prec", "float32")
+    if want not in OUTPUT_PREC or value.get("compute_prec") not in COMPUTE_PREC:
+        return []  # the schema reports it
+    problems = []
+    for part in _PARTS:
+        section = model.get(part)
+        if not isinstance(section, dict):
+            continue
+        given = section.get("precision", "default")
+        if given in ("default", want):
+            section["precision"] = want
+        else:
+            problems.append(
+                f'model.{part}.precision: "{given}" conflicts with '
+                f'training.mixed_precision.output_prec "{want}" (the networks\' precision)'
+            )
+    return problems
+
+
+def committee_problem(value: Any, ensemble: Any) -> str | None:
+    """float16's loss scaling steps one model: refused for a committee (one line)."""
+    if mode_of(value) == "fp16" and isinstance(ensemble, int) and ensemble > 1:
+        return (
+            'training.mixed_precision "fp16" (its loss scaling) trains one model, not a '
+            f'committee (training.ensemble {ensemble}); use "bf16"'
+        )
+    return None

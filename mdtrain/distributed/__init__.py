@@ -14,7 +14,8 @@ One job a module; import the names from here:
 - ``device``: the GPU or the CPU threads of each rank.
 - ``runtime``: ``init_distributed`` forms the process group; ``Runtime`` shuts it down.
 - ``failures``: a failure on one rank ends every rank within seconds, with its message.
-- ``collectives``: rank, barrier, broadcasts, sums, minima, maxima, flags, ``run_on_main``.
+- ``collectives``: rank, barrier, broadcasts, a gather to rank 0, sums, minima, maxima,
+  flags, ``run_on_main``.
 - ``gradients``: DDP, parameter broadcast, bucketed gradient averaging (overlapped with
   the backward, or after it).
 """
@@ -28,6 +29,8 @@ from mdtrain.distributed.collectives import (
     any_rank,
     barrier,
     broadcast_object,
+    broadcast_tensor,
+    gather_to_main,
     get_rank,
     get_world_size,
     is_main_process,
@@ -63,6 +66,8 @@ __all__ = [
     "barrier",
     "broadcast_module",
     "broadcast_object",
+    "broadcast_tensor",
+    "gather_to_main",
     "choose_backend",
     "detect_launch_env",
     "expand_hostlist",

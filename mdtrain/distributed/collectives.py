@@ -75,6 +75,28 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     return box[0]  # type: ignore[return-value]
 
 
+def broadcast_tensor(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    """Rank ``src``'s ``tensor`` copied into ``tensor`` on every rank, in place."""
+    if not group_active():
+        return tensor
+    if not needs_move(tensor):
+        dist.broadcast(tensor, src=src)
+        return tensor
+    moved = tensor.to(collective_device())
+    dist.broadcast(moved, src=src)
+    tensor.copy_(moved)
+    return tensor
+
+
+def gather_to_main(obj: T) -> list[T] | None:
+    """Every rank's ``obj`` (pickled) in rank order on rank 0, None on the others."""
+    if not group_active():
+        return [obj]
+    out: list | None = [None] * get_world_size() if get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
     """Reduce ``tensor`` over ranks in place and return it (copies through the group's device
     if the tensor lives elsewhere, e.g. a CPU tensor under pure NCCL)."""

@@ -1,10 +1,16 @@
-"""bfloat16 autocast around the networks' matrix products (``training.mixed_precision: "bf16"``).
+"""Low-precision matrix products in the networks (``training.mixed_precision``: ``"bf16"``,
+``"fp16"`` or DeePMD-kit's ``{"compute_prec": ...}``).
 
-Only the nets run under autocast: a context around the whole model would also round the
-descriptor contraction, forces and energies to bfloat16. ``use_bf16`` swaps every embedding
-and fitting net of a reference model for a variant that shares its layers (the same parameters
-and state_dict keys) and runs its forward under autocast, casting the output back to the
-input's dtype at once, so that activations, sums and the loss stay float32/float64.
+Only the nets' matrix products are rounded: a lower precision around the whole model would
+also round the descriptor contraction, forces and energies. ``use_low_precision`` swaps every
+hidden layer of the embedding and fitting nets of a reference model for a variant that shares
+its parameters (the same state_dict keys) and computes ``x @ W + b`` with ``x``, ``W`` and
+``b`` cast to the compute dtype, the product cast back to ``x``'s dtype at once, so that
+activations, sums and the loss stay in the networks' precision (float32 or float64). The first
+embedding layer (an outer product of one column) and the fitting net's one-output layer are
+not matrix products and stay in the networks' precision, as DeePMD-kit keeps its last layer.
+Explicit casts, not ``torch.autocast``: autocast leaves float64 operands alone, and DeePMD-kit's
+``output_prec: "float64"`` has float64 parameters with float16 products.
 """
 
 from __future__ import annotations
@@ -12,54 +18,49 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mdtrain.errors import MDTrainError
 from mdtrain.model.energy import EnergyModel
-from mdtrain.model.network import EmbeddingNet, FittingNet
+from mdtrain.model.network import ResidualLayer
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Bf16Autocast(nn.Module):
-    """Mixed into a net class: the wrapped net's own layers (shared), its forward under
-    bfloat16 autocast and its output back in the input's dtype."""
+class LowPrecisionLayer(ResidualLayer):
+    """A `ResidualLayer`'s own parameters (shared), its matrix product in ``compute_dtype``."""
 
-    def __init__(self, net: nn.Module, device_type: str) -> None:
+    def __init__(self, layer: ResidualLayer, compute_dtype: torch.dtype) -> None:
         nn.Module.__init__(self)
-        self.layers = net.layers
-        self.device_type = device_type
+        self.n_in, self.n_out = layer.n_in, layer.n_out
+        self.skip, self.activation = layer.skip, layer.activation
+        self.weight, self.bias = layer.weight, layer.bias
+        if layer.idt is None:
+            self.register_parameter("idt", None)
+        else:
+            self.idt = layer.idt
+        self.compute_dtype = compute_dtype
 
-    def forward(self, x: Tensor) -> Tensor:
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            y = super().forward(x)
-        return y.to(x.dtype)
+    def product(self, x: Tensor) -> Tensor:
+        if self.n_in == 1:
+            return super().product(x)
+        c = self.compute_dtype
+        return torch.addmm(self.bias.to(c), x.to(c), self.weight.to(c)).to(x.dtype)
 
 
-class Bf16EmbeddingNet(Bf16Autocast, EmbeddingNet):
-    """An ``EmbeddingNet`` with its products in bfloat16."""
-
-
-class Bf16FittingNet(Bf16Autocast, FittingNet):
-    """A ``FittingNet`` with its products in bfloat16."""
-
-
-def use_bf16(model: EnergyModel, device_type: str) -> int:
-    """Swap the model's nets for their bfloat16-autocast variants; returns how many."""
-    try:
-        torch.autocast(device_type, dtype=torch.bfloat16)
-    except (RuntimeError, ValueError) as exc:  # a device without bf16 autocast
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise MDTrainError(
-            f'mixed precision "bf16" is not available on {device_type} ({first})'
-        ) from None
+def use_low_precision(model: EnergyModel, mode: str) -> int:
+    """Give the hidden layers of the model's nets their products in ``mode``'s dtype
+    (``"bf16"`` or ``"fp16"``); returns how many layers."""
+    dtype = COMPUTE_DTYPES[mode]
     swapped = 0
-    for nets, variant in (
-        (model.descriptor.networks, Bf16EmbeddingNet),
-        (model.fitting.networks, Bf16FittingNet),
-    ):
-        for k, net in enumerate(nets):
-            nets[k] = variant(net, device_type)
-            swapped += 1
+    for nets, keep in ((model.descriptor.networks, 0), (model.fitting.networks, 1)):
+        for net in nets:  # a fitting net's output layer (``keep``) is no matrix product
+            for k in range(len(net.layers) - keep):
+                net.layers[k] = LowPrecisionLayer(net.layers[k], dtype)
+                swapped += 1
     return swapped
 
 
-def uses_bf16(model: nn.Module) -> bool:
-    """Whether ``model``'s nets run under bfloat16 autocast."""
-    return any(isinstance(m, Bf16Autocast) for m in model.modules())
+def compute_mode(model: nn.Module) -> str | None:
+    """``"bf16"`` or ``"fp16"`` when ``model``'s nets have low-precision products, else None."""
+    for m in model.modules():
+        if isinstance(m, LowPrecisionLayer):
+            return next(k for k, v in COMPUTE_DTYPES.items() if v == m.compute_dtype)
+    return None

@@ -8,7 +8,7 @@ Backends, in the order they are tried:
 2. ``fused``: the same maths on fused PyTorch autograd nodes (``accel.embedding_nodes``), on
    any device: tanh networks, float32/float64;
 3. ``reference``: the plain model (``mdtrain.model.energy``): forces by autograd, any
-   activation; the one TorchScript and bf16 mixed precision use, and the one every other
+   activation; the one TorchScript and bf16/fp16 mixed precision use, and the one every other
    backend is tested against.
 
 ``MDTRAIN_BACKEND`` (or the ``backend`` argument) forces one; a forced backend that cannot run
@@ -29,7 +29,7 @@ from mdtrain.model.accel.embedding_nodes import TorchEmbedding
 from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
-from mdtrain.model.autocast import Bf16Autocast, use_bf16, uses_bf16
+from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode, use_low_precision
 from mdtrain.model.combined import CombinedModel
 from mdtrain.model.combined_build import build_combined_model, is_combined
 from mdtrain.model.committee import Committee
@@ -59,8 +59,8 @@ def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
             )
     if fit.get("numb_fparam", 0) or fit.get("numb_aparam", 0):
         return "frame/atomic parameters (numb_fparam, numb_aparam) run the reference model"
-    if mixed_precision == "bf16":
-        return "bf16 mixed precision runs the reference model"
+    if mixed_precision in COMPUTE_DTYPES:
+        return f"{mixed_precision} mixed precision runs the reference model"
     return None
 
 
@@ -124,8 +124,8 @@ def build_model(
         model = ExplicitEnergyModel(config, TorchEmbedding())
     else:
         model = EnergyModel(config)
-    if mixed_precision == "bf16":
-        use_bf16(model, device.type)
+    if mixed_precision in COMPUTE_DTYPES:
+        use_low_precision(model, mixed_precision)
     if name not in _announced:
         _announced.add(name)
         detail = f", products on {load_kernels().blas}" if name == "kernels" else ""
@@ -140,8 +140,10 @@ def _combined_model(
     forced = (backend or os.environ.get(BACKEND_ENV, "") or "auto").strip().lower()
     if forced not in ("auto", "reference"):
         raise MDTrainError(f"backend {forced!r}: a model with a pair table runs on 'reference'")
-    if mixed_precision == "bf16":
-        raise MDTrainError("training.mixed_precision bf16: not supported with a pair table")
+    if mixed_precision in COMPUTE_DTYPES:
+        raise MDTrainError(
+            f"training.mixed_precision {mixed_precision}: not supported with a pair table"
+        )
     return build_combined_model(model_config).to(device)
 
 
@@ -169,11 +171,7 @@ def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Mo
     kernels take CPU tensors), rebuilt for the device with the same weights and mode."""
     device = torch.device(device)
     if not isinstance(model, EnergyModel) or model.backend != "kernels" or device.type == "cpu":
-        moved = model.to(device)
-        for net in moved.modules():
-            if isinstance(net, Bf16Autocast):
-                net.device_type = device.type  # autocast where the net now runs
-        return moved
+        return model.to(device)
     rebuilt = build_model(model.get_model_config(), device)
     rebuilt.load_state_dict(model.state_dict())
     return rebuilt.train(model.training)
@@ -185,7 +183,7 @@ def as_reference(model: EnergyModel) -> EnergyModel:
         raise MDTrainError(
             "a model with a pair table cannot be frozen to TorchScript; freeze it to .dp"
         )
-    if type(model) is EnergyModel and not uses_bf16(model):
+    if type(model) is EnergyModel and compute_mode(model) is None:
         return model
     reference = EnergyModel(model.get_model_config())
     reference.load_state_dict(model.state_dict())

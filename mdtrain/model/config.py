@@ -132,6 +132,35 @@ def _store_activation(section: dict) -> None:
         section["activation_function"] = _ACTIVATION_STORED.get(act, act)
 
 
+def _normalize_descriptor(given: Any, ntypes: int, where: str) -> dict:
+    """A filled, checked descriptor section; a hybrid's members each in turn (``where``
+    ``model/descriptor/list[k]``)."""
+    if not isinstance(given, dict):
+        raise MDTrainError(f"{where}: expected a JSON object")
+    desc_cls = descriptor_class(given.get("type", "se_e2_a"), where)
+    desc = _fill(given, desc_cls.defaults, where)
+    desc["type"] = desc_cls.type_name
+    if desc_cls.members_key is not None:
+        desc_cls.check_config(desc, ntypes, where)
+        key = desc_cls.members_key
+        desc[key] = [
+            _normalize_descriptor(m, ntypes, f"{where}/{key}[{k}]") for k, m in enumerate(desc[key])
+        ]
+        return desc
+    sel = desc.get("sel")
+    if not isinstance(sel, list):
+        raise MDTrainError(
+            f"{where}/sel: {sel!r} must be resolved to a list before building the model"
+        )
+    desc_cls.check_sel(sel, ntypes, f"{where}/sel")
+    desc_cls.check_config(desc, ntypes, where)
+    for pair in desc["exclude_types"]:
+        if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):
+            raise MDTrainError(f"{where}/exclude_types: bad pair {pair!r}")
+    _store_activation(desc)
+    return desc
+
+
 def normalize_model_config(model_config: dict) -> dict:
     """A full copy of the ``model`` section with defaults filled and values checked."""
     if not isinstance(model_config, dict):
@@ -145,12 +174,7 @@ def normalize_model_config(model_config: dict) -> dict:
     ):
         raise MDTrainError("model/type_map: a non-empty list of element names is required")
     ntypes = len(type_map)
-    given = cfg.get("descriptor") or {}
-    if not isinstance(given, dict):
-        raise MDTrainError("model/descriptor: expected a JSON object")
-    desc_cls = descriptor_class(given.get("type", "se_e2_a"))
-    desc = _fill(given, desc_cls.defaults, "model/descriptor")
-    desc["type"] = desc_cls.type_name
+    desc = _normalize_descriptor(cfg.get("descriptor") or {}, ntypes, "model/descriptor")
     fit_in = cfg.get("fitting_net") or {}
     if fit_in.get("type") in TENSOR_TYPES:
         fit = normalize_tensor_fitting(fit_in, ntypes)
@@ -160,22 +184,11 @@ def normalize_model_config(model_config: dict) -> dict:
         raise MDTrainError(
             f"model/fitting_net/type: {fit['type']!r} is not supported (ener, dipole, polar)"
         )
-    sel = desc.get("sel")
-    if not isinstance(sel, list):
-        raise MDTrainError(
-            f"model/descriptor/sel: {sel!r} must be resolved to a list before building the model"
-        )
-    desc_cls.check_sel(sel, ntypes, "model/descriptor/sel")
-    desc_cls.check_config(desc, ntypes, "model/descriptor")
-    for pair in desc["exclude_types"]:
-        if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):
-            raise MDTrainError(f"model/descriptor/exclude_types: bad pair {pair!r}")
     for t in cfg["atom_exclude_types"]:
         if not 0 <= int(t) < ntypes:
             raise MDTrainError(f"model/atom_exclude_types: type {t!r} out of range")
     if isinstance(fit.get("trainable", True), list):
         raise MDTrainError("model/fitting_net/trainable: only true/false is supported")
-    _store_activation(desc)
     _store_activation(fit)
     if fit["type"] == "ener":
         _check_off(fit, "fitting_net", "model/fitting_net")

@@ -132,10 +132,13 @@ def model_def_script(model: torch.nn.Module) -> dict:
     cfg = model.get_model_config()
     keys = ("type_map", "descriptor", "fitting_net", "data_stat_nbatch", "atom_exclude_types")
     script = {k: cfg[k] for k in keys}
-    for name in ("descriptor", "fitting_net"):
-        section = script[name]
-        where = f"model/{name}"
-        section["activation_function"] = activation_out(section["activation_function"], where)
+    desc = script["descriptor"]
+    sections = [(s, f"model/descriptor/list[{k}]") for k, s in enumerate(desc.get("list", []))]
+    sections += [(desc, "model/descriptor"), (script["fitting_net"], "model/fitting_net")]
+    for section, where in sections:
+        if "activation_function" in section:
+            act = section["activation_function"]
+            section["activation_function"] = activation_out(act, where)
     script["fitting_net"].pop("atom_ener", None)
     return script
 
@@ -222,8 +225,10 @@ def deepmd_to_model(data: dict, source: str) -> tuple[dict, dict[str, torch.Tens
     state: dict[str, torch.Tensor] = {}
     descriptor = descriptor_from_deepmd(r, r.get(model, "descriptor", "model"), state)
     ntypes = len(type_map)
-    if len(descriptor["sel"]) != ntypes:
-        raise r.fail("model/descriptor/sel", f"{len(descriptor['sel'])} entries for {ntypes} types")
+    for k, section in enumerate(descriptor.get("list", [descriptor])):
+        if len(section["sel"]) != ntypes:
+            where = "model/descriptor" + (f"/list/{k}" if "list" in descriptor else "")
+            raise r.fail(f"{where}/sel", f"{len(section['sel'])} entries for {ntypes} types")
     fitting, bias_atom_e = _fitting_in(r, r.get(model, "fitting", "model"), ntypes, state)
     variables = model.get("@variables") or {}
     out_bias = variables.get("out_bias")

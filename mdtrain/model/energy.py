@@ -46,9 +46,9 @@ class EnergyModel(ConservativeModel):
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
         self.type_map = list(cfg["type_map"])
         self.ntypes = len(self.type_map)
-        self.rcut = float(desc["rcut"])
-        self.sel = [int(s) for s in desc["sel"]]
         self.descriptor = build_descriptor(desc, self.ntypes)
+        self.rcut = float(self.descriptor.rcut)  # the neighbour list's: a hybrid's largest
+        self.sel = [int(s) for s in self.descriptor.sel]
         self.fitting = EnergyFitting(
             ntypes=self.ntypes,
             dim_in=self.descriptor.dim_out,

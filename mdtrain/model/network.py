@@ -124,13 +124,15 @@ class ResidualLayer(nn.Module):
         else:
             self.register_parameter("idt", None)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def product(self, x: Tensor) -> Tensor:
+        """``x @ weight + bias`` in x's dtype (`mdtrain.model.autocast` computes it in a lower
+        precision)."""
         if self.n_in == 1:
-            y = torch.addcmul(self.bias, x, self.weight)  # outer product, one fused pass
-        else:
-            # back to x's dtype at once: bf16 under autocast (mdtrain.train.precision)
-            y = torch.addmm(self.bias, x, self.weight).to(x.dtype)
-        y = activate(y, self.activation)
+            return torch.addcmul(self.bias, x, self.weight)  # outer product, one fused pass
+        return torch.addmm(self.bias, x, self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = activate(self.product(x), self.activation)
         idt = self.idt
         if idt is not None:
             y = y * idt

@@ -9,11 +9,12 @@ loading never runs code)::
       "version": 1,                      # added by save_checkpoint
       "model_config": dict,              # JSON-able model section, rebuilds the module
       "model_state": dict,               # module.state_dict()
-      "optimizer_state": dict,           # optimizer.state_dict()
+      "optimizer_state": dict,           # optimizer.state_dict() (zero_stage 1: the whole)
       "step": int,                       # number of completed optimiser steps
       "sampler_state": dict,             # TrainingSampler.state_dict()
       "rng_state": dict,                 # rng_state_dict(); per rank, e.g. {rank: ...}
-      "mixed_precision": str | None,     # "tf32"/"bf16" the run trained in; None: off
+      "mixed_precision": str | None,     # "tf32"/"bf16"/"fp16" the run trained in; None: off
+      "loss_scale": dict,                # "fp16" only: LossScaler.state_dict()
       "config": dict,                    # the full input after defaults
     }
 

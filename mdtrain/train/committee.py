@@ -46,7 +46,7 @@ from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loop import Trainer
 from mdtrain.train.loss import ErrorAccumulator, merge_metrics
 from mdtrain.train.optimizer import step_together
-from mdtrain.train.precision import mixed_precision
+from mdtrain.train.precision import committee_problem, mixed_precision
 from mdtrain.train.resume import member_dir
 from mdtrain.train.training_loop import TrainingLoop
 
@@ -115,7 +115,10 @@ class CommitteeTrainer(TrainingLoop):
             first.numb_steps, first.disp_freq, first.save_freq,
         )  # fmt: skip
         self.loss, self.lr, self.precision = first.loss, first.lr, first.precision
+        if problem := committee_problem(config["training"].get("mixed_precision"), size):
+            raise MDTrainError(problem)  # --ensemble given on the command line
         self.descriptor, self.param_spec = first.descriptor, first.param_spec
+        self.list_cut = first.list_cut
         self.step = 0
         self.controller = first.controller
         self.grad_buckets = None
@@ -155,9 +158,9 @@ class CommitteeTrainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        d = self.descriptor
+        rcut, sel = self.list_cut
         return make_batch(
-            system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache, self.param_spec
+            system, frames, rcut, sel, self.rt.device, self.nlist_cache, self.param_spec
         )
 
     def train_step(self, lr: float) -> list[dict[str, float]]:

@@ -78,9 +78,10 @@ def count_parameters(model_config: dict) -> int:
     """The parameters of one member, counted on a model built on the meta device (no
     memory; the count does not depend on ``sel``, which may not be known yet)."""
     config = copy.deepcopy(model_config)
-    sel = parse_sel(config["descriptor"].get("sel", "auto"))
-    if not isinstance(sel, list):
-        config["descriptor"]["sel"] = [1] * len(config["type_map"])
+    desc = config["descriptor"]
+    for section in desc["list"] if desc.get("type") == "hybrid" else [desc]:  # its members
+        if not isinstance(parse_sel(section.get("sel", "auto")), list):
+            section["sel"] = [1] * len(config["type_map"])
     with torch.device("meta"):
         return sum(p.numel() for p in EnergyModel(config).parameters())
 

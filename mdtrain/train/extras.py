@@ -140,6 +140,7 @@ class RunExtras:
             return
         t = self.t
         controller_state = t._controller_state()  # a collective: on every rank
+        t.gather_optimizer()  # likewise
         for flow, validator in due.items():
             if flow == "ema":
                 with self.ema.applied(t.model):

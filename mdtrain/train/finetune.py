@@ -62,6 +62,8 @@ def finetune_config(config: dict, pretrained: dict, path: str) -> dict:
     old = pretrained["model_config"]
     model = config["model"]
     new_map, old_map = list(model["type_map"]), list(old["type_map"])
+    if "list" in old["descriptor"]:
+        raise MDTrainError(f"--finetune {path}: a hybrid descriptor cannot be fine-tuned yet")
     mapping = type_mapping(new_map, old_map)
     if all(o is None for o in mapping):
         raise MDTrainError(

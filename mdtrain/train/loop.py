@@ -18,6 +18,7 @@ from mdtrain.data.params import ParamSpec, check_params
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
+from mdtrain.model.descriptors import list_cut
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
@@ -25,12 +26,14 @@ from mdtrain.train.epochs import run_length
 from mdtrain.train.extras import RunExtras, refuse_averaged
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import ErrorAccumulator, check_labels, make_loss, merge_metrics
+from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.lr import make_schedule
-from mdtrain.train.optimizer import load_optimizer_state, make_optimizer, reserve_state
+from mdtrain.train.optimizer import load_optimizer_state, reserve_state
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
 from mdtrain.train.sampler import TrainingSampler, batch_sizes, batches_per_epoch, system_probs
 from mdtrain.train.tensorboard import tensorboard_writer
 from mdtrain.train.training_loop import TrainingLoop
+from mdtrain.train.zero import build_optimizer
 
 log = logging.getLogger("mdtrain")
 CHECKPOINT_FORMAT = "mdtrain-checkpoint"
@@ -98,7 +101,10 @@ class Trainer(TrainingLoop):
             check_params(system, ParamSpec.of(config["model"]))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
-        self.optimizer = make_optimizer(config.get("optimizer"), named, lr_cfg["start_lr"])
+        self.optimizer = build_optimizer(  # sharded over ranks with training.zero_stage 1
+            config.get("optimizer"), named, lr_cfg["start_lr"],
+            int(training.get("zero_stage", 0)), runtime.rank, runtime.world_size,
+        )  # fmt: skip
         reserve_state(self.optimizer)  # no allocation inside a step's parameter update
         spread = training.get("distributed", {})
         self.overlap_comm = runtime.world_size > 1 and bool(spread.get("overlap_comm", True))
@@ -125,13 +131,17 @@ class Trainer(TrainingLoop):
         )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
         self.param_spec = ParamSpec.of(config["model"])
+        self.list_cut = list_cut(self.descriptor)  # the neighbour list's rcut and sel
         # frames come back many times: search once
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
-        self.precision = mode_of(training.get("mixed_precision"))  # None, "tf32" or "bf16"
-        check_networks(self.precision, model.get_model_config(), "training.mixed_precision")
+        self.precision = mode_of(training.get("mixed_precision"))  # None, tf32, bf16, fp16
+        check_networks(
+            training.get("mixed_precision"), model.get_model_config(), "training.mixed_precision"
+        )
+        self.scaler = LossScaler() if self.precision == "fp16" else None  # float16 underflows
         self.step = 0
         self.checkpoint_extra: dict = {}  # entries every checkpoint gets (a committee's)
         self.ckpt = CheckpointManager(
@@ -157,6 +167,7 @@ class Trainer(TrainingLoop):
             "mixed_precision": self.precision,
             "rng_state": rng_state_dict(),
             "config": self.config,
+            **({"loss_scale": self.scaler.state_dict()} if self.scaler else {}),
             **self.extras.state_dict(),
             **self.checkpoint_extra,
         }
@@ -172,6 +183,8 @@ class Trainer(TrainingLoop):
         self.controller.load_state_dict(state["controller_state"])
         load_rng_state(state["rng_state"])
         self.step = int(state["step"])
+        if self.scaler is not None and state.get("loss_scale"):
+            self.scaler.load_state_dict(state["loss_scale"])
         self.extras.load_state_dict(state)
 
     def precision_applied(self) -> contextlib.AbstractContextManager:
@@ -180,9 +193,9 @@ class Trainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        d = self.descriptor
+        rcut, sel = self.list_cut
         return make_batch(
-            system, frames, d["rcut"], d["sel"], self.rt.device, self.nlist_cache, self.param_spec
+            system, frames, rcut, sel, self.rt.device, self.nlist_cache, self.param_spec
         )
 
     def train_step(self, lr: float) -> dict[str, float]:
@@ -202,7 +215,7 @@ class Trainer(TrainingLoop):
                 pred = self.model(*micro.inputs())
                 loss, metrics = self.loss(pred, micro.labels, micro.natoms, lr, weight=weight)
                 with self._communicating(last=k == len(slices) - 1):
-                    loss.backward()
+                    (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
                 del pred, loss
                 parts.append((metrics, weight))
             return merge_metrics(parts)
@@ -226,7 +239,11 @@ class Trainer(TrainingLoop):
 
     def apply_gradients(self) -> None:
         """The optimiser step on the (averaged) gradients, clipped to
-        ``training.gradient_max_norm`` first when it is set."""
+        ``training.gradient_max_norm`` first when it is set; with float16 products, the
+        gradients unscaled first and the whole update skipped on every rank when one of
+        them is not finite."""
+        if self.scaler is not None and not self.scaler.unscale(self.params, dist_rt.any_rank):
+            return
         self.clip_gradients()
         self.optimizer.step()
         self.extras.after_update()
@@ -285,6 +302,7 @@ class Trainer(TrainingLoop):
         them at this step instead of leaving the others waiting."""
         path, error = None, None
         controller_state = self._controller_state()
+        self.gather_optimizer()
         if self.rt.is_main:
             try:
                 state = self.state_dict()
@@ -306,6 +324,12 @@ class Trainer(TrainingLoop):
 
     def finish(self, first_step: int) -> str | None:
         return self.extras.finish(first_step)
+
+    def gather_optimizer(self) -> None:
+        """A sharded optimiser's state gathered on rank 0 (a collective, on every rank)."""
+        consolidate = getattr(self.optimizer, "consolidate", None)
+        if consolidate is not None:
+            consolidate()
 
     def _controller_state(self) -> dict:
         """Every rank's split per size in one state (ranks learn their own sizes): a

@@ -1,5 +1,5 @@
-"""Mixed precision for training on GPUs (``training.mixed_precision``): which setting switches
-what, for the duration of a training run.
+"""Mixed precision (``training.mixed_precision``): which setting switches what, for the
+duration of a training run.
 
 * off (null): every operation runs in the networks' precision.
 * ``"tf32"``: float32 matrix products may use TensorFloat-32 on CUDA (inputs rounded to a
@@ -7,15 +7,18 @@ what, for the duration of a training run.
   same switch as ``torch.backends.cuda.matmul.allow_tf32``; the previous setting comes back
   after the run. cuDNN's TF32 switch is on by default in PyTorch and the model has no
   convolutions. No effect on a CPU (one warning).
-* ``"bf16"``: the matrix products of the embedding and fitting nets run under bfloat16
-  autocast on the model's device (``mdtrain.model.autocast``); the networks cast each product
-  back to float32 at once, so activations, sums, the descriptor contraction, forces, virials,
-  energies and the loss stay float32/float64. The accelerated backends compute in the
-  parameters' dtype only, so a bf16 model is built as the reference model with autocast nets
-  (``build_model(..., mixed_precision="bf16")``); this context only checks and announces it.
+* ``"bf16"`` / ``"fp16"`` (DeePMD-kit's ``compute_prec`` ``"bfloat16"`` / ``"float16"``): the
+  matrix products of the embedding and fitting nets run in that dtype
+  (``mdtrain.model.autocast``), each cast back at once, so activations, sums, the descriptor
+  contraction, forces, virials, energies and the loss stay in the networks' precision. The
+  accelerated backends compute in the parameters' dtype only, so such a model is built as the
+  reference model with low-precision layers (``build_model(..., mixed_precision=mode)``);
+  this context only checks and announces it. float16 (5 exponent bits) needs the loss scaled
+  so that its gradients do not underflow: `mdtrain.train.loss_scale`.
 
-Parameters, gradients and optimiser state stay float32, so a checkpoint is an ordinary float32
-model and inference after mixed-precision training runs in float32.
+Parameters, gradients and optimiser state stay in the networks' precision (float32, or
+DeePMD-kit's ``output_prec``), so a checkpoint is an ordinary model and inference after
+mixed-precision training runs in that precision.
 """
 
 from __future__ import annotations
@@ -27,18 +30,26 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from mdtrain.config.precision import MODES, mode_of, network_problem
+from mdtrain.config.precision import MODES, committee_problem, mode_of, network_problem
 from mdtrain.errors import MDTrainError
-from mdtrain.model.autocast import uses_bf16
+from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode
 
-__all__ = ["MODES", "check_networks", "mixed_precision", "mode_of", "network_problem"]
+__all__ = [
+    "MODES",
+    "check_networks",
+    "committee_problem",
+    "mixed_precision",
+    "mode_of",
+    "network_problem",
+]
 
 log = logging.getLogger("mdtrain")
 
 
-def check_networks(mode: str | None, model_config: dict, where: str) -> None:
-    """Raise `MDTrainError` when ``mode`` cannot train this model (see `network_problem`)."""
-    problem = network_problem(mode, model_config, where)
+def check_networks(value: object, model_config: dict, where: str) -> None:
+    """Raise `MDTrainError` when the ``training.mixed_precision`` ``value`` cannot train this
+    model (see `network_problem`)."""
+    problem = network_problem(value, model_config, where)
     if problem:
         raise MDTrainError(problem)
 
@@ -54,9 +65,9 @@ def mixed_precision(
     elif mode == "tf32":
         with _tf32(device, announce):
             yield
-    elif mode == "bf16":
-        with _bf16(model, device, announce):
-            yield
+    elif mode in COMPUTE_DTYPES:
+        _check_low(mode, model, device, announce)
+        yield
     else:
         raise MDTrainError(f"mixed precision {mode!r} is not one of {', '.join(MODES)}")
 
@@ -82,19 +93,17 @@ def _tf32(device: torch.device, announce: bool) -> Iterator[None]:
         torch.set_float32_matmul_precision(previous)
 
 
-@contextlib.contextmanager
-def _bf16(model: nn.Module, device: torch.device, announce: bool) -> Iterator[None]:
-    if not uses_bf16(model):
+def _check_low(mode: str, model: nn.Module, device: torch.device, announce: bool) -> None:
+    if compute_mode(model) != mode:
         raise MDTrainError(
-            'mixed precision "bf16": the model was not built for it '
-            '(build_model(..., mixed_precision="bf16"))'
+            f'mixed precision "{mode}": the model was not built for it '
+            f'(build_model(..., mixed_precision="{mode}"))'
         )
     if announce:
         nets = len(model.descriptor.networks) + len(model.fitting.networks)
         log.info(
-            "mixed precision bf16: matrix products of %d networks in bfloat16 (autocast on "
-            "%s), everything else in float32/float64",
-            nets,
-            device.type,
-        )
-    yield
+            "mixed precision %s: matrix products of %d networks in %s on %s, everything else "
+            "in the networks' precision%s",
+            mode, nets, COMPUTE_DTYPES[mode], device.type,
+            "; the loss is scaled dynamically" if mode == "fp16" else "",
+        )  # fmt: skip

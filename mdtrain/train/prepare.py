@@ -22,6 +22,7 @@ from mdtrain.config import mixed_types, resolve_path
 from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.share import share_ranges
 from mdtrain.errors import MDTrainError
+from mdtrain.model.descriptors import descriptor_class
 from mdtrain.model.stats import StatCollector, StatShare, compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel, resolve_sel
 from mdtrain.neighbors.stat import (
@@ -128,6 +129,18 @@ def resolve_sel_and_min_dist(
     config = copy.deepcopy(config)
     model = config["model"]
     descriptor = model["descriptor"]
+    members = descriptor_class(descriptor.get("type", "se_e2_a")).members_key
+    if members:  # a hybrid: each member's sel at its own rcut
+        found = []
+        for k, member in enumerate(descriptor[members]):
+            one = {**config, "model": {**model, "descriptor": member}}
+            one, dist = resolve_sel_and_min_dist(
+                one, config_path, data, neighbor_stat_file, skip_neighbor_stat
+            )
+            descriptor[members][k] = one["model"]["descriptor"]
+            found.append(dist)
+        known = [d for d in found if d is not None]
+        return config, (min(known) if known else None)
     type_map, rcut = model["type_map"], float(descriptor["rcut"])
     parsed = parse_sel(descriptor["sel"])
     mixed = mixed_types(descriptor)  # one sel for the neighbours of all types together
@@ -208,7 +221,9 @@ def neighbor_limit(
             f"neighbour-stat file {stat_path}'s max_nbor_size {limits[-1]}: it does not "
             "describe these data, rerun mdtrain neighbor-stat"
         )
-    sel = parse_sel(config["model"]["descriptor"]["sel"])
+    descriptor = config["model"]["descriptor"]
+    # a hybrid has no sel of its own: its members' were checked at their own rcut
+    sel = parse_sel(descriptor["sel"]) if "sel" in descriptor else None
     if training.get("strict_sel") and isinstance(sel, list):
         limits.append(sel)
         sources.append(f"sel {sel} under training.strict_sel")
@@ -295,6 +310,8 @@ def stat_collector(
     if not dist_rt.is_main_process() or (stat_file and os.path.exists(stat_file)):
         return None
     if stat_mode(config) == "shard" and dist_rt.get_world_size() > 1:
+        return None
+    if not descriptor_class(config["model"]["descriptor"].get("type")).gathers_stats_in_search:
         return None
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
     return StatCollector(data.train, config["model"], nbatch, device)

@@ -109,10 +109,14 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
     (before any statistics) to fit the checkpoint's weights."""
     config = copy.deepcopy(config)
     _check_compatible(state, config["model"], path)
-    descriptor = config["model"]["descriptor"]
-    if not isinstance(parse_sel(descriptor["sel"]), list):
-        descriptor["sel"] = list(state["model_config"]["descriptor"]["sel"])
-        log.info("init-model: sel %s taken from %s", descriptor["sel"], path)
+    descriptor, stored = config["model"]["descriptor"], state["model_config"]["descriptor"]
+    pairs = [(descriptor, stored)]
+    if "list" in descriptor and "list" in stored:  # a hybrid: member by member
+        pairs = list(zip(descriptor["list"], stored["list"]))
+    for given, old in pairs:
+        if not isinstance(parse_sel(given.get("sel", "auto")), list) and "sel" in old:
+            given["sel"] = list(old["sel"])
+            log.info("init-model: sel %s taken from %s", given["sel"], path)
     _load_weights(EnergyModel(config["model"]), state, path)
     return config
 
@@ -232,7 +236,7 @@ def _run(
         config = _init_model_config(config, state, init_model)
     elif finetune:
         config = finetune_config(config, state, finetune)
-    check_networks(mode_of(training["mixed_precision"]), config["model"], precision_source)
+    check_networks(training["mixed_precision"], config["model"], precision_source)
     data = open_datasets(config, request.input_path)
     check_samplers(config, request.input_path, data, runtime.world_size)
     dist_rt.run_on_main(validate_datasets, data)

@@ -489,8 +489,8 @@ def test_unimplemented_deepmd_options_only_at_their_off_value():
     assert "profiling" not in config["training"]
     assert "rglob_patterns" not in config["training"]["training_data"]
 
-    assert single_problem(water(training__zero_stage=1)) == (
-        "training.zero_stage: not supported by mdtrain; remove it or set it to 0, got 1"
+    assert single_problem(water(training__profiling=True)) == (
+        "training.profiling: not supported by mdtrain; remove it or set it to false, got true"
     )
     # JSON false is not 0
     assert "not supported" in single_problem(water(training__disp_avg=0))

@@ -27,19 +27,44 @@ BATTERY: dict[str, dict] = {
         "resnet_dt": True,
         "seed": 1,
     },
+    "se_e3": {
+        "type": "se_e3",
+        "sel": [8, 16],
+        "rcut": 3.0,
+        "rcut_smth": 0.5,
+        "neuron": [2, 4],
+        "resnet_dt": True,
+        "seed": 1,
+    },
+    "hybrid": {
+        "type": "hybrid",
+        "list": [
+            {"type": "se_e2_a", "sel": [8, 28], "rcut": 2.5, "rcut_smth": 0.4, "neuron": [4, 8]},
+            {"type": "se_e2_r", "sel": [16, 24], "rcut": 3.5, "rcut_smth": 0.5, "neuron": [3, 6]},
+        ],
+    },
 }
 # Variants each run too: settings that change the arithmetic.
 VARIANTS: dict[str, list[dict]] = {
     "se_e2_a": [{"type_one_side": True}, {"type_one_side": False}],
     "se_e2_r": [{"type_one_side": True}, {"type_one_side": False}],
+    "hybrid": [{"type_one_side": True}, {"type_one_side": False}],
 }
+# Settings of the members of a descriptor made of others (hybrid), not of itself.
+MEMBER_KEYS = {"hybrid": "list"}
 
 
 def battery_config(name: str, variant: dict | None = None, **descriptor) -> dict:
     """The model section of a tiny model with descriptor ``name`` (settings overridden)."""
     desc = copy.deepcopy(BATTERY[name])
-    desc.update(variant or {})
-    desc.update(descriptor)
+    settings = {**(variant or {}), **descriptor}
+    if name in MEMBER_KEYS:  # every member takes the settings (type_one_side: those with it)
+        for k, member in enumerate(desc[MEMBER_KEYS[name]]):
+            member.update(seed=k + 1, resnet_dt=True)
+            member.update({key: v for key, v in settings.items() if key != "type"})
+        desc.update({key: v for key, v in settings.items() if key == "type"})
+    else:
+        desc.update(settings)
     return {
         "type_map": ["O", "H"],
         "descriptor": desc,

@@ -66,7 +66,12 @@ def make_tensor_model(kind: str, seed: int = 0, **fitting):
 
 def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) -> None:
     """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
-    type, a mean for the first group only (the radial column), a std per group."""
+    type, a mean for the first group only (the radial column), a std per group; a
+    hybrid's members each in turn."""
+    if hasattr(desc, "member_slots"):
+        for member, _ in desc.member_slots():
+            random_env_stats(member, rng, member.set_davg_zero)
+        return
     davg = np.zeros((desc.ntypes, desc.nnei, desc.ncols))
     dstd = np.ones((desc.ntypes, desc.nnei, desc.ncols))
     for t in range(desc.ntypes):

@@ -22,8 +22,18 @@ def descriptor_stat_sums(model, coord, box, atype, nlist, shift) -> torch.Tensor
     Tensor maths only (no value read, no boolean mask), so that it runs on any device, the
     ``meta`` device included.
     """
-    desc = model.descriptor
     diff = model.pair_vectors(coord, box, nlist, shift)
+    desc = model.descriptor
+    if hasattr(desc, "member_slots"):  # a hybrid: each member on its slots of the list
+        parts = [
+            _sums(member, diff.index_select(2, idx), nlist.index_select(2, idx), atype)
+            for member, idx in desc.member_slots()
+        ]
+        return torch.cat(parts, dim=1)
+    return _sums(desc, diff, nlist, atype)
+
+
+def _sums(desc, diff, nlist, atype) -> torch.Tensor:
     raw = desc.env_matrix(diff, nlist >= 0)
     raw = raw * desc.keep_mask(nlist, atype).unsqueeze(-1).to(raw.dtype)
     ones = torch.ones(raw.shape[1], dtype=raw.dtype, device=raw.device)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mdtrain.data import open_system
-from mdtrain.model.autocast import Bf16EmbeddingNet
+from mdtrain.model.autocast import compute_mode
 from mdtrain.model.backend import build_model, choose_backend, to_device
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.stats import collect_stat_batches, compute_or_load_stats, stat_inputs
@@ -132,7 +132,7 @@ def test_a_gpu_never_gets_the_compiled_kernels():
 
 def test_a_model_moved_to_another_device_gets_a_backend_that_runs_there():
     """``to_device`` (the calculator's move of a live model): a kernels model is rebuilt as the
-    fused one with the same weights; bf16 nets autocast on the new device's type."""
+    fused one with the same weights; a bf16 model keeps its low-precision layers."""
     cfg = CONFIGS["float32"]
     if choose_backend(normalize_model_config(cfg), torch.device("cpu"))[0] != "kernels":
         pytest.skip("the compiled kernels are not available here")
@@ -148,8 +148,7 @@ def test_a_model_moved_to_another_device_gets_a_backend_that_runs_there():
         torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6)
     bf16 = build_model(cfg, "cpu", mixed_precision="bf16")
     moved_bf16 = to_device(bf16, META)
-    nets = [m for m in moved_bf16.modules() if isinstance(m, Bf16EmbeddingNet)]
-    assert nets and {n.device_type for n in nets} == {"meta"}
+    assert compute_mode(moved_bf16) == "bf16" and module_devices(moved_bf16) == {META}
 
 
 @pytest.mark.parametrize("name", ["one_side", "pairs_excluded"])

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mdtrain.cli import main
 from mdtrain.config import complete_config
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
-from mdtrain.model.autocast import uses_bf16
+from mdtrain.model.autocast import compute_mode
 from mdtrain.model.backend import build_model
 from mdtrain.train.precision import check_networks, mixed_precision, mode_of
+from tests.helpers.matmuls import MatmulDtypes
 from tests.helpers.models import batch, set_random_stats, small_config
 from tests.helpers.training import lcurve_rows, make_project, tiny_config
 
@@ -47,27 +46,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-class MatmulDtypes(TorchDispatchMode):
-    """Records the input dtypes of every matrix product dispatched (after autocast casts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name in ("mm", "addmm", "bmm", "baddbmm"):
-            dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
-            self.seen[(name, *sorted(str(d) for d in dtypes))] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_bf16_agrees_with_float32_at_the_bf16_level():
     model = float32_model()
     args = batch(model, nmol=4)
     ref, ref_grads = outputs_and_grads(model, args)
     bf16 = float32_model("bf16")
-    assert bf16.backend == "reference" and uses_bf16(bf16)
+    assert bf16.backend == "reference" and compute_mode(bf16) == "bf16"
     with mixed_precision("bf16", bf16, CPU):
         out, grads = outputs_and_grads(bf16, args)
     for key in ("energy", "atom_energy", "force", "virial"):
@@ -127,6 +111,9 @@ def test_tf32_is_set_for_the_block_on_cuda_and_warns_on_cpu(caplog):
         ("bfloat16", "bf16"),
         ({"output_prec": "float32", "compute_prec": "bfloat16"}, "bf16"),
         ({"compute_prec": "bfloat16"}, "bf16"),
+        ("fp16", "fp16"),
+        ("float16", "fp16"),
+        ({"output_prec": "float64", "compute_prec": "float16"}, "fp16"),
     ],
 )
 def test_accepted_forms(value, mode):
@@ -138,16 +125,16 @@ def test_accepted_forms(value, mode):
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("float16", 'training.mixed_precision: must be null, "tf32" or "bf16" (float16 is not'),
+        ("float8", 'training.mixed_precision: must be null, "tf32", "bf16" or "fp16"'),
         (
-            {"output_prec": "float32", "compute_prec": "float16"},
-            'training.mixed_precision.compute_prec: must be "bfloat16" (float16 is not',
+            {"output_prec": "float32", "compute_prec": "float32"},
+            'training.mixed_precision.compute_prec: must be "float16" or "bfloat16"',
         ),
         (
             {"output_prec": "float16", "compute_prec": "bfloat16"},
-            'training.mixed_precision.output_prec: must be "float32"',
+            'training.mixed_precision.output_prec: must be "float32" or "float64"',
         ),
-        (True, 'training.mixed_precision: expected null, "tf32", "bf16" or {'),
+        (True, 'training.mixed_precision: expected null, "tf32", "bf16", "fp16" or {'),
     ],
 )
 def test_unsupported_values_give_one_line(value, message):
@@ -172,8 +159,8 @@ def test_check_and_train_report_float64_networks(tmp_path, capsys, caplog):
     assert 'training.mixed_precision "tf32" needs float32 networks' in out
     assert main(["train", str(inp), "-o", str(tmp_path / "out")]) == 1
     assert main(["train", str(inp), "-o", str(tmp_path / "out"), "--mixed-precision", "off"]) == 0
-    with pytest.raises(SystemExit):
-        main(["train", str(inp), "--mixed-precision", "fp16"])
+    assert main(["train", str(inp), "--mixed-precision", "fp16"]) == 1  # float64 networks
+    assert '"fp16" needs float32 networks' in capsys.readouterr().err + caplog.text
 
 
 def _float32_project(root) -> object:
@@ -207,5 +194,5 @@ def test_bf16_training_tracks_float32_and_saves_a_float32_model(tmp_path):
     assert f32_state["mixed_precision"] is None
 
     model = load_model(ckpt)  # inference: float32 parameters, accelerated, no autocast
-    assert model.backend in ("kernels", "fused") and not uses_bf16(model)
+    assert model.backend in ("kernels", "fused") and compute_mode(model) is None
     assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -8,6 +8,7 @@ from mdtrain.model.descriptors.registry import (
     canonical_type,
     deepmd_descriptor_class,
     descriptor_class,
+    list_cut,
     supported_types,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "deepmd_descriptor_class",
     "canonical_type",
     "descriptor_class",
+    "list_cut",
     "smooth_weight",
     "supported_types",
 ]

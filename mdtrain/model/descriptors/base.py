@@ -74,6 +74,8 @@ class Descriptor(nn.Module):
     stands for padding).
     """
 
+    members_key = None  # a descriptor made of others (hybrid): the key listing them
+    gathers_stats_in_search = True  # its sums can be gathered during the neighbour search
     # --- what the registry and the schema know it by
     type_name = ""  # DeePMD-kit's type name, e.g. "se_e2_a"
     aliases = ()  # other names DeePMD-kit accepts, e.g. ("se_a",)
@@ -144,6 +146,11 @@ class Descriptor(nn.Module):
             )
         if sum(sel) == 0:
             raise MDTrainError(f"{where}: all entries are 0")
+
+    @classmethod
+    def list_cut(cls, desc: dict) -> tuple[float, list[int]]:
+        """``rcut`` and ``sel`` of the neighbour list a filled section needs."""
+        return float(desc["rcut"]), [int(s) for s in desc["sel"]]
 
     @classmethod
     def from_config(cls, desc: dict, ntypes: int) -> "Descriptor":
@@ -253,6 +260,12 @@ class Descriptor(nn.Module):
                 dstd[t, :, a:b] = item.std()
         return davg, dstd
 
-    def stat_multiplicity(self) -> list[float]:
-        """Entries one slot adds to each group (columns it covers)."""
-        return [float(b - a) for a, b in self.stat_columns]
+    def stat_slots(self) -> list[float]:
+        """Entries one centre adds to each group: its slots times the columns covered."""
+        return [float(self.nnei * (b - a)) for a, b in self.stat_columns]
+
+    def stat_pair_keep(self) -> Tensor:
+        """(ntypes, ntypes, 1, 1 or 2·len(stat_groups)) float: 0 where a (centre, neighbour)
+        type pair adds nothing to a group's sums."""
+        nt = self.ntypes
+        return self.pair_keep[:nt, :nt, None, None].to(torch.float64)

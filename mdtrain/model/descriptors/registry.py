@@ -7,10 +7,17 @@ battery (``tests/model/test_descriptor_battery.py``) then runs on it by itself.
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.base import Descriptor
+from mdtrain.model.descriptors.hybrid import DescriptorHybrid
 from mdtrain.model.descriptors.se_e2_a import DescriptorSeA
 from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
+from mdtrain.model.descriptors.se_e3 import DescriptorSeT
 
-_IMPLEMENTED: tuple[type[Descriptor], ...] = (DescriptorSeA, DescriptorSeR)
+_IMPLEMENTED: tuple[type[Descriptor], ...] = (
+    DescriptorSeA,
+    DescriptorSeR,
+    DescriptorSeT,
+    DescriptorHybrid,
+)
 
 # Every descriptor type DeePMD-kit 3.2 accepts (name: aliases), for the messages.
 DEEPMD_TYPES: dict[str, tuple[str, ...]] = {
@@ -69,3 +76,9 @@ def deepmd_descriptor_class(kind: object) -> type[Descriptor] | None:
 def build_descriptor(desc: dict, ntypes: int) -> Descriptor:
     """The descriptor of a normalised ``model.descriptor`` section."""
     return descriptor_class(desc["type"]).from_config(desc, ntypes)
+
+
+def list_cut(desc: dict) -> tuple[float, list[int]]:
+    """``rcut`` and ``sel`` of the neighbour list a filled ``model.descriptor`` needs (a
+    hybrid's: its members' largest)."""
+    return descriptor_class(desc.get("type", "se_e2_a")).list_cut(desc)

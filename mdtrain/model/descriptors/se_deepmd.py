@@ -22,12 +22,18 @@ from mdtrain.model.deepmd_nets import (
 )
 
 
-def se_to_deepmd(desc, cfg: dict, type_map: list[str], kind: str) -> dict:
+def se_to_deepmd(
+    desc, cfg: dict, type_map: list[str], kind: str, slots: list[int] | None = None
+) -> dict:
     """The descriptor dict DeePMD-kit's ``serialize`` writes for an se_e2 descriptor
-    ``desc`` built from the normalised section ``cfg``; ``kind`` its serialised type."""
+    ``desc`` built from the normalised section ``cfg``; ``kind`` its serialised type.
+    ``slots``: for a descriptor with nets for some (ti, tj) only (se_e3), its net at each
+    collection index ti + tj·ntypes, -1 where DeePMD-kit keeps an unused net of zeros."""
     act = activation_out(cfg["activation_function"], "model/descriptor")
     dtype = desc.dtype
     nets = [embedding_net_dict(net, cfg["neuron"], cfg, act) for net in desc.networks]
+    if slots is not None:
+        nets = [nets[k] if k >= 0 else zeroed(nets[0]) for k in slots]
     out = {
         "@class": "Descriptor",
         "type": kind,
@@ -60,9 +66,26 @@ def se_to_deepmd(desc, cfg: dict, type_map: list[str], kind: str) -> dict:
     return out
 
 
-def se_from_deepmd(r: Reader, d: dict, state: dict, ncols: int) -> dict[str, Any]:
+def zeroed(net: dict) -> dict:
+    """A copy of a net's dict with every array 0 (DeePMD-kit's cleared net)."""
+    layers = [
+        {
+            **lay,
+            "@variables": {
+                k: None if v is None else np.zeros_like(v) for k, v in lay["@variables"].items()
+            },
+        }
+        for lay in net["layers"]
+    ]
+    return {**net, "layers": layers}
+
+
+def se_from_deepmd(
+    r: Reader, d: dict, state: dict, ncols: int, slots: list[int] | None = None
+) -> dict[str, Any]:
     """The settings every se_e2 descriptor shares, read from DeePMD-kit's dict ``d``; its
-    nets and davg/dstd (``ncols`` columns) go into ``state``."""
+    nets and davg/dstd (``ncols`` columns) go into ``state``. ``slots`` as for
+    ``se_to_deepmd``: which collection entries are read, into which net."""
     where = "model/descriptor"
     r.off(d, "spin", where, "a spin model")
     env = d.get("env_mat") or {}
@@ -77,7 +100,9 @@ def se_from_deepmd(r: Reader, d: dict, state: dict, ncols: int) -> dict[str, Any
         raise r.fail(f"{where}/embeddings", f"{len(nets)} networks, expected {expected}")
     activation = activation_in(r, d.get("activation_function", "tanh"), where)
     for k, net in enumerate(nets):
-        prefix = f"descriptor.networks.{k}"
+        if slots is not None and slots[k] < 0:
+            continue
+        prefix = f"descriptor.networks.{k if slots is None else slots[k]}"
         network_layers(r, net, f"{where}/embeddings/networks/{k}", prefix, state)
     variables = r.get(d, "@variables", where)
     nnei = sum(int(s) for s in d["sel"])

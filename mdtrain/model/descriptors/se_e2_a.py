@@ -17,7 +17,7 @@ from mdtrain.model.descriptors.base import Descriptor, smooth_weight
 from mdtrain.model.descriptors.se_deepmd import se_from_deepmd, se_to_deepmd
 from mdtrain.model.network import EmbeddingNet, check_activation, child_seed, dtype_of
 
-__all__ = ["DescriptorSeA", "smooth_weight"]
+__all__ = ["AngularRowsDescriptor", "DescriptorSeA", "smooth_weight"]
 
 SE_E2_A_DEFAULTS: dict[str, Any] = {
     "type": "se_e2_a",
@@ -89,16 +89,53 @@ def embedding_kwargs(desc: dict, where: str = "model/descriptor") -> dict[str, A
     }
 
 
-class DescriptorSeA(Descriptor):
+class AngularRowsDescriptor(Descriptor):
+    """What the descriptors built on the 4-column rows ``w(r)/r·[1, d/r]`` share (se_e2_a,
+    se_e3): the rows, their normalisation and their statistics (groups r and a)."""
+
+    stat_groups = ("r", "a")
+    stat_columns = ((0, 1), (1, 4))
+    stat_mirror = (1.0, -1.0)
+    ncols = 4
+
+    def pair_stat_terms(self, d: Tensor) -> list[Tensor]:
+        """[s, s², a_x + a_y + a_z, |a|²] of the raw row ``[s, a] = w(r)/(r+p)·[1, d/(r+p)]``
+        (``env_matrix``'s formula, ``p`` its ``env_protection``)."""
+        ones = torch.ones(3, dtype=d.dtype, device=d.device)
+        r2 = (d * d) @ ones
+        r = torch.sqrt(r2)
+        rp = r + self.env_protection
+        s = smooth_weight(r, self.rcut_smth, self.rcut) / rp
+        q = s / rp  # a = d · q
+        return [s, s * s, (d @ ones) * q, r2 * (q * q)]
+
+    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
+        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
+        far = torch.full_like(diff, 2.0 * self.rcut)
+        diff = torch.where(mask.unsqueeze(-1), diff, far)  # keeps r > 0 so gradients stay finite
+        r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+        rp = r + self.env_protection
+        w = smooth_weight(r, self.rcut_smth, self.rcut) * mask.unsqueeze(-1).to(diff.dtype)
+        inv = w / rp
+        return torch.cat([inv, diff * (inv / rp)], dim=-1)
+
+    def normalized_rows(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """Rows R̃ (nf, N, nnei, 4) in the descriptor dtype: ``(raw − davg)/dstd`` of the
+        centre's type, 0 for excluded pairs."""
+        raw = self.env_matrix(diff.to(self.dtype), nlist >= 0)
+        davg_all, dstd_all = self.davg.to(self.dtype), self.dstd.to(self.dtype)
+        rr = (raw - davg_all[atype]) / dstd_all[atype]
+        if self.has_exclusions:
+            rr = rr * self.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
+        return rr
+
+
+class DescriptorSeA(AngularRowsDescriptor):
     """se_e2_a descriptor. Buffers ``davg``/``dstd`` (ntypes, sum(sel), 4) are float64."""
 
     type_name = "se_e2_a"
     aliases = ("se_a",)
     defaults = SE_E2_A_DEFAULTS
-    stat_groups = ("r", "a")
-    stat_columns = ((0, 1), (1, 4))
-    stat_mirror = (1.0, -1.0)
-    ncols = 4
     deepmd_types = ("se_e2_a", "se_a")
 
     offsets: list[int]
@@ -168,27 +205,6 @@ class DescriptorSeA(Descriptor):
     def embedding_nets(self) -> list[nn.Module]:
         return list(self.networks)
 
-    def pair_stat_terms(self, d: Tensor) -> list[Tensor]:
-        """[s, s², a_x + a_y + a_z, |a|²] of the raw row ``[s, a] = w(r)/(r+p)·[1, d/(r+p)]``
-        (``env_matrix``'s formula, ``p`` its ``env_protection``)."""
-        ones = torch.ones(3, dtype=d.dtype, device=d.device)
-        r2 = (d * d) @ ones
-        r = torch.sqrt(r2)
-        rp = r + self.env_protection
-        s = smooth_weight(r, self.rcut_smth, self.rcut) / rp
-        q = s / rp  # a = d · q
-        return [s, s * s, (d @ ones) * q, r2 * (q * q)]
-
-    def env_matrix(self, diff: Tensor, mask: Tensor) -> Tensor:
-        """Raw rows (nf, N, nnei, 4) from neighbour-minus-centre vectors; 0 where ~mask."""
-        far = torch.full_like(diff, 2.0 * self.rcut)
-        diff = torch.where(mask.unsqueeze(-1), diff, far)  # keeps r > 0 so gradients stay finite
-        r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-        rp = r + self.env_protection
-        w = smooth_weight(r, self.rcut_smth, self.rcut) * mask.unsqueeze(-1).to(diff.dtype)
-        inv = w / rp
-        return torch.cat([inv, diff * (inv / rp)], dim=-1)
-
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Descriptor D (nf, N, M·axis) in the descriptor dtype.
 
@@ -226,16 +242,6 @@ class DescriptorSeA(Descriptor):
         d = self.descriptor_of_t(t).view(nf, natoms, self.dim_out)
         gr = t[:, 1:, :].transpose(1, 2).reshape(nf, natoms, self.neuron_out, 3)
         return d, gr
-
-    def normalized_rows(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
-        """Rows R̃ (nf, N, nnei, 4) in the descriptor dtype: ``(raw − davg)/dstd`` of the
-        centre's type, 0 for excluded pairs."""
-        raw = self.env_matrix(diff.to(self.dtype), nlist >= 0)
-        davg_all, dstd_all = self.davg.to(self.dtype), self.dstd.to(self.dtype)
-        rr = (raw - davg_all[atype]) / dstd_all[atype]
-        if self.has_exclusions:
-            rr = rr * self.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
-        return rr
 
     def _contract(self, rows: Tensor, centre: int) -> Tensor:
         """T (B, 4, M) = Σ_j R̃_jᵀ G(s_j) over every slot of rows (B, nnei, 4).

@@ -64,7 +64,7 @@ class StatCollector:
         counts = self.max_counts
         fits = counts is not None and all(n <= s for n, s in zip(counts, desc.sel, strict=True))
         same = self.key == _env_key(normalize_model_config(model.get_model_config())["descriptor"])
-        return self.sums.items(desc.nnei) if complete and fits and same else None
+        return self.sums.items(desc) if complete and fits and same else None
 
 
 def _env_key(desc: dict) -> str:

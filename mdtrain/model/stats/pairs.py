@@ -130,25 +130,23 @@ class PairStatSums:
             [torch.bincount(index, weights=w, minlength=keys) for w in per_pair], dim=1
         ).view(ntypes, ntypes, 2, len(per_pair))
         if desc.has_exclusions:
-            table *= desc.pair_keep[:ntypes, :ntypes, None, None].to(table.dtype)
+            table *= desc.stat_pair_keep().to(table.dtype)
         seen_back = table[:, :, 1].sum(dim=0)  # mirrored pairs by neighbour type
         for g, sign in enumerate(desc.stat_mirror):
             if sign < 0:
                 seen_back[:, 2 * g].neg_()
         return table.sum(dim=(1, 2)) + seen_back
 
-    def items(self, nnei: int | None = None) -> dict[str, StatItem]:
+    def items(self, desc=None) -> dict[str, StatItem]:
         """The items ``<group>_<type>`` of the descriptor's ``stat_groups`` (se_e2_a:
-        ``r_t``/``a_t``), those of the padded lists, for lists of ``nnei`` slots (default:
-        the descriptor's)."""
+        ``r_t``/``a_t``), those of the padded lists, for the lists of ``desc`` (default:
+        the descriptor summed; a stand-in's sums serve the model's descriptor)."""
         self.flush()
         sums = self.sums.cpu().tolist()
-        slots = float(self.desc.nnei if nnei is None else nnei)
-        per_slot = self.desc.stat_multiplicity()
+        per_centre = (desc or self.desc).stat_slots()
         items = {}
         for t in range(self.desc.ntypes):
-            number = float(self.centres[t]) * slots
             for g, name in enumerate(self.desc.stat_groups):
-                count = number if per_slot[g] == 1.0 else per_slot[g] * number
+                count = float(self.centres[t]) * per_centre[g]
                 items[f"{name}_{t}"] = StatItem(count, sums[t][2 * g], sums[t][2 * g + 1])
         return items

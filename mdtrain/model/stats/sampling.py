@@ -13,6 +13,7 @@ import torch
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptors import descriptor_class
 from mdtrain.model.stats.share import StatShare
 from mdtrain.neighbors.nlist import build_nlist
 
@@ -81,7 +82,8 @@ def collect_stat_batches(
     """
     cfg = normalize_model_config(model_config)
     desc = cfg["descriptor"]
-    rcut, sel, ntypes = float(desc["rcut"]), list(desc["sel"]), len(cfg["type_map"])
+    rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
+    ntypes = len(cfg["type_map"])
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     spec = ParamSpec.of(cfg)
     batches = []

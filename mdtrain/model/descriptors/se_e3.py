@@ -1,0 +1,150 @@
+"""The se_e3 descriptor (DeePMD-kit's three-body embedding, aliases se_at, se_a_3be, se_t).
+
+The rows are se_e2_a's, ``R̃_j = (w(r)/r·[1, d/r] − davg)/dstd`` of the centre type, with
+excluded pairs zeroed; only their angular part ``a_j = R̃_j[1:4]`` is used. For each pair of
+neighbour types ``ti <= tj`` the angle-like products ``g_jk = a_j·a_k`` (j in block ti, k in
+block tj, padded slots included) feed the net of that type pair, and
+``D = Σ_{ti<=tj} Σ_{j,k} g_jk G_{ti,tj}(g_jk) / (sel[ti]·sel[tj])``, ``neuron[-1]`` wide.
+It costs one net evaluation per pair of neighbour slots (``sel²``, not ``sel``): use a small
+``rcut``/``sel`` and narrow nets. DeePMD-kit keeps ntypes² nets and leaves those with
+``ti > tj`` unused (zeroed in its files); mdtrain builds the used ones only.
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mdtrain.model.descriptors.se_deepmd import se_from_deepmd, se_to_deepmd
+from mdtrain.model.descriptors.se_e2_a import (
+    AngularRowsDescriptor,
+    check_embedding_config,
+    embedding_kwargs,
+)
+from mdtrain.model.network import EmbeddingNet, child_seed
+
+SE_E3_DEFAULTS: dict[str, Any] = {
+    "type": "se_e3",
+    "rcut": 6.0,
+    "rcut_smth": 0.5,
+    "neuron": [10, 20, 40],
+    "activation_function": "tanh",
+    "resnet_dt": False,
+    "precision": "default",
+    "trainable": True,
+    "seed": None,
+    "set_davg_zero": False,
+    "exclude_types": [],
+    "env_protection": 0.0,
+}
+
+
+def type_pairs(ntypes: int) -> list[tuple[int, int]]:
+    """The (ti, tj), ti <= tj, that have a net, in the order of DeePMD-kit's collection
+    index ti + tj·ntypes."""
+    return [(ti, tj) for tj in range(ntypes) for ti in range(tj + 1)]
+
+
+class DescriptorSeT(AngularRowsDescriptor):
+    """se_e3 descriptor. Buffers ``davg``/``dstd`` (ntypes, sum(sel), 4) are float64."""
+
+    type_name = "se_e3"
+    aliases = ("se_at", "se_a_3be", "se_t")
+    defaults = SE_E3_DEFAULTS
+    deepmd_types = ("se_e3", "se_at", "se_a_3be", "se_t")
+
+    neuron_out: int
+    type_one_side: bool
+    first: list[int]
+    second: list[int]
+
+    def __init__(
+        self,
+        ntypes: int,
+        sel: list[int],
+        neuron: list[int],
+        resnet_dt: bool = False,
+        activation: str = "tanh",
+        dtype: torch.dtype = torch.float64,
+        seed: int | None = None,
+        trainable: bool = True,
+        **env: Any,
+    ) -> None:
+        """``env``: ``rcut``, ``rcut_smth`` and optionally ``exclude_types``,
+        ``set_davg_zero``, ``env_protection`` (``Descriptor.init_common``)."""
+        super().__init__()
+        self.init_common(
+            ntypes,
+            sel,
+            env["rcut"],
+            env["rcut_smth"],
+            env.get("exclude_types"),
+            env.get("set_davg_zero", False),
+            env.get("env_protection", 0.0),
+        )
+        self.neuron_out = int(neuron[-1])
+        self.type_one_side = False  # its .dp collection is indexed by type pairs
+        self.dtype = dtype
+        pairs = type_pairs(self.ntypes)
+        self.first = [p[0] for p in pairs]
+        self.second = [p[1] for p in pairs]
+        self.networks = nn.ModuleList(
+            [
+                EmbeddingNet(list(neuron), activation, resnet_dt, dtype, child_seed(seed, k))
+                for k in range(len(pairs))
+            ]
+        )
+        for p in self.networks.parameters():
+            p.requires_grad_(trainable)
+
+    @classmethod
+    def check_config(cls, desc: dict, ntypes: int, where: str) -> None:
+        check_embedding_config(desc, where)
+
+    @classmethod
+    def from_config(cls, desc: dict, ntypes: int) -> "DescriptorSeT":
+        kwargs = embedding_kwargs({**desc, "type_one_side": False})
+        del kwargs["type_one_side"]
+        return cls(ntypes=ntypes, sel=[int(s) for s in desc["sel"]], **kwargs)
+
+    @property
+    def dim_out(self) -> int:
+        return self.neuron_out
+
+    @staticmethod
+    def slots(ntypes: int) -> list[int]:
+        """Our net at each DeePMD-kit collection index ti + tj·ntypes (-1: none)."""
+        index = {ti + tj * ntypes: k for k, (ti, tj) in enumerate(type_pairs(ntypes))}
+        return [index.get(i, -1) for i in range(ntypes * ntypes)]
+
+    def to_deepmd(self, cfg: dict, type_map: list[str]) -> dict:
+        out = se_to_deepmd(self, cfg, type_map, "se_e3", self.slots(self.ntypes))
+        for key in ("type_one_side", "spin"):  # keys DeePMD-kit's se_e3 does not take
+            out.pop(key)
+        return out
+
+    @classmethod
+    def from_deepmd(cls, r: Any, d: dict, state: dict) -> dict:
+        ntypes = len(r.get(d, "sel", "model/descriptor"))
+        found = se_from_deepmd(r, d, state, 4, cls.slots(ntypes))
+        found.pop("type_one_side")
+        return {"type": "se_e3", **found}
+
+    def embedding_nets(self) -> list[nn.Module]:
+        return list(self.networks)
+
+    def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """Descriptor D (nf, N, neuron[-1]) in the descriptor dtype."""
+        nf, natoms = diff.shape[0], diff.shape[1]
+        rows = self.normalized_rows(diff, nlist, atype).view(nf * natoms, self.nnei, 4)
+        angular = rows[:, :, 1:]
+        out = torch.zeros(nf * natoms, self.neuron_out, dtype=rows.dtype, device=rows.device)
+        for k, net in enumerate(self.networks):
+            ti, tj = self.first[k], self.second[k]
+            a_i = angular[:, self.offsets[ti] : self.offsets[ti + 1]]
+            a_j = angular[:, self.offsets[tj] : self.offsets[tj + 1]]
+            g = torch.bmm(a_i, a_j.transpose(1, 2))  # (B, sel[ti], sel[tj])
+            emb = net(g.reshape(-1, 1)).view(g.shape[0], -1, self.neuron_out)
+            res = torch.bmm(g.reshape(g.shape[0], 1, -1), emb).squeeze(1)
+            out = out + res * (1.0 / float(max(self.sel[ti] * self.sel[tj], 1)))  # 0 slots: res 0
+        return out.view(nf, natoms, self.neuron_out)

@@ -1,0 +1,124 @@
+"""The hybrid descriptor's own checks (the battery runs it like every descriptor): each
+member sees what it would see alone (its own rcut and sel), its statistics are the member's
+own, and a bad member is named by its index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mdtrain.config.loader import validate_config
+from mdtrain.model import EnergyModel
+from mdtrain.model.stats import stat_batch_plan, stream_stat_inputs
+from mdtrain.neighbors.nlist import build_nlist
+from tests.helpers.descriptor_battery import battery_config
+from tests.helpers.models import set_random_stats, water_like
+from tests.helpers.stat_systems import make_system
+
+
+def alone(model: EnergyModel, k: int) -> EnergyModel:
+    """Member k of the model's hybrid as a model of its own, with the same parameters."""
+    cfg = model.get_model_config()
+    cfg["descriptor"] = cfg["descriptor"]["list"][k]
+    single = EnergyModel(cfg)
+    prefix = f"members.{k}."
+    state = {
+        n[len(prefix) :]: v
+        for n, v in model.descriptor.state_dict().items()
+        if n.startswith(prefix)
+    }
+    single.descriptor.load_state_dict(state)
+    return single
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_each_member_sees_its_own_neighbour_list(periodic):
+    model = set_random_stats(EnergyModel(battery_config("hybrid", type_one_side=True))).eval()
+    assert model.rcut == 3.5 and model.sel == [16, 28]  # the largest of each
+    box = np.eye(3) * 6.0 if periodic else None
+    coord, atype = water_like(6, box, seed=3)
+    at = torch.as_tensor(atype)
+
+    def descriptor_of(m: EnergyModel) -> torch.Tensor:
+        nlist, shift, counts = build_nlist(coord, box, atype, m.rcut, m.sel)
+        assert (counts <= np.asarray(m.sel)).all()  # no truncation: the lists are complete
+        nl = torch.as_tensor(nlist)[None]
+        x = torch.as_tensor(coord)[None]
+        cell = None if box is None else torch.as_tensor(box)[None]
+        diff = m.pair_vectors(x, cell, nl, torch.as_tensor(shift)[None])
+        return m.descriptor(diff, nl, at)[0].detach()
+
+    whole = descriptor_of(model)
+    start = 0
+    for k in range(2):
+        single = alone(model, k)
+        assert single.rcut < model.rcut or single.sel != model.sel
+        part = descriptor_of(single)
+        torch.testing.assert_close(
+            whole[:, start : start + part.shape[1]], part, rtol=1e-13, atol=1e-14
+        )
+        start += part.shape[1]
+    assert start == whole.shape[1] == model.descriptor.dim_out
+
+
+def test_statistics_are_each_members_own():
+    systems = [make_system(3, True, 3, 1), make_system(2, False, 2, 2)]
+    model = EnergyModel(battery_config("hybrid", exclude_types=[[0, 1]]))
+    plan = stat_batch_plan(systems, 2)
+    items = stream_stat_inputs(systems, model, plan, show_progress=False)[0]
+    davg, dstd = model.descriptor.stats_from_items(items)
+    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    for k, member in enumerate(model.descriptor.members):
+        single = alone(model, k)
+        own = stream_stat_inputs(systems, single, plan, show_progress=False)[0]
+        m_avg, m_std = single.descriptor.stats_from_items(own)
+        np.testing.assert_allclose(member.davg.numpy(), m_avg, rtol=1e-12)
+        np.testing.assert_allclose(member.dstd.numpy(), m_std, rtol=1e-12)
+        assert not np.allclose(m_std, 1.0)
+
+
+def hybrid_input(**member1) -> dict:
+    desc = battery_config("hybrid")["descriptor"]
+    desc["list"][1].update(member1)
+    return {
+        "model": {"type_map": ["O", "H"], "descriptor": desc, "fitting_net": {}},
+        "training": {"training_data": {"systems": ["data"]}, "numb_steps": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    ("member", "expected"),
+    [
+        ({"sel": [4]}, "model.descriptor.list[1].sel: needs one entry per element"),
+        ({"rcut_smth": 9.0}, "model.descriptor.list[1].rcut_smth: must be smaller than rcut"),
+        ({"axis_neuron": 4}, "model.descriptor.list[1].axis_neuron: unknown key"),
+        ({"type": "se_bogus"}, "model.descriptor.list[1].type: "),
+        ({"type": "hybrid"}, "model.descriptor.list[1]"),
+    ],
+)
+def test_a_bad_member_is_named_by_its_index(member, expected):
+    problems = validate_config(hybrid_input(**member))
+    assert any(p.startswith(expected) and "\n" not in p for p in problems), problems
+
+
+def test_neighbor_stat_of_a_hybrid_input_takes_its_largest_rcut(tmp_path):
+    import json
+
+    from mdtrain.cli import main
+    from tests.helpers.training import make_project
+
+    inp = make_project(tmp_path)
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"] = battery_config("hybrid")["descriptor"]
+    inp.write_text(json.dumps(config))
+    assert main(["neighbor-stat", str(inp), "-o", str(tmp_path / "stat.json")]) == 0
+    assert json.loads((tmp_path / "stat.json").read_text())["rcut"] == 3.5
+
+
+def test_parameters_are_counted_before_the_members_sel_is_known():
+    from mdtrain.train.ensemble_budget import count_parameters
+
+    cfg = battery_config("hybrid", sel="auto")
+    known = EnergyModel(battery_config("hybrid"))
+    assert count_parameters(cfg) == sum(p.numel() for p in known.parameters())
