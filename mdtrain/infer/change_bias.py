@@ -35,6 +35,7 @@ from mdtrain.memory import InferenceChunker
 from mdtrain.model.deepmd_file import is_dp_file, load_dp, write_dp
 from mdtrain.model.files import checkpoint_io_error, load_checkpoint
 from mdtrain.model.stats import compute_energy_bias
+from mdtrain.neighbors.layout import layout_of
 
 log = logging.getLogger("mdtrain.change_bias")
 
@@ -99,6 +100,7 @@ def type_counts_and_energies(
     counts, labels, preds = [], [], []
     chunker = InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
+    layout = layout_of(model)
     for system, n in zip(systems, nframes, strict=True):
         if not system.has("energy"):
             log.warning("%s: no energy labels, not used for the bias", system.path)
@@ -111,7 +113,7 @@ def type_counts_and_energies(
             continue
 
         def run(start: int, stop: int, s=system) -> np.ndarray:
-            batch = make_batch(s, np.arange(start, stop), rcut, sel, device)
+            batch = make_batch(s, np.arange(start, stop), rcut, sel, device, layout=layout)
             with torch.no_grad():
                 out = model(*batch.inputs())
             return out["energy"].detach().cpu().numpy()

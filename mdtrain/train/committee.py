@@ -118,7 +118,7 @@ class CommitteeTrainer(TrainingLoop):
         if problem := committee_problem(config["training"].get("mixed_precision"), size):
             raise MDTrainError(problem)  # --ensemble given on the command line
         self.descriptor = first.descriptor
-        self.list_cut = first.list_cut
+        self.lists = first.lists
         self.step = 0
         self.controller = first.controller
         self.grad_buckets = None
@@ -158,8 +158,8 @@ class CommitteeTrainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        rcut, sel = self.list_cut
-        return make_batch(system, frames, rcut, sel, self.rt.device, self.nlist_cache)
+        rcut, sel, layout = self.lists
+        return make_batch(system, frames, rcut, sel, self.rt.device, self.nlist_cache, layout)
 
     def train_step(self, lr: float) -> list[dict[str, float]]:
         """One step of every member; their metrics in member order."""
