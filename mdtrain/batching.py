@@ -16,7 +16,7 @@ import torch
 from mdtrain.data import EXTRA_LABELS, TENSOR_LABELS, System
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import PER_TYPE, ListLayout
 
 LABELS = ("energy", "force", "virial", *EXTRA_LABELS, *TENSOR_LABELS)
 
@@ -99,15 +99,16 @@ class NeighborListCache:
         box: np.ndarray | None,
         rcut: float,
         sel: list[int],
+        layout: ListLayout = PER_TYPE,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(nlist, shift)`` of one frame as ``build_nlist`` returns them (int64)."""
-        key = (system.path, int(frame), float(rcut), tuple(int(s) for s in sel))
+        """``(nlist, shift)`` of one frame as ``layout.build`` returns them (int64)."""
+        key = (system.path, int(frame), layout.name, float(rcut), tuple(int(s) for s in sel))
         kept = self._lists.get(key)
         if kept is not None:
             self.hits += 1
             return kept[0].astype(np.int64), kept[1].astype(np.int64)
         self.misses += 1
-        nlist, shift, counts = build_nlist(coord, box, system.atype, rcut, sel)
+        nlist, shift, counts = layout.build(coord, box, system.atype, rcut, sel)
         if self.limit is not None:
             self.limit.check(counts, system.path, int(frame))
         small = nlist.astype(np.int32)
@@ -127,10 +128,12 @@ def make_batch(
     sel: list[int],
     device: torch.device | str = "cpu",
     cache: NeighborListCache | None = None,
+    layout: ListLayout = PER_TYPE,
     params: ParamSpec | None = None,
 ) -> Batch:
-    """Read frames ``indices`` of ``system`` and build their neighbour lists (or take them
-    from ``cache``); ``params``: the frame/atomic parameters the model takes."""
+    """Read frames ``indices`` of ``system`` and build their neighbour lists in the model's
+    ``layout`` (``mdtrain.neighbors.layout``), or take them from ``cache``; ``params``: the
+    frame/atomic parameters the model takes."""
     indices = np.asarray(indices, dtype=np.int64)
     frames = system.frames(indices)
     coord = frames["coord"]
@@ -139,9 +142,9 @@ def make_batch(
     for f in range(coord.shape[0]):
         box = None if boxes is None else boxes[f]
         if cache is not None:
-            nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel)
+            nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel, layout)
         else:
-            nlist, shift, _ = build_nlist(coord[f], box, system.atype, rcut, sel)
+            nlist, shift, _ = layout.build(coord[f], box, system.atype, rcut, sel)
         lists.append(nlist)
         shifts.append(shift)
 

@@ -23,7 +23,7 @@ from mdtrain.infer.finite import check_predictions, check_weights
 from mdtrain.infer.load import load_model
 from mdtrain.infer.model_devi import neighbor_groups
 from mdtrain.model.backend import to_device
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import PER_TYPE, ListLayout, layout_of
 
 
 class MDTrainCalculator(Calculator):
@@ -93,8 +93,10 @@ class AtomsFrame:
     fparam: np.ndarray | None = None  # (numb_fparam,) for a model that takes them
     aparam: np.ndarray | None = None  # (natoms, numb_aparam)
 
-    def nlist(self, rcut: float, sel: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        nlist, shift, _ = build_nlist(self.coord, self.box, self.atype, rcut, sel)
+    def nlist(
+        self, rcut: float, sel: list[int], layout: ListLayout = PER_TYPE
+    ) -> tuple[np.ndarray, np.ndarray]:
+        nlist, shift, _ = layout.build(self.coord, self.box, self.atype, rcut, sel)
         return nlist, shift
 
     def results(self, out: dict[str, np.ndarray], properties=()) -> dict[str, Any]:
@@ -183,7 +185,9 @@ def evaluate_frame(
     """The model's outputs for one frame (an energy model: ``energy`` (scalar array),
     ``atom_energy``, ``force`` and ``virial``; a tensor model: its tensor and atomic ones);
     ``lists`` (nlist, shift) when already built for the model's rcut and sel."""
-    nlist, shift = lists or frame.nlist(float(model.rcut), [int(s) for s in model.sel])
+    nlist, shift = lists or frame.nlist(
+        float(model.rcut), [int(s) for s in model.sel], layout_of(model)
+    )
 
     def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(a, dtype=dtype, device=device).unsqueeze(0)
@@ -257,8 +261,8 @@ class CommitteeCalculator(Calculator):
         super().calculate(atoms, properties, system_changes)
         frame = atoms_frame(self.atoms, self.type_map, self.params)
         outs: list[dict[str, np.ndarray]] = [{}] * len(self.models)
-        for rcut, sel, members in neighbor_groups(self.models):
-            lists = frame.nlist(rcut, sel)  # once for every model with this rcut and sel
+        for rcut, sel, layout, members in neighbor_groups(self.models):
+            lists = frame.nlist(rcut, sel, layout)  # once for the models with these lists
             for k in members:
                 outs[k] = evaluate_frame(self.models[k], frame, self.device, lists)
                 where = "the calculator's atoms"

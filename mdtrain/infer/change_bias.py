@@ -36,6 +36,7 @@ from mdtrain.memory import InferenceChunker
 from mdtrain.model.deepmd_file import is_dp_file, load_dp, write_dp
 from mdtrain.model.files import checkpoint_io_error, load_checkpoint
 from mdtrain.model.stats import compute_energy_bias
+from mdtrain.neighbors.layout import layout_of
 
 log = logging.getLogger("mdtrain.change_bias")
 
@@ -101,6 +102,7 @@ def type_counts_and_energies(
     chunker = InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
     params = ParamSpec.of_model(model)
+    layout = layout_of(model)
     for system, n in zip(systems, nframes, strict=True):
         if not system.has("energy"):
             log.warning("%s: no energy labels, not used for the bias", system.path)
@@ -113,7 +115,9 @@ def type_counts_and_energies(
             continue
 
         def run(start: int, stop: int, s=system) -> np.ndarray:
-            batch = make_batch(s, np.arange(start, stop), rcut, sel, device, params=params)
+            batch = make_batch(
+                s, np.arange(start, stop), rcut, sel, device, layout=layout, params=params
+            )
             with torch.no_grad():
                 out = model(*batch.inputs())
             return out["energy"].detach().cpu().numpy()

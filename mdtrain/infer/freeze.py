@@ -31,7 +31,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import FROZEN_METADATA, quiet_jit
 from mdtrain.infer.program import PROGRAM_METADATA
 from mdtrain.model.backend import as_reference
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import layout_of
 
 
 def freeze_model(
@@ -116,9 +116,8 @@ def example_frames(
     coord = (grid[:natoms] + rng.uniform(-0.2, 0.2, (nframes, natoms, 3))) * spacing
     atype = np.sort(np.arange(natoms) % len(model.type_map))
     cell = np.eye(3) * side * spacing
-    lists = [
-        build_nlist(c, cell if periodic else None, atype, model.rcut, model.sel) for c in coord
-    ]
+    build = layout_of(model).build  # per type, or one type-mixed list
+    lists = [build(c, cell if periodic else None, atype, model.rcut, model.sel) for c in coord]
     box = np.broadcast_to(cell if periodic else np.zeros((3, 3)), (nframes, 3, 3))
     return (
         torch.tensor(coord),

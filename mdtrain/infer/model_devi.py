@@ -34,7 +34,7 @@ from mdtrain.infer.deviation import (
 )
 from mdtrain.infer.finite import check_predictions
 from mdtrain.memory import InferenceChunker
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import ListLayout, layout_of
 
 Frames = System | TrajectoryFrames
 
@@ -48,13 +48,16 @@ class CommitteeOutput:
     virial: np.ndarray  # (nmodels, nframes, 3, 3)
 
 
-def neighbor_groups(models: list[torch.nn.Module]) -> list[tuple[float, list[int], list[int]]]:
-    """``(rcut, sel, model indices)`` for each distinct neighbour list the models need."""
-    groups: dict[tuple[float, tuple[int, ...]], list[int]] = {}
+def neighbor_groups(
+    models: list[torch.nn.Module],
+) -> list[tuple[float, list[int], ListLayout, list[int]]]:
+    """``(rcut, sel, layout, model indices)`` for each distinct neighbour list the models
+    need."""
+    groups: dict[tuple[float, tuple[int, ...], ListLayout], list[int]] = {}
     for k, model in enumerate(models):
-        key = (float(model.rcut), tuple(int(s) for s in model.sel))
+        key = (float(model.rcut), tuple(int(s) for s in model.sel), layout_of(model))
         groups.setdefault(key, []).append(k)
-    return [(rcut, list(sel), members) for (rcut, sel), members in groups.items()]
+    return [(rcut, list(sel), lay, members) for (rcut, sel, lay), members in groups.items()]
 
 
 def evaluate_committee(
@@ -145,9 +148,9 @@ def _over_chunks(
             None if p is None else tensor(p, torch.float64)
             for p in read_params(source, frames, nf, spec)
         ]
-        for rcut, sel, members in groups:
+        for rcut, sel, layout, members in groups:
             lists = [
-                build_nlist(coord[f], None if boxes is None else boxes[f], source.atype, rcut, sel)
+                layout.build(coord[f], None if boxes is None else boxes[f], source.atype, rcut, sel)
                 for f in range(nf)
             ]
             nlist = tensor(np.stack([nl for nl, _, _ in lists]), torch.long)

@@ -128,10 +128,12 @@ def evaluate_system(
     ``InferenceChunker`` whose learned size carries over between systems.
     """
     from mdtrain.batching import make_batch
+    from mdtrain.neighbors.layout import layout_of
 
     chunker = chunker or InferenceChunker(device=device)
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
     params = ParamSpec.of_model(model)
+    layout = layout_of(model)
     tensor = getattr(model, "label", None)  # "dipole" or "polarizability" for those models
     # prediction name -> the model output that gives it
     outputs = (
@@ -144,7 +146,9 @@ def evaluate_system(
         labels.remove("virial")  # a virial without a cell is not comparable
 
     def run(start: int, stop: int) -> dict[str, np.ndarray]:
-        batch = make_batch(system, np.arange(start, stop), rcut, sel, device, params=params)
+        batch = make_batch(
+            system, np.arange(start, stop), rcut, sel, device, layout=layout, params=params
+        )
         with torch.enable_grad():  # forces are derivatives (TorchScript cannot enable it)
             out = model(*batch.inputs())
         result = {k: out[o].detach().cpu().numpy() for k, o in outputs.items()}

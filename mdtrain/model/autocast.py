@@ -47,14 +47,17 @@ class LowPrecisionLayer(ResidualLayer):
 
 def use_low_precision(model: EnergyModel, mode: str) -> int:
     """Give the hidden layers of the model's nets their products in ``mode``'s dtype
-    (``"bf16"`` or ``"fp16"``); returns how many layers."""
+    (``"bf16"`` or ``"fp16"``); returns how many layers. The descriptor's nets are its
+    ``embedding_nets()``; layers other than ``ResidualLayer`` (the type-embedding
+    descriptors' ``DenseLayer``) keep their precision."""
     dtype = COMPUTE_DTYPES[mode]
     swapped = 0
-    for nets, keep in ((model.descriptor.networks, 0), (model.fitting.networks, 1)):
+    for nets, keep in ((model.descriptor.embedding_nets(), 0), (model.fitting.networks, 1)):
         for net in nets:  # a fitting net's output layer (``keep``) is no matrix product
             for k in range(len(net.layers) - keep):
-                net.layers[k] = LowPrecisionLayer(net.layers[k], dtype)
-                swapped += 1
+                if isinstance(net.layers[k], ResidualLayer):
+                    net.layers[k] = LowPrecisionLayer(net.layers[k], dtype)
+                    swapped += 1
     return swapped
 
 

@@ -148,11 +148,15 @@ def _normalize_descriptor(given: Any, ntypes: int, where: str) -> dict:
         ]
         return desc
     sel = desc.get("sel")
+    if getattr(desc_cls, "mixed_types", False) and isinstance(sel, int):
+        sel = desc["sel"] = [sel]  # one total for all types, kept as [total] like the lists
     if not isinstance(sel, list):
         raise MDTrainError(
             f"{where}/sel: {sel!r} must be resolved to a list before building the model"
         )
     desc_cls.check_sel(sel, ntypes, f"{where}/sel")
+    if getattr(desc_cls, "mixed_types", False):
+        desc["sel"] = [sum(sel)]  # DeePMD-kit: only the sum of a list matters
     desc_cls.check_config(desc, ntypes, where)
     for pair in desc["exclude_types"]:
         if len(pair) != 2 or not all(0 <= int(t) < ntypes for t in pair):

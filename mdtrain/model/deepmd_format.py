@@ -226,7 +226,7 @@ def deepmd_to_model(data: dict, source: str) -> tuple[dict, dict[str, torch.Tens
     descriptor = descriptor_from_deepmd(r, r.get(model, "descriptor", "model"), state)
     ntypes = len(type_map)
     for k, section in enumerate(descriptor.get("list", [descriptor])):
-        if len(section["sel"]) != ntypes:
+        if isinstance(section["sel"], list) and len(section["sel"]) != ntypes:
             where = "model/descriptor" + (f"/list/{k}" if "list" in descriptor else "")
             raise r.fail(f"{where}/sel", f"{len(section['sel'])} entries for {ntypes} types")
     fitting, bias_atom_e = _fitting_in(r, r.get(model, "fitting", "model"), ntypes, state)

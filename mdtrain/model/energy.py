@@ -3,7 +3,8 @@ and virials by automatic differentiation. This is the reference implementation (
 operations, any activation, TorchScript); ``mdtrain.model.accel`` holds faster ones with the
 same parameters, and ``mdtrain.model.backend.build_model`` chooses between them once.
 
-Neighbour lists come from outside (``mdtrain.neighbors.nlist.build_nlist``); the model only
+Neighbour lists come from outside (``mdtrain.neighbors.layout``: per type, or one type-mixed
+list when ``mixed_types``); the model only
 gathers positions, adds ``shift @ box`` and differentiates through that.
 
 Virial convention (DeePMD's): ``virial[k][j] = Σ_i F_ik x_ij`` over all atoms and periodic
@@ -33,6 +34,7 @@ class EnergyModel(ConservativeModel):
     type_map: list[str]
     rcut: float
     sel: list[int]
+    mixed_types: bool
     ntypes: int
     model_config_json: str
     has_atom_exclusions: bool
@@ -48,7 +50,9 @@ class EnergyModel(ConservativeModel):
         self.ntypes = len(self.type_map)
         self.descriptor = build_descriptor(desc, self.ntypes)
         self.rcut = float(self.descriptor.rcut)  # the neighbour list's: a hybrid's largest
-        self.sel = [int(s) for s in self.descriptor.sel]
+        self.sel = [int(s) for s in self.descriptor.sel]  # per type, or [total]
+        # the layout of its neighbour lists (``mdtrain.neighbors.layout.list_layout``)
+        self.mixed_types = bool(self.descriptor.mixed_types)
         self.fitting = EnergyFitting(
             ntypes=self.ntypes,
             dim_in=self.descriptor.dim_out,

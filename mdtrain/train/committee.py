@@ -118,7 +118,7 @@ class CommitteeTrainer(TrainingLoop):
         if problem := committee_problem(config["training"].get("mixed_precision"), size):
             raise MDTrainError(problem)  # --ensemble given on the command line
         self.descriptor, self.param_spec = first.descriptor, first.param_spec
-        self.list_cut = first.list_cut
+        self.lists = first.lists
         self.step = 0
         self.controller = first.controller
         self.grad_buckets = None
@@ -158,9 +158,9 @@ class CommitteeTrainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        rcut, sel = self.list_cut
+        rcut, sel, layout = self.lists
         return make_batch(
-            system, frames, rcut, sel, self.rt.device, self.nlist_cache, self.param_spec
+            system, frames, rcut, sel, self.rt.device, self.nlist_cache, layout, self.param_spec
         )
 
     def train_step(self, lr: float) -> list[dict[str, float]]:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mdtrain.config.mixed_types import mixed_types
 from mdtrain.errors import MDTrainError
 from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
@@ -87,7 +88,9 @@ def finetune_config(config: dict, pretrained: dict, path: str) -> dict:
     ):
         section["seed"] = fresh.get("seed")  # fresh nets of new types come from the input's seeds
         section["trainable"] = fresh.get("trainable", section.get("trainable", True))
-    if all(o is not None for o in mapping):
+    if mixed_types(desc):  # one total for all types: the pretrained one
+        desc["sel"] = list(old["descriptor"]["sel"])
+    elif all(o is not None for o in mapping):
         desc["sel"] = [old["descriptor"]["sel"][o] for o in mapping]
     else:
         desc["sel"] = (model.get("descriptor") or {}).get("sel", "auto")
@@ -116,6 +119,9 @@ def pin_pretrained_sel(config: dict, pretrained: dict) -> dict:
     old = pretrained["model_config"]
     mapping = type_mapping(config["model"]["type_map"], old["type_map"])
     sel = parse_sel(desc["sel"])
+    if mixed_types(desc):  # a type-mixed list: the pretrained total
+        desc["sel"] = list(old["descriptor"]["sel"])
+        return config
     if not isinstance(sel, list):
         raise MDTrainError(f"--finetune: sel {desc['sel']!r} must be resolved first")
     desc["sel"] = [
@@ -135,7 +141,10 @@ def _mapped_weights(model: torch.nn.Module, pretrained: dict, mapping: list) -> 
     state = {k: v.clone() for k, v in model.state_dict().items()}
     old_state = pretrained["model_state"]
     n_new, n_old = len(mapping), len(pretrained["model_config"]["type_map"])
-    if model.descriptor.type_one_side:
+    if model.descriptor.mixed_types:
+        _mapped_type_embedding(state, old_state, mapping)
+        pairs = []
+    elif model.descriptor.type_one_side:
         pairs = [(t, o) for t, o in enumerate(mapping) if o is not None]
     else:
         pairs = [
@@ -152,11 +161,35 @@ def _mapped_weights(model: torch.nn.Module, pretrained: dict, mapping: list) -> 
     return state
 
 
-def _mapped_stats(state: dict, pretrained: dict, mapping: list, new_sel: list[int]) -> None:
+def _mapped_type_embedding(state: dict, old_state: dict, mapping: list) -> None:
+    """A type-embedding descriptor: its nets are shared by all types, so every descriptor
+    parameter is the pretrained one, except the rows of the type embedding's first layer
+    (one per type, from a one-hot input) of types new to it, which stay fresh."""
+    rows = "descriptor.type_embedding.net.layers.0.weight"
+    for key in [k for k in state if k.startswith("descriptor.")]:
+        if key in ("descriptor.davg", "descriptor.dstd") or key not in old_state:
+            continue
+        if key != rows:
+            state[key] = old_state[key].clone()
+            continue
+        for t, o in enumerate(mapping):
+            if o is not None:
+                state[key][t] = old_state[key][o]
+
+
+def _mapped_stats(
+    state: dict, pretrained: dict, mapping: list, new_sel: list[int], mixed: bool = False
+) -> None:
     """davg/dstd rows of known centre types from the pretrained model, neighbour block by
     neighbour block (a block of a type new to it takes the row's first value: the
     statistics are per centre type)."""
     old_state, old_sel = pretrained["model_state"], pretrained["model_config"]["descriptor"]["sel"]
+    if mixed:  # a type-mixed list: whole rows per centre type
+        for key in ("descriptor.davg", "descriptor.dstd"):
+            for c, oc in enumerate(mapping):
+                if oc is not None:
+                    state[key][c] = old_state[key][oc].to(torch.float64)
+        return
     old_off = np.concatenate([[0], np.cumsum(old_sel)]).astype(int)
     new_off = np.concatenate([[0], np.cumsum(new_sel)]).astype(int)
     for key in ("descriptor.davg", "descriptor.dstd"):
@@ -179,7 +212,7 @@ def load_pretrained(
     if any(o is None for o in mapping):  # statistics of new centre types from the data
         compute_or_load_stats(model, systems, None, nbatch)
     state = _mapped_weights(model, pretrained, mapping)
-    _mapped_stats(state, pretrained, mapping, list(model.sel))
+    _mapped_stats(state, pretrained, mapping, list(model.sel), model.descriptor.mixed_types)
     old_bias = pretrained["model_state"]["out_bias"].to(torch.float64)
     old_std = pretrained["model_state"]["out_std"].to(torch.float64)
     state["out_bias"] = torch.tensor([0.0 if o is None else float(old_bias[o]) for o in mapping])

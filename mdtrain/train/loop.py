@@ -18,7 +18,7 @@ from mdtrain.data.params import ParamSpec, check_params
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
-from mdtrain.model.descriptors import list_cut
+from mdtrain.neighbors.layout import layout_of
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights, merge_states
 from mdtrain.train.checkpoint import CheckpointManager, load_rng_state, rng_state_dict
 from mdtrain.train.display import Display
@@ -131,7 +131,9 @@ class Trainer(TrainingLoop):
         )  # fmt: skip
         self.descriptor = config["model"]["descriptor"]
         self.param_spec = ParamSpec.of(config["model"])
-        self.list_cut = list_cut(self.descriptor)  # the neighbour list's rcut and sel
+        # the model's neighbour lists: cut-off, sel (per type, or [total] for a type-mixed
+        # list; a hybrid's largest) and layout (``mdtrain.neighbors.layout``), chosen once
+        self.lists = (float(model.rcut), list(model.sel), layout_of(model))
         # frames come back many times: search once
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         self.disp_freq = int(training["disp_freq"])
@@ -193,9 +195,9 @@ class Trainer(TrainingLoop):
 
     # ----------------------------------------------------------------- one step
     def _batch(self, system: System, frames: np.ndarray) -> Batch:
-        rcut, sel = self.list_cut
+        rcut, sel, layout = self.lists
         return make_batch(
-            system, frames, rcut, sel, self.rt.device, self.nlist_cache, self.param_spec
+            system, frames, rcut, sel, self.rt.device, self.nlist_cache, layout, self.param_spec
         )
 
     def train_step(self, lr: float) -> dict[str, float]:

@@ -100,7 +100,7 @@ def _check_low(mode: str, model: nn.Module, device: torch.device, announce: bool
             f'(build_model(..., mixed_precision="{mode}"))'
         )
     if announce:
-        nets = len(model.descriptor.networks) + len(model.fitting.networks)
+        nets = len(model.descriptor.embedding_nets()) + len(model.fitting.networks)
         log.info(
             "mixed precision %s: matrix products of %d networks in %s on %s, everything else "
             "in the networks' precision%s",

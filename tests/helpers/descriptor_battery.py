@@ -43,12 +43,51 @@ BATTERY: dict[str, dict] = {
             {"type": "se_e2_r", "sel": [16, 24], "rcut": 3.5, "rcut_smth": 0.5, "neuron": [3, 6]},
         ],
     },
+    # the type-embedding descriptors: one type-mixed list, sel for all types together
+    "se_atten": {
+        "type": "se_atten",
+        "sel": 48,
+        "rcut": 3.5,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8],
+        "axis_neuron": 2,
+        "tebd_dim": 3,
+        "attn": 6,
+        "attn_layer": 1,
+        "seed": 1,
+    },
+    "se_atten_v2": {
+        "type": "se_atten_v2",
+        "sel": 48,
+        "rcut": 3.5,
+        "rcut_smth": 0.5,
+        "neuron": [4, 8],
+        "axis_neuron": 2,
+        "tebd_dim": 3,
+        "attn": 6,
+        "attn_layer": 1,
+        "seed": 1,
+    },
+    "se_e3_tebd": {
+        "type": "se_e3_tebd",
+        "sel": 24,
+        "rcut": 3.0,
+        "rcut_smth": 0.5,
+        "neuron": [4, 6],
+        "tebd_dim": 3,
+        "seed": 1,
+    },
 }
 # Variants each run too: settings that change the arithmetic.
 VARIANTS: dict[str, list[dict]] = {
     "se_e2_a": [{"type_one_side": True}, {"type_one_side": False}],
     "se_e2_r": [{"type_one_side": True}, {"type_one_side": False}],
     "hybrid": [{"type_one_side": True}, {"type_one_side": False}],
+    "se_atten": [
+        {"tebd_input_mode": "concat"},
+        {"tebd_input_mode": "strip", "smooth_type_embedding": True, "type_one_side": True},
+    ],
+    "se_e3_tebd": [{"tebd_input_mode": "concat"}, {"tebd_input_mode": "strip"}],
 }
 # Settings of the members of a descriptor made of others (hybrid), not of itself.
 MEMBER_KEYS = {"hybrid": "list"}

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from mdtrain.model import EnergyModel
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import PER_TYPE, layout_of
 
 BASE = {
     "type_map": ["O", "H"],
@@ -131,7 +131,7 @@ def evaluate(model, coord, box, atype, sel=None, rcut=None) -> dict[str, np.ndar
     """One frame through the model with a freshly built neighbour list; numpy outputs."""
     sel = list(model.sel) if sel is None else sel
     rcut = float(model.rcut) if rcut is None else rcut
-    nlist, shift, _ = build_nlist(coord, box, atype, rcut, sel)
+    nlist, shift, _ = layout_of(model).build(coord, box, atype, rcut, sel)
     out = model(
         torch.tensor(coord)[None],
         torch.tensor(atype),
@@ -161,7 +161,7 @@ def batch(model: EnergyModel, periodic: bool = True, nmol: int = 3, lone_atom: b
         if lone_atom:  # no neighbour within rcut (non-periodic frames only)
             coord = np.concatenate([coord[:1] + 50.0, coord[1:]])
         frames.append(coord)
-    lists = [build_nlist(c, box, atype, model.rcut, model.sel) for c in frames]
+    lists = [layout_of(model).build(c, box, atype, model.rcut, model.sel) for c in frames]
     return (
         torch.tensor(np.stack(frames)),
         torch.tensor(atype),
@@ -184,7 +184,7 @@ def water_batch(
     coords, atype = coords[:, order], types[order]
     box = boxes if periodic else None
     lists = [
-        build_nlist(c, b if periodic else None, atype, rcut, sel) for c, b in zip(coords, boxes)
+        PER_TYPE.build(c, b if periodic else None, atype, rcut, sel) for c, b in zip(coords, boxes)
     ]
     return (
         torch.tensor(coords),

@@ -18,7 +18,6 @@ import torch
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.errors import MDTrainError
-from mdtrain.infer import model_devi as model_devi_module
 from mdtrain.infer.committee import committee_members, load_committee
 from mdtrain.infer.deviation import model_devi_header, model_devi_rows
 from mdtrain.infer.model_devi import (
@@ -30,6 +29,7 @@ from mdtrain.infer.model_devi import (
     trust_counts,
 )
 from mdtrain.memory import InferenceChunker
+from mdtrain.neighbors import layout as layout_module
 from tests.helpers.committee import (
     DEEPMD_ATOMIC_HEADER,
     DEEPMD_HEADER,
@@ -146,15 +146,15 @@ def test_header_and_rows_are_deepmd_s():
 
 
 def test_neighbor_lists_are_built_once_per_rcut_and_sel(members, data, monkeypatch):
-    assert [g[2] for g in neighbor_groups(members)] == [[0, 1, 2], [3]]
+    assert [g[3] for g in neighbor_groups(members)] == [[0, 1, 2], [3]]
     calls = []
-    real = model_devi_module.build_nlist
+    real = layout_module.build_nlist
 
     def counting(coord, box, atype, rcut, sel):
         calls.append((rcut, tuple(sel)))
         return real(coord, box, atype, rcut, sel)
 
-    monkeypatch.setattr(model_devi_module, "build_nlist", counting)
+    monkeypatch.setattr(layout_module, "build_nlist", counting)
     system = open_system(next(iter(data)), TYPE_MAP)
     evaluate_committee(members, system)
     assert sorted(set(calls)) == [(3.5, (12, 24)), (4.0, (16, 32))]

@@ -40,6 +40,12 @@ EXPORTED = {
     },
     "se_e3": {"plain": {}, "exclude": {"exclude_types": [[0, 1]], "set_davg_zero": True}},
     "hybrid": {"one_side": {"type_one_side": True}},
+    "se_atten": {
+        "concat": {},
+        "strip": {"tebd_input_mode": "strip", "smooth_type_embedding": True},
+    },
+    "se_atten_v2": {"default": {"exclude_types": [[0, 1]]}},
+    "se_e3_tebd": {"concat": {}, "strip": {"tebd_input_mode": "strip"}},
 }
 # descriptor -> DeePMD-kit input settings of the model it trains
 TRAINED = {

@@ -147,8 +147,8 @@ def _edit_json(path, edit) -> None:
     ("edit", "words"),
     [
         (
-            lambda d: d["model"]["descriptor"].update(type="dpa1"),
-            "model/descriptor/type: descriptor 'dpa1'",
+            lambda d: d["model"]["descriptor"].update(type="dpa2"),
+            "model/descriptor/type: descriptor 'dpa2'",
         ),
         (
             lambda d: d["model"]["fitting"].update(dim_case_embd=2),

@@ -64,6 +64,25 @@ def test_every_descriptor_has_battery_settings_and_a_schema_section():
             assert canonical_type(alias) == name
 
 
+def test_the_config_layers_mixed_types_list_agrees_with_the_registry():
+    """``mdtrain.config.mixed_types`` (read by check, neighbor-stat and the sel rules without
+    importing the models) names exactly the registered descriptors with a type-mixed list,
+    by every name and alias, and the model's list layout follows it."""
+    from mdtrain.config.mixed_types import MIXED_TYPES_DESCRIPTORS, mixed_types
+    from mdtrain.neighbors.layout import MIXED, PER_TYPE, layout_of
+
+    mixed = [c for c in DESCRIPTORS.values() if getattr(c, "mixed_types", False)]
+    names = {n for cls in mixed for n in (cls.type_name, *cls.aliases)}
+    assert set(MIXED_TYPES_DESCRIPTORS) == names
+    for name, cls in DESCRIPTORS.items():
+        for alias in (name, *cls.aliases):
+            assert mixed_types({"type": alias}) == bool(getattr(cls, "mixed_types", False))
+        model = EnergyModel(battery_config(name))
+        assert model.mixed_types == bool(getattr(cls, "mixed_types", False))
+        assert layout_of(model) is (MIXED if model.mixed_types else PER_TYPE)
+        assert model.sel == ([sum(model.sel)] if model.mixed_types else model.sel)
+
+
 def test_unknown_and_unimplemented_types_name_the_supported_ones():
     for bad, what in (("se_bogus", "not a descriptor type"), ("dpa2", "not implemented")):
         with pytest.raises(MDTrainError, match=what) as info:
@@ -252,13 +271,17 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
     state = load_dp(path)
     back = EnergyModel(state["model_config"])
     back.load_state_dict(state["model_state"])
-    same = {"seed": None, "precision": "float64"}  # a file has no seed, "default" is float64
+    # a file has no seed; "default" is read as float64 (the type-embedding descriptors' files
+    # keep the word "default")
+    got = back.get_model_config()["descriptor"]
     desc = model.get_model_config()["descriptor"]
+    same = {"seed": None, "precision": got.get("precision", "float64")}
+    assert same["precision"] in ("default", "float64")
     if "list" in desc:
-        desc["list"] = [m | same for m in desc["list"]]
+        desc["list"] = [m | same | {"precision": "float64"} for m in desc["list"]]
     else:
         desc |= same
-    assert back.get_model_config()["descriptor"] == desc
+    assert got == desc
     coord, box, atype = frame(True, seed=9)
     ref, out = evaluate(model, coord, box, atype), evaluate(back.eval(), coord, box, atype)
     for key in ("energy", "force", "virial"):

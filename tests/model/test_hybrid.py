@@ -122,3 +122,18 @@ def test_parameters_are_counted_before_the_members_sel_is_known():
     cfg = battery_config("hybrid", sel="auto")
     known = EnergyModel(battery_config("hybrid"))
     assert count_parameters(cfg) == sum(p.numel() for p in known.parameters())
+
+
+def test_a_type_mixed_member_is_refused_by_its_index():
+    from mdtrain.errors import MDTrainError
+    from mdtrain.model.config import normalize_model_config
+
+    members = [
+        {"type": "se_e2_a", "sel": [4, 8], "rcut": 3.0},
+        {"type": "dpa1", "sel": 20, "rcut": 3.0},
+    ]
+    config = {"type_map": ["O", "H"], "descriptor": {"type": "hybrid", "list": members}}
+    with pytest.raises(
+        MDTrainError, match=r"model/descriptor/list\[1\]/type: dpa1 \(one type-mixed"
+    ):
+        normalize_model_config(config)

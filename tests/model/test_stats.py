@@ -83,11 +83,11 @@ def test_davg_dstd_match_numpy():
 def test_pair_statistics_equal_those_of_the_padded_lists(descriptor, monkeypatch):
     """The streamed pass (pairs, chunks across systems) gives the items of the per-batch
     padded lists; small periodic cells (atoms see their own images) and no cell included."""
-    import mdtrain.model.stats.pairs as stats
+    import mdtrain.neighbors.layout as layout  # the per-type lists are built through it
 
     padded_frames = []
-    build = stats.build_nlist
-    monkeypatch.setattr(stats, "build_nlist", lambda *a: padded_frames.append(1) or build(*a))
+    build = layout.build_nlist
+    monkeypatch.setattr(layout, "build_nlist", lambda *a: padded_frames.append(1) or build(*a))
     systems = [
         make_system(3, True, 5, seed=1),
         make_system(2, False, 3, seed=2),

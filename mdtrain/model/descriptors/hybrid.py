@@ -78,8 +78,14 @@ class DescriptorHybrid(Descriptor):
             raise MDTrainError(f"{where}/list: a non-empty list of descriptors is required")
         for k, member in enumerate(desc["list"]):
             kind = member.get("type", "se_e2_a") if isinstance(member, dict) else None
-            if isinstance(member, dict) and _member_class(kind, f"{where}/list[{k}]") is cls:
+            member_cls = _member_class(kind, f"{where}/list[{k}]") if kind is not None else None
+            if member_cls is cls:
                 raise MDTrainError(f"{where}/list[{k}]/type: a hybrid cannot hold a hybrid")
+            if getattr(member_cls, "mixed_types", False):  # its list is not per type
+                raise MDTrainError(
+                    f"{where}/list[{k}]/type: {kind} (one type-mixed neighbour list) is not "
+                    "supported inside a hybrid yet; its members take per-type lists"
+                )
 
     @classmethod
     def list_cut(cls, desc: dict) -> tuple[float, list[int]]:

@@ -86,9 +86,19 @@ class MixedTypesDescriptor(Descriptor):
         total = sum(int(s) for s in sel) if isinstance(sel, (list, tuple)) else int(sel)
         return super().config_stat_settings({**desc, "sel": [total]}, ntypes)
 
+    @classmethod
+    def stat_stand_in(cls, desc: dict, ntypes: int) -> "MixedTypesDescriptor":
+        """A small descriptor with ``desc``'s environment sums (they depend on the cut-offs,
+        exclusions and protection only): one-slot list, one-neuron nets, no attention."""
+        small = {**desc, "sel": [1], "neuron": [1], "seed": None, "precision": "float64"}
+        small.update({k: v for k, v in (("axis_neuron", 1), ("attn_layer", 0)) if k in desc})
+        return cls.from_config(small, ntypes)
+
     def embedding_nets(self) -> list[nn.Module]:
-        """None offered for the bf16 net variants, which are se_e2's (these nets run as built)."""
-        return []
+        """The embedding nets (the radial or angular one, and the type net of "strip"):
+        what bf16 runs under autocast. The type embedding and the attention run as built."""
+        strip = getattr(self, "embedding_strip", None)
+        return [self.embedding] + ([strip] if strip is not None else [])
 
     # --- DeePMD-kit's model file, in the registry's form
     def to_deepmd(self, cfg: dict | None = None, type_map: list[str] | None = None) -> dict:

@@ -8,15 +8,20 @@ battery (``tests/model/test_descriptor_battery.py``) then runs on it by itself.
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.base import Descriptor
 from mdtrain.model.descriptors.hybrid import DescriptorHybrid
+from mdtrain.model.descriptors.se_atten import DescriptorSeAtten, DescriptorSeAttenV2
 from mdtrain.model.descriptors.se_e2_a import DescriptorSeA
 from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
 from mdtrain.model.descriptors.se_e3 import DescriptorSeT
+from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd
 
 _IMPLEMENTED: tuple[type[Descriptor], ...] = (
     DescriptorSeA,
     DescriptorSeR,
     DescriptorSeT,
     DescriptorHybrid,
+    DescriptorSeAtten,
+    DescriptorSeAttenV2,
+    DescriptorSeE3Tebd,
 )
 
 # Every descriptor type DeePMD-kit 3.2 accepts (name: aliases), for the messages.

@@ -24,8 +24,9 @@ from mdtrain.model.descriptors.moments import degree_weights, moment_basis
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 from mdtrain.model.network import child_seed
 
-# DeePMD-kit 3.2's argcheck defaults (descrpt_se_atten_args); sel and seed have none.
+# DeePMD-kit 3.2's argcheck defaults (descrpt_se_atten_args); sel has none, seed is unset.
 DEFAULTS: dict = {
+    "seed": None,
     "rcut": 6.0,
     "rcut_smth": 0.5,
     "neuron": [10, 20, 40],
@@ -77,7 +78,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
 
     type_name = "se_atten"
     aliases = ("dpa1",)
-    defaults = DEFAULTS
+    defaults = {"type": "se_atten", **DEFAULTS}
     deepmd_types = ("dpa1", "se_atten")
     # TorchScript: branches on these are resolved when the model is scripted
     __constants__ = [
@@ -216,8 +217,10 @@ class DescriptorSeAtten(MixedTypesDescriptor):
             "env_protection": self.env_protection, "attn_mask": False,
             "stripped_type_embedding": None, "use_econf_tebd": False,
             "lmax": None if self.lmax == 1 else self.lmax,
+            "ln_eps": None if self.settings["ln_eps"] == 1e-5 else self.settings["ln_eps"],
         }  # fmt: skip
-        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in self.defaults}}
+        kept = (k for k in self.defaults if k not in ("type", "seed"))
+        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in kept}}
 
     @property
     def dim_out(self) -> int:
@@ -300,7 +303,7 @@ class DescriptorSeAttenV2(DescriptorSeAtten):
 
     type_name = "se_atten_v2"
     aliases = ()
-    defaults = V2_DEFAULTS
+    defaults = {"type": "se_atten_v2", **V2_DEFAULTS}
     deepmd_types = ("se_atten_v2",)
 
     def __init__(self, ntypes: int, sel: int | list[int], **settings) -> None:

@@ -25,8 +25,9 @@ from mdtrain.model.descriptors.mixed_base import (
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 from mdtrain.model.network import child_seed
 
-# DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel and seed have none.
+# DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel has none, seed is unset.
 DEFAULTS: dict = {
+    "seed": None,
     "rcut": 6.0,
     "rcut_smth": 0.5,
     "neuron": [10, 20, 40],
@@ -51,7 +52,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
 
     type_name = "se_e3_tebd"
     aliases = ()
-    defaults = DEFAULTS
+    defaults = {"type": "se_e3_tebd", **DEFAULTS}
     deepmd_types = ("se_e3_tebd",)
     # TorchScript: branches on these are resolved when the model is scripted
     __constants__ = ["strip", "smooth", "concat_output_tebd"]
@@ -131,7 +132,8 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
             "concat_output_tebd": self.concat_output_tebd, "use_econf_tebd": False,
             "use_tebd_bias": self.type_embedding.net.layers[0].bias is not None,
         }  # fmt: skip
-        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in DEFAULTS}}
+        kept = (k for k in DEFAULTS if k != "seed")
+        return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in kept}}
 
     @property
     def dim_out(self) -> int:

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from mdtrain.model.descriptors.base import StatItem
-from mdtrain.neighbors.nlist import NeighborSearch, build_nlist
+from mdtrain.neighbors.layout import PER_TYPE, ListLayout, list_layout
+from mdtrain.neighbors.nlist import NeighborSearch
 
 
 def frame_pairs(
@@ -16,23 +17,26 @@ def frame_pairs(
     box: np.ndarray | None,
     atype: np.ndarray,
     sel: list[int],
+    layout: ListLayout = PER_TYPE,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """The entries of one frame's neighbour list as pairs: centre and neighbour indices
     (P,), neighbour-minus-centre vectors (P, 3), and whether each pair stands for both
     directions (centre j with the opposite vector too).
 
-    The entries are those ``build_nlist`` keeps at the search's cutoff: every pair within
-    it, given once for both directions, or, where a centre has more neighbours of a type
-    than ``sel`` holds (then it is asked), the nearest ones, one entry per direction.
+    The entries are those ``layout.build`` keeps at the search's cutoff: every pair within
+    it, given once for both directions, or, where a centre has more neighbours in a block
+    of its list (a type; all types for a type-mixed list, ``sel`` = [total]) than ``sel``
+    holds (then it is asked), the nearest ones, one entry per direction.
     Vectors are formed as ``pair_vectors`` forms them: (neighbour - centre) + shift · cell.
     """
-    ntypes, natoms = len(sel), len(atype)
+    nblocks, natoms = len(sel), len(atype)
     i, j, shift, _ = search.compute(coord, box, full=False, shifts=True, copy=False)
-    ends = np.concatenate((i * ntypes + atype[j], j * ntypes + atype[i]))
-    counts = np.bincount(ends, minlength=natoms * ntypes).reshape(natoms, ntypes)
+    block = layout.blocks(atype)
+    ends = np.concatenate((i * nblocks + block[j], j * nblocks + block[i]))
+    counts = np.bincount(ends, minlength=natoms * nblocks).reshape(natoms, nblocks)
     both = bool((counts <= np.asarray(sel)).all())
     if not both:
-        nlist, shift_all, _ = build_nlist(coord, box, atype, search.rcut, sel)
+        nlist, shift_all, _ = layout.build(coord, box, atype, search.rcut, sel)
         i, slot = np.nonzero(nlist >= 0)
         j, shift = nlist[i, slot], shift_all[i, slot]
     diff = coord[j] - coord[i]
@@ -69,6 +73,7 @@ class PairStatSums:
         # soon as it fills, between searches, ran at half the speed (cold caches)
         self.pending_pairs = max(int(chunk_pairs), 1 << 18)
         self.search = NeighborSearch(self.desc.rcut)
+        self.layout = list_layout(self.desc.mixed_types)
         ntypes = self.desc.ntypes
         self.centres = np.zeros(ntypes)  # centre atoms of each type, over the frames added
         self.sums = torch.zeros(
@@ -85,7 +90,7 @@ class PairStatSums:
 
     def add_frame(self, coord: np.ndarray, box: np.ndarray | None, atype: np.ndarray) -> None:
         """One frame: coordinates (N, 3), cell or None, model types (N,); searched here."""
-        i, j, diff, both = frame_pairs(self.search, coord, box, atype, self.desc.sel)
+        i, j, diff, both = frame_pairs(self.search, coord, box, atype, self.desc.sel, self.layout)
         self.add_pairs(atype, i, j, diff, both)
 
     def add_pairs(self, atype, i, j, diff, both: bool) -> None:

@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from mdtrain.config.mixed_types import mixed_types
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.descriptors import descriptor_class
 from mdtrain.model.stats.share import StatShare
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import list_layout
 
 
 def auto_batch_size(natoms: int) -> int:
@@ -84,6 +85,7 @@ def collect_stat_batches(
     desc = cfg["descriptor"]
     rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
     ntypes = len(cfg["type_map"])
+    layout = list_layout(mixed_types(desc))  # the model's lists: per type or type-mixed
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     spec = ParamSpec.of(cfg)
     batches = []
@@ -101,7 +103,7 @@ def collect_stat_batches(
             box = data.get("box")
             box = None if box is None else np.asarray(box[start:stop], dtype=np.float64)
             lists = [
-                build_nlist(coord[f], None if box is None else box[f], atype, rcut, sel)
+                layout.build(coord[f], None if box is None else box[f], atype, rcut, sel)
                 for f in range(stop - start)
             ]
             batch = {
