@@ -102,8 +102,9 @@ def test_set_size_recuts_the_frames(tmp_path):
     fa, fb = before.frames(np.arange(8)), after.frames(np.arange(8))
     for key in fa:
         np.testing.assert_array_equal(fa[key], fb[key])
-    np.save(Path(source) / "set.001" / "fparam.npy", np.zeros((3, 1)))
-    with pytest.raises(MDTrainError, match=r"fparam.npy is in 1 of 3 sets"):
+    # an array the system reader does not know (a label it knows is refused when opening)
+    np.save(Path(source) / "set.001" / "extra.npy", np.zeros((3, 1)))
+    with pytest.raises(MDTrainError, match=r"extra.npy is in 1 of 3 sets"):
         pack([source], str(tmp_path / "bad.h5"), set_size=5)
 
 
