@@ -22,8 +22,9 @@ from typing import Any
 
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, parse_sel, resolve_sel
-from mdtrain.neighbors.stat import NeighborStat, compute_neighbor_stat
+from mdtrain.neighbors.stat import compute_neighbor_stat
 from mdtrain.neighbors.stat_file import write_neighbor_stat
+from mdtrain.neighbors.stat_result import NeighborStat
 from mdtrain.outputs import KIND_NEIGHBOR_STAT, Output, check_outputs
 
 log = logging.getLogger("mdtrain.neighbors")

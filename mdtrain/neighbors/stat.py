@@ -32,15 +32,14 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
 from mdtrain.neighbors.images import plane_heights
 from mdtrain.neighbors.nlist import NeighborSearch, search_chunks
+from mdtrain.neighbors.stat_result import NeighborStat, SystemNeighborStat
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
@@ -50,38 +49,6 @@ _ATOMS_PER_READ = 1 << 16  # frames are read in chunks of about this many atoms
 _MAX_FRAMES_PER_READ = 256
 _PAIRS_PER_SETTLE = 1 << 16  # searched frames are counted together up to about this many pairs
 _THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thread
-
-
-@dataclass
-class SystemNeighborStat:
-    """The statistics of one system."""
-
-    path: str
-    nframes: int
-    natoms: int
-    min_nbor_dist: float  # inf when no two atoms are ever found (a single isolated atom)
-    max_nbor_size: list[int]
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    max_nbor_total: int = 0
-
-    @property
-    def sha256(self) -> str:
-        return content_hash(self.fingerprint)
-
-
-@dataclass
-class NeighborStat:
-    """The statistics of a set of systems: the overall figures and one entry per system."""
-
-    rcut: float
-    min_nbor_dist: float
-    max_nbor_size: list[int]
-    systems: list[SystemNeighborStat]
-    max_nbor_total: int = 0
-
-    @property
-    def fingerprint(self) -> str:
-        return data_fingerprint([s.sha256 for s in self.systems])
 
 
 # ----------------------------------------------------------------------------------------

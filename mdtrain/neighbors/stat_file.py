@@ -19,7 +19,7 @@ from mdtrain import __version__
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.fingerprint import content_hash, data_fingerprint
 from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, auto_sel
-from mdtrain.neighbors.stat import NeighborStat
+from mdtrain.neighbors.stat_result import NeighborStat
 
 
 def neighbor_stat_to_dict(
