@@ -36,7 +36,7 @@ from collections.abc import Iterable
 
 import torch
 
-from mdtrain.train.muon import FLOAT32_STATE, adam_step
+from mdtrain.train.muon import FLOAT32_STATE, Float32StateOptimizer, adam_step
 
 NS_FAST, NS_FAST_STEPS = (3.4445, -4.7750, 2.0315), 8
 NS_POLISH, NS_POLISH_STEPS = (2.0, -1.5, 0.5), 2
@@ -120,7 +120,7 @@ def gram_orthogonalize(x: torch.Tensor) -> torch.Tensor:
     return torch.bmm(transform, x).to(dtype)
 
 
-class HybridMuon(torch.optim.Optimizer):
+class HybridMuon(Float32StateOptimizer):
     """Muon for matrices, Adam/AdamW for the rest, routed by name and shape (module doc)."""
 
     FLOAT32_STATE = (*FLOAT32_STATE, "magma_score")
@@ -149,14 +149,6 @@ class HybridMuon(torch.optim.Optimizer):
         }  # fmt: skip
         super().__init__([p for _, p in named], defaults)
         self.routes = {id(p): route(n, p.shape, muon_mode) for n, p in named}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Float32 state stays float32 (torch would cast it to the parameter's dtype)."""
-        super().load_state_dict(state_dict)
-        for state in self.state.values():
-            for key in self.FLOAT32_STATE:
-                if key in state:
-                    state[key] = state[key].float()
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)

@@ -68,7 +68,22 @@ def newton_schulz(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-8) -> 
     return x.mT if tall else x
 
 
-class AdaMuon(torch.optim.Optimizer):
+class Float32StateOptimizer(torch.optim.Optimizer):
+    """An optimiser whose moments named in ``FLOAT32_STATE`` stay float32 through
+    ``load_state_dict`` (torch casts a loaded state to its parameter's dtype), so that a
+    restart is an exact round trip whatever the parameters' dtype."""
+
+    FLOAT32_STATE: tuple[str, ...] = FLOAT32_STATE
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in self.FLOAT32_STATE:
+                if key in state:
+                    state[key] = state[key].float()
+
+
+class AdaMuon(Float32StateOptimizer):
     """AdaMuon for matrices, Adam for the rest (see the module docstring)."""
 
     def __init__(
@@ -93,15 +108,6 @@ class AdaMuon(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     FLOAT32_STATE = (*FLOAT32_STATE, "v_buffer")
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """torch casts a loaded state to its parameter's dtype; the Adam moments and the
-        second moments of AdaMuon are float32 whatever the parameters (an exact round trip)."""
-        super().load_state_dict(state_dict)
-        for state in self.state.values():
-            for key in self.FLOAT32_STATE:
-                if key in state:
-                    state[key] = state[key].float()
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
