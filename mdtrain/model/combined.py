@@ -101,18 +101,6 @@ class CombinedModel(ConservativeModel):
     def part_mixed_of(parts: list[nn.Module]) -> list[bool]:
         return [_is_mixed(p) for p in parts]
 
-    @torch.jit.unused
-    def get_model_config(self) -> dict:
-        """The ``model`` section this model was built from."""
-        return copy.deepcopy(self._config)
-
-    @torch.jit.unused
-    def set_out_bias(self, bias, std=None) -> None:
-        """Install the per-type energy bias (ntypes,) of the combined energy."""
-        self.out_bias.copy_(torch.as_tensor(bias, dtype=torch.float64).reshape(self.ntypes))
-        if std is not None:
-            self.out_std.copy_(torch.as_tensor(std, dtype=torch.float64).reshape(self.ntypes))
-
     def part_list(self, k: int, diff: Tensor, nlist: Tensor, dist: Tensor) -> tuple[Tensor, Tensor]:
         """Part ``k``'s neighbour list and pair vectors, derived from the outer list."""
         rcut = self.part_rcut[k]

@@ -9,6 +9,8 @@ combined models (``mdtrain.model.combined``) are built on it.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -29,6 +31,19 @@ def pair_vectors(coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
 class ConservativeModel(nn.Module):
     """``forward`` returns energy (nf,), atom_energy (nf, N), force (nf, N, 3) and virial
     (nf, 3, 3), float64, for the inputs of ``EnergyModel.forward``."""
+
+    @torch.jit.unused
+    def get_model_config(self) -> dict:
+        """The normalised ``model`` section this model was built from (its class rebuilds it)."""
+        return copy.deepcopy(self._config)
+
+    @torch.jit.unused
+    def set_out_bias(self, bias, std=None) -> None:
+        """Install the per-type energy bias (ntypes,) and, optionally, its std (the subclass
+        registers the ``out_bias``/``out_std`` buffers)."""
+        self.out_bias.copy_(torch.as_tensor(bias, dtype=torch.float64).reshape(self.ntypes))
+        if std is not None:
+            self.out_std.copy_(torch.as_tensor(std, dtype=torch.float64).reshape(self.ntypes))
 
     def atomic_energy(
         self,

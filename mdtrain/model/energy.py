@@ -14,7 +14,6 @@ both coordinates and cell, ``r' = r + r @ ε``, ``box' = box + box @ ε``):
 ``virial = -(∂E/∂ε)ᵀ``. Non-periodic frames use the same formula (there is no cell term).
 """
 
-import copy
 import json
 
 import torch
@@ -76,18 +75,6 @@ class EnergyModel(ConservativeModel):
         self.register_buffer("atom_keep", keep, persistent=False)
         self.has_atom_exclusions = len(cfg["atom_exclude_types"]) > 0
         self.backend = "reference"  # which implementation runs (``mdtrain.model.backend``)
-
-    @torch.jit.unused
-    def get_model_config(self) -> dict:
-        """The normalised ``model`` section; ``EnergyModel(cfg)`` rebuilds this architecture."""
-        return copy.deepcopy(self._config)
-
-    @torch.jit.unused
-    def set_out_bias(self, bias, std=None) -> None:
-        """Install the per-type energy bias (ntypes,) and, optionally, its std."""
-        self.out_bias.copy_(torch.as_tensor(bias, dtype=torch.float64).reshape(self.ntypes))
-        if std is not None:
-            self.out_std.copy_(torch.as_tensor(std, dtype=torch.float64).reshape(self.ntypes))
 
     def atomic_energy(
         self,
