@@ -7,7 +7,8 @@ and ``checks`` use ``wording``, and ``wording`` uses none of them.
 - ``schema_walk``: comments, aliases and defaults, read from the JSON Schema;
 - ``wording``: one message per problem (schema errors, unknown keys, values shown short);
 - ``checks``: checks that relate several fields;
-- ``mixed_types``: which descriptors take one type-mixed neighbour list (an integer ``sel``).
+- ``mixed_types``: which descriptors take one type-mixed neighbour list (an integer ``sel``),
+  and which models have one fitting net for all types (``shares_fitting_net``).
 """
 
 from mdtrain.config.loader import (
@@ -19,7 +20,7 @@ from mdtrain.config.loader import (
     resolve_path,
     validate_config,
 )
-from mdtrain.config.mixed_types import MIXED_TYPES_DESCRIPTORS, mixed_types
+from mdtrain.config.mixed_types import MIXED_TYPES_DESCRIPTORS, mixed_types, shares_fitting_net
 from mdtrain.config.wording import format_problems
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "normalize_config",
     "parse_json",
     "resolve_path",
+    "shares_fitting_net",
     "validate_config",
 ]

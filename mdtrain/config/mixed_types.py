@@ -22,6 +22,18 @@ def mixed_types(descriptor: Any) -> bool:
     return isinstance(descriptor, dict) and descriptor.get("type") in MIXED_TYPES_DESCRIPTORS
 
 
+def shares_fitting_net(descriptor: Any) -> bool:
+    """True when the model has ONE fitting net for all atom types (DeePMD-kit's fitting
+    ``mixed_types``, set from ``descriptor.mixed_types()`` when the model is built): a
+    type-mixed descriptor, or a ``hybrid`` with such a member (any member, as DeePMD-kit's
+    hybrid ``mixed_types`` says). Its input, the descriptor, then tells the types apart."""
+    if not isinstance(descriptor, dict):
+        return False
+    if descriptor.get("type") == "hybrid":
+        return any(shares_fitting_net(m) for m in descriptor.get("list") or [])
+    return mixed_types(descriptor)
+
+
 def integer_sel_problem(descriptor: Any, where: str = "model.descriptor") -> str | None:
     """The one-line problem of an integer ``sel`` given to a descriptor that needs a list."""
     sel = descriptor.get("sel") if isinstance(descriptor, dict) else None

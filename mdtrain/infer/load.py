@@ -30,7 +30,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.finite import check_weights
 from mdtrain.infer.program import is_exported_program, load_program
 from mdtrain.model.config import stored_model_config
-from mdtrain.model.files import is_torchscript, weights_mismatch
+from mdtrain.model.files import is_torchscript, per_type_fitting_problem, weights_mismatch
 
 #: The newest checkpoint of a training output folder (a link to ``model.ckpt-<step>.pt``).
 CHECKPOINT = "model.ckpt.pt"
@@ -171,9 +171,13 @@ def _eager_from_frozen(
         model = build_model(config, device)
     except MDTrainError as exc:
         raise MDTrainError(f"model {path}: incompatible model_config: {exc}") from None
+    weights = module.state_dict()
+    old = per_type_fitting_problem(config, weights)
+    if old:  # strict=False below would drop the other types' nets silently
+        raise MDTrainError(f"model {path}: {old}")
     # TorchScript also keeps the non-persistent buffers (type-pair masks): not needed here
     try:
-        missing = model.load_state_dict(module.state_dict(), strict=False).missing_keys
+        missing = model.load_state_dict(weights, strict=False).missing_keys
     except RuntimeError as exc:  # a shape that does not match the config
         first = str(exc).strip().splitlines()[-1].strip()[:200]
         raise MDTrainError(

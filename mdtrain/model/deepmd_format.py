@@ -22,8 +22,10 @@ from mdtrain.model.deepmd_nets import (
     Reader,
     activation_in,
     activation_out,
+    check_fitting_follows,
     collection_dict,
     fitting_net_dict,
+    fitting_networks,
     network_layers,
     precision_in,
     to_numpy,
@@ -57,11 +59,11 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
         "rcond": fcfg.get("rcond"),
         "activation_function": fact,
         "precision": PRECISION_NAMES[fit.dtype],
-        "mixed_types": False,
+        "mixed_types": bool(fit.mixed_types),
         "exclude_types": [int(t) for t in cfg["atom_exclude_types"]],
         "nets": collection_dict(
             [fitting_net_dict(net, int(fit.dim_in), fcfg, fact) for net in fit.networks],
-            1,
+            0 if fit.mixed_types else 1,
             ntypes,
             "fitting_network",
         ),
@@ -173,11 +175,8 @@ def _fitting_in(r: Reader, f: dict, ntypes: int, state: dict) -> tuple[dict, np.
         ("atom_ener", "atom_ener"),
     ):
         r.off(f, key, where, what)
-    r.off(f, "mixed_types", where, "one fitting net for all types", allowed=(False, None))
     r.off(f, "use_aparam_as_mask", where, "use_aparam_as_mask", allowed=(False, None))
-    nets = r.get(r.get(f, "nets", where), "networks", f"{where}/nets")
-    if len(nets) != ntypes:
-        raise r.fail(f"{where}/nets", f"{len(nets)} networks, expected {ntypes}")
+    nets = fitting_networks(r, f, ntypes, where)
     activation = activation_in(r, f.get("activation_function", "tanh"), where)
     for t, net in enumerate(nets):
         layers = network_layers(
@@ -229,6 +228,7 @@ def deepmd_to_model(data: dict, source: str) -> tuple[dict, dict[str, torch.Tens
         if isinstance(section["sel"], list) and len(section["sel"]) != ntypes:
             where = "model/descriptor" + (f"/list/{k}" if "list" in descriptor else "")
             raise r.fail(f"{where}/sel", f"{len(section['sel'])} entries for {ntypes} types")
+    check_fitting_follows(r, r.get(model, "fitting", "model"), descriptor)
     fitting, bias_atom_e = _fitting_in(r, r.get(model, "fitting", "model"), ntypes, state)
     variables = model.get("@variables") or {}
     out_bias = variables.get("out_bias")

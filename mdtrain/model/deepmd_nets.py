@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.errors import MDTrainError
 
 PRECISION_NAMES = {torch.float64: "float64", torch.float32: "float32"}
@@ -149,6 +150,36 @@ def network_layers(r: Reader, net: dict, where: str, prefix: str, state: dict) -
             idt = np.asarray(variables["idt"]).ravel()
             state[f"{prefix}.layers.{i}.idt"] = torch.from_numpy(idt)
     return layers
+
+
+def fitting_networks(r: Reader, f: dict, ntypes: int, where: str) -> list:
+    """The serialised nets of fitting dict ``f``: one per type, or with ``mixed_types`` one
+    for all (DeePMD-kit's ``NetworkCollection`` of ``ndim`` 0)."""
+    mixed = f.get("mixed_types") or False
+    if mixed not in (True, False):
+        raise r.fail(f"{where}/mixed_types", f"{mixed!r} is not true or false")
+    nets = r.get(r.get(f, "nets", where), "networks", f"{where}/nets")
+    expected = 1 if mixed else ntypes
+    if not isinstance(nets, list) or len(nets) != expected:
+        count = len(nets) if isinstance(nets, list) else nets
+        what = "one for all types" if mixed else f"one per type ({ntypes})"
+        raise r.fail(f"{where}/nets", f"{count} networks, expected {what}")
+    return nets
+
+
+def check_fitting_follows(r: Reader, f: dict, descriptor: dict) -> None:
+    """Refuse a fitting whose ``mixed_types`` is not its descriptor's: mdtrain builds the
+    fitting as DeePMD-kit builds it from an input, one net for all types exactly when the
+    descriptor is type-mixed (`mdtrain.config.shares_fitting_net`)."""
+    mixed, shared = bool(f.get("mixed_types") or False), shares_fitting_net(descriptor)
+    if mixed != shared:
+        kind = descriptor.get("type")
+        rule = "one net for all types" if shared else "one net per type"
+        raise r.fail(
+            "model/fitting/mixed_types",
+            f"{mixed} with descriptor {kind}, whose fitting mdtrain (like DeePMD-kit) builds "
+            f"with {rule}",
+        )
 
 
 def precision_in(r: Reader, value: Any, where: str) -> str:

@@ -1,4 +1,5 @@
-"""The energy model: a descriptor (``mdtrain.model.descriptors``) + per-type fitting + energy bias, with exact forces
+"""The energy model: a descriptor (``mdtrain.model.descriptors``) + fitting (per type, or one net
+for all types after a type-mixed descriptor) + energy bias, with exact forces
 and virials by automatic differentiation. This is the reference implementation (plain
 operations, any activation, TorchScript); ``mdtrain.model.accel`` holds faster ones with the
 same parameters, and ``mdtrain.model.backend.build_model`` chooses between them once.
@@ -19,6 +20,7 @@ import json
 import torch
 from torch import Tensor
 
+from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.conservative import ConservativeModel
 from mdtrain.model.descriptors import build_descriptor
@@ -66,6 +68,7 @@ class EnergyModel(ConservativeModel):
             numb_fparam=int(fit["numb_fparam"]),
             numb_aparam=int(fit["numb_aparam"]),
             default_fparam=fit["default_fparam"],
+            mixed_types=shares_fitting_net(desc),  # DeePMD-kit's rule: one net when type-mixed
         )
         self.register_buffer("out_bias", torch.zeros(self.ntypes, dtype=torch.float64))
         self.register_buffer("out_std", torch.ones(self.ntypes, dtype=torch.float64))

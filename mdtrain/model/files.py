@@ -14,6 +14,7 @@ import pickle
 
 import torch
 
+from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import stored_model_config
 from mdtrain.outputs import KIND_FROZEN, file_kind
@@ -60,6 +61,29 @@ def weights_mismatch(model: torch.nn.Module, weights: dict) -> str | None:
     return None
 
 
+def per_type_fitting_problem(model_config: object, weights: dict) -> str | None:
+    """The problem of weights with one fitting net per type for a type-mixed descriptor (the
+    layout mdtrain wrote before its fitting followed DeePMD-kit: one net for all types), or
+    None. Such weights are refused, not mapped: the shared net is another function."""
+    if not isinstance(model_config, dict):
+        return None
+    parts = [(p, model_config.get("descriptor")) for p in ("", "parts.0.")]
+    models = model_config.get("models")
+    if isinstance(models, list):
+        parts += [(f"parts.{k}.", m.get("descriptor")) for k, m in enumerate(models) if m]
+    for prefix, descriptor in parts:
+        if not shares_fitting_net(descriptor):
+            continue
+        heads = (f"{prefix}fitting.networks.1.", f"{prefix}fitting.nets.networks.1.")
+        if any(k.removeprefix("module.").startswith(heads) for k in weights):
+            return (
+                f"its {descriptor.get('type')} model has one fitting net per type, mdtrain's "
+                "layout before its fitting followed DeePMD-kit's (one net for all types after "
+                "a type-mixed descriptor); retrain it"
+            )
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
     """Load a checkpoint with ``weights_only=True``; any problem is one-line `MDTrainError`."""
     path = os.fspath(path)
@@ -100,6 +124,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         )
     if "model_config" in state:  # names whose meaning changed keep the function trained with
         state["model_config"] = stored_model_config(state["model_config"])
+        old = per_type_fitting_problem(state["model_config"], state.get("model_state") or {})
+        if old:
+            raise MDTrainError(f"checkpoint {path}: {old}")
     return state
 
 

@@ -18,6 +18,7 @@ import json
 import torch
 from torch import Tensor, nn
 
+from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.descriptors import build_descriptor
@@ -31,8 +32,11 @@ from mdtrain.model.network import check_activation, dtype_of
 TENSOR_LABELS = {"dipole": ("dipole", 3), "polar": ("polarizability", 9)}
 
 
-def build_tensor_fitting(fit: dict, ntypes: int, dim_in: int, width: int, exclude: list[int]):
-    """The dipole or polar fitting of a normalised ``fitting_net`` section."""
+def build_tensor_fitting(
+    fit: dict, ntypes: int, dim_in: int, width: int, exclude: list[int], mixed_types: bool = False
+):
+    """The dipole or polar fitting of a normalised ``fitting_net`` section (``mixed_types``:
+    one net for all types, `mdtrain.config.shares_fitting_net` of the descriptor)."""
     where = "model/fitting_net"
     given = fit.get("embedding_width")
     if given is not None and int(given) != width:
@@ -49,6 +53,7 @@ def build_tensor_fitting(fit: dict, ntypes: int, dim_in: int, width: int, exclud
         dtype_of(fit["precision"], f"{where}/precision"),
         fit["seed"],
         exclude,
+        mixed_types,
     )
     if not polar:
         return DipoleFitting(nets, width)
@@ -98,7 +103,7 @@ class TensorModel(nn.Module):
         self.excluded = exclude
         width = int(desc["neuron"][-1])
         self.fitting = build_tensor_fitting(
-            fit, self.ntypes, self.descriptor.dim_out, width, exclude
+            fit, self.ntypes, self.descriptor.dim_out, width, exclude, shares_fitting_net(desc)
         )
         size = self.tensor_size
         self.register_buffer("out_bias", torch.zeros(self.ntypes, size, dtype=torch.float64))

@@ -13,7 +13,7 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.deepmd_format import descriptor_from_deepmd
-from mdtrain.model.deepmd_nets import Reader, activation_out
+from mdtrain.model.deepmd_nets import Reader, activation_out, check_fitting_follows
 from mdtrain.model.fittings.deepmd_io import fitting_from_deepmd, fitting_to_deepmd
 from mdtrain.model.tensor import TENSOR_LABELS, TensorModel
 
@@ -80,6 +80,7 @@ def tensor_model_from_deepmd(data: dict, source: str) -> tuple[dict, dict[str, t
     ntypes = len(type_map)
     state: dict[str, torch.Tensor] = {}
     descriptor = descriptor_from_deepmd(r, r.get(model, "descriptor", "model"), state)
+    check_fitting_follows(r, r.get(model, "fitting", "model"), descriptor)
     fitting = fitting_from_deepmd(r, r.get(model, "fitting", "model"), ntypes, state)
     size = TENSOR_LABELS[fitting["type"]][1]
     variables = model.get("@variables") or {}

@@ -3,7 +3,8 @@
 
 The architecture (descriptor and fitting settings) is the pretrained model's; the type_map is
 the input's, matched to the pretrained one by element name. A type present in both keeps its
-fitting net, its embedding nets (with ``type_one_side`` false, those of pairs of two such
+fitting net (after a type-mixed descriptor the one net shared by all types is kept), its
+embedding nets (with ``type_one_side`` false, those of pairs of two such
 types), its ``sel`` and its descriptor statistics; a new type gets fresh nets (from the
 input's seeds) and statistics from the new data. The energy bias is then refitted on the new
 data as DeePMD-kit's ``change-by-statistic`` does: the least-squares per-type correction of
@@ -155,6 +156,10 @@ def _mapped_weights(model: torch.nn.Module, pretrained: dict, mapping: list) -> 
         ]
     for new, old in pairs:
         _copy_net(state, old_state, f"descriptor.networks.{new}", f"descriptor.networks.{old}")
+    if model.fitting.mixed_types:  # one net for all types: the pretrained one as it is
+        if any(o is not None for o in mapping):
+            _copy_net(state, old_state, "fitting.networks.0", "fitting.networks.0")
+        return state
     for t, o in enumerate(mapping):
         if o is not None:
             _copy_net(state, old_state, f"fitting.networks.{t}", f"fitting.networks.{o}")

@@ -14,6 +14,8 @@ from mdtrain.model import EnergyModel
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.descriptors import DESCRIPTORS, canonical_type
 from mdtrain.model.stats import collect_stat_batches, stat_batch_plan, stream_stat_inputs
+from mdtrain.model.tensor import pair_vectors
+from mdtrain.neighbors.layout import layout_of
 from mdtrain.schema import discriminator_values, load_schema, resolve
 from tests.helpers.descriptor_battery import BATTERY, battery_cases, battery_config, case_id
 from tests.helpers.models import evaluate, set_random_stats, strained, triclinic, water_like
@@ -81,6 +83,33 @@ def test_the_config_layers_mixed_types_list_agrees_with_the_registry():
         assert model.mixed_types == bool(getattr(cls, "mixed_types", False))
         assert layout_of(model) is (MIXED if model.mixed_types else PER_TYPE)
         assert model.sel == ([sum(model.sel)] if model.mixed_types else model.sel)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_fitting_follows_the_descriptor_as_in_deepmd_kit(case):
+    """DeePMD-kit builds ONE fitting net for all types after a type-mixed descriptor (its
+    fitting ``mixed_types`` is the descriptor's ``mixed_types()``; a hybrid's is any
+    member's), one per type otherwise; the energy bias stays per type. Atomic energies are
+    recomputed here from the descriptor, net by net."""
+    model = model_of(case)
+    cls = DESCRIPTORS[case[0]]
+    members = [DESCRIPTORS[m["type"]] for m in BATTERY[case[0]].get("list", [])]
+    shared = any(getattr(c, "mixed_types", False) for c in [cls, *members])
+    assert model.fitting.mixed_types is shared
+    assert len(model.fitting.networks) == (1 if shared else model.ntypes)
+    coord, box, atype = frame(True, seed=4)
+    nlist, shift, _ = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
+    x = torch.tensor(coord)[None]
+    diff = pair_vectors(
+        x, torch.tensor(box)[None], torch.tensor(nlist)[None], torch.tensor(shift)[None]
+    )
+    with torch.no_grad():
+        d = model.descriptor(diff, torch.tensor(nlist)[None], torch.tensor(atype))[0]
+        got = model.atomic_energy(diff, torch.tensor(nlist)[None], torch.tensor(atype))[0]
+        for i, t in enumerate(atype):
+            net = model.fitting.networks[0 if shared else int(t)]
+            want = net(d[i : i + 1].to(model.fitting.dtype))[0, 0] + model.out_bias[t]
+            assert float(got[i]) == pytest.approx(float(want), rel=1e-12, abs=1e-12)
 
 
 def test_unknown_and_unimplemented_types_name_the_supported_ones():
@@ -259,6 +288,7 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
     """``.dp`` export then import gives the same parameters and outputs bit for bit; what
     has no .dp form is refused in one line naming the key."""
     from mdtrain.model.deepmd_file import load_dp, write_dp
+    from mdtrain.model.deepmd_format import model_to_deepmd
 
     model = model_of(case)
     path = tmp_path / "model.dp"
@@ -268,6 +298,10 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
             write_dp(model, path)
         return
     write_dp(model, path)
+    fitting = model_to_deepmd(model)["fitting"]  # one net for all types, or one per type
+    assert fitting["mixed_types"] is model.fitting.mixed_types
+    assert fitting["nets"]["ndim"] == (0 if model.fitting.mixed_types else 1)
+    assert len(fitting["nets"]["networks"]) == len(model.fitting.networks)
     state = load_dp(path)
     back = EnergyModel(state["model_config"])
     back.load_state_dict(state["model_state"])

@@ -198,3 +198,25 @@ def test_checkpoint_and_dp_carry_min_nbor_dist(pretrained, tmp_path):
     dp = tmp_path / "m.dp"
     assert main(["freeze", str(pretrained), "-o", str(dp)]) == 0
     assert load_dp(dp)["min_nbor_dist"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_type_mixed_descriptor_keeps_its_one_fitting_net(tmp_path):
+    """se_atten: one fitting net for all types (DeePMD-kit's rule), kept whole; the
+    reversed type_map gives the same forces on the same atoms."""
+    from tests.helpers.descriptor_battery import battery_config
+
+    inp = make_project(tmp_path / "pre", numb_steps=2)
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"] = battery_config("se_atten")["descriptor"]
+    inp.write_text(json.dumps(config))
+    assert train(inp) == 0
+    source = inp.parent / "out" / "model.ckpt.pt"
+    model, pre, systems = finetuned(reversed_copy(inp.parent, tmp_path / "new", ["H", "O"]), source)
+    assert len(model.fitting.networks) == 1
+    old_state, state = pre["model_state"], model.state_dict()
+    for key in [k for k in state if k.startswith("fitting.networks.0.")]:
+        assert torch.equal(state[key], old_state[key]), key
+    old = load_model(source)
+    coord, box, atype, _ = frames(systems[0])[0]
+    new_out, old_out = evaluate(model, coord, box, atype), evaluate(old, coord, box, 1 - atype)
+    np.testing.assert_allclose(new_out["force"], old_out["force"], rtol=0, atol=1e-12)

@@ -4,8 +4,9 @@ The dict is the one ``deepmd.dpmodel.fitting`` (``DipoleFitting``/``PolarFitting
 ``serialize`` writes: per-type ``FittingNetwork``s (layers as `mdtrain.model.deepmd_nets`
 writes and reads them) of ``embedding_width`` outputs (polar without ``fit_diag``: its
 square), ``bias_atom_e`` (ntypes, net outputs), and for polar ``scale`` (ntypes, 1) and
-``constant_matrix`` (ntypes,). What mdtrain cannot run (frame or atomic parameters, one net
-for all types, shared layers) is refused by name.
+``constant_matrix`` (ntypes,). ``mixed_types`` (one net for all types, ``nets`` of ``ndim``
+0) follows the descriptor, as in DeePMD-kit. What mdtrain cannot run (frame or atomic
+parameters, shared layers) is refused by name.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mdtrain.model.deepmd_nets import (
     activation_in,
     collection_dict,
     fitting_net_dict,
+    fitting_networks,
     network_layers,
     precision_in,
     to_numpy,
@@ -31,7 +33,6 @@ _OFF = {
     "numb_fparam": ("frame parameters (fparam)", (0, None)),
     "numb_aparam": ("atomic parameters (aparam)", (0, None)),
     "dim_case_embd": ("a case embedding (multi-task)", (0, None)),
-    "mixed_types": ("one fitting net for all types", (False, None)),
     "layer_name": ("shared fitting layers", (None,)),
     "spin": ("a spin model", (None,)),
     "use_aparam_as_mask": ("use_aparam_as_mask", (False, None)),
@@ -76,9 +77,9 @@ def fitting_to_deepmd(fitting: torch.nn.Module, fcfg: dict, type_map: list[str],
         "rcond": None,
         "activation_function": act,
         "precision": PRECISION_NAMES[nets.dtype],
-        "mixed_types": False,
+        "mixed_types": bool(nets.mixed_types),
         "exclude_types": [t for t in range(ntypes) if float(nets.type_keep[t]) == 0.0],
-        "nets": collection_dict(networks, 1, ntypes, "fitting_network"),
+        "nets": collection_dict(networks, 0 if nets.mixed_types else 1, ntypes, "fitting_network"),
         "@variables": variables,
         "type_map": list(type_map),
         "tot_ener_zero": False,
@@ -109,9 +110,7 @@ def fitting_from_deepmd(
         raise r.fail(f"{where}/type", f"{kind!r} is not a dipole or polar fitting")
     for key, (what, allowed) in _OFF.items():
         r.off(f, key, where, what, allowed=allowed)
-    networks = r.get(r.get(f, "nets", where), "networks", f"{where}/nets")
-    if len(networks) != ntypes:
-        raise r.fail(f"{where}/nets", f"{len(networks)} networks, expected {ntypes}")
+    networks = fitting_networks(r, f, ntypes, where)
     for t, net in enumerate(networks):
         network_layers(r, net, f"{where}/nets/networks/{t}", f"fitting.nets.networks.{t}", state)
     variables = r.get(f, "@variables", where)

@@ -1,7 +1,10 @@
 """Per-type fitting nets with several outputs, as DeePMD-kit's ``GeneralFitting`` runs them.
 
 Atom ``i`` of type ``t`` gets ``net_t(D_i) + bias_atom_e[t]`` (``n_out`` values), and zero
-when ``t`` is excluded (``exclude_types``): the common part of the dipole and polar fittings.
+when ``t`` is excluded (``exclude_types``): the common part of the dipole and polar fittings
+(and of any fitting of several outputs per atom). With ``mixed_types`` (DeePMD-kit's option,
+set from the descriptor: `mdtrain.config.shares_fitting_net`) one net serves every type,
+``net(D_i) + bias_atom_e[t]``: the bias stays per type.
 """
 
 import torch
@@ -41,9 +44,11 @@ class OutputNet(nn.Module):
 
 
 class TypeFittingNets(nn.Module):
-    """One `OutputNet` per atom type; buffer ``bias_atom_e`` (ntypes, n_out) float64."""
+    """One `OutputNet` per atom type (``mixed_types``: one for all, ``networks[0]``); buffer
+    ``bias_atom_e`` (ntypes, n_out) float64."""
 
     ntypes: int
+    mixed_types: bool
     dim_in: int
     n_out: int
 
@@ -58,16 +63,18 @@ class TypeFittingNets(nn.Module):
         dtype: torch.dtype = torch.float64,
         seed: int | None = None,
         exclude_types: list[int] | None = None,
+        mixed_types: bool = False,
     ) -> None:
         super().__init__()
         self.ntypes, self.dim_in, self.n_out = ntypes, dim_in, n_out
+        self.mixed_types = bool(mixed_types)
         self.dtype = dtype
         self.networks = nn.ModuleList(
             [
                 OutputNet(
                     dim_in, n_out, list(neuron), activation, resnet_dt, dtype, child_seed(seed, t)
                 )
-                for t in range(ntypes)
+                for t in range(1 if self.mixed_types else ntypes)
             ]
         )
         self.register_buffer("bias_atom_e", torch.zeros(ntypes, n_out, dtype=torch.float64))
@@ -81,9 +88,13 @@ class TypeFittingNets(nn.Module):
         nf, natoms = descriptor.shape[0], descriptor.shape[1]
         x = descriptor.to(self.dtype)
         out = torch.zeros(nf, natoms, self.n_out, dtype=self.dtype, device=descriptor.device)
-        for c, net in enumerate(self.networks):
-            idx = torch.nonzero(atype == c).view(-1)
-            y = net(x.index_select(1, idx).reshape(-1, self.dim_in))
-            out = out.index_copy(1, idx, y.view(nf, -1, self.n_out))
+        if self.mixed_types:
+            for net in self.networks:  # the one net (TorchScript indexes no ModuleList)
+                out = net(x.reshape(-1, self.dim_in)).view(nf, natoms, self.n_out)
+        else:
+            for c, net in enumerate(self.networks):
+                idx = torch.nonzero(atype == c).view(-1)
+                y = net(x.index_select(1, idx).reshape(-1, self.dim_in))
+                out = out.index_copy(1, idx, y.view(nf, -1, self.n_out))
         out = out + self.bias_atom_e.to(self.dtype)[atype]
         return out * self.type_keep[atype].unsqueeze(-1)
