@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mdtrain.data import EXTRA_LABELS, TENSOR_LABELS, System
+from mdtrain.data import System
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.layout import PER_TYPE, ListLayout
 
-LABELS = ("energy", "force", "virial", *EXTRA_LABELS, *TENSOR_LABELS)
+_INPUTS = ("coord", "box", "fparam", "aparam")  # what System.frames gives that is no label
 
 
 @dataclass
@@ -159,7 +159,8 @@ def make_batch(
         box=None if boxes is None else tensor(boxes, torch.float64),
         nlist=tensor(np.stack(lists), torch.long),
         shift=tensor(np.stack(shifts), torch.float64),
-        labels={k: tensor(frames[k], torch.float64) for k in LABELS if k in frames},
+        # every label the system has: the fixed ones and the model's own (DOS, property)
+        labels={k: tensor(v, torch.float64) for k, v in frames.items() if k not in _INPUTS},
         fparam=None if fparam is None else tensor(fparam, torch.float64),
         aparam=None if aparam is None else tensor(aparam, torch.float64),
     )

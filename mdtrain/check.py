@@ -14,6 +14,7 @@ from typing import Any
 from mdtrain.config import complete_config, parse_json, resolve_path
 from mdtrain.config.precision import network_problem
 from mdtrain.data import expand_systems, open_systems, validate_system
+from mdtrain.data.labels import output_labels
 from mdtrain.data.pair_table import check_table_types, read_table_file, types_of_columns
 from mdtrain.data.params import ParamSpec, param_problems
 from mdtrain.errors import MDTrainError
@@ -77,7 +78,9 @@ def check_config(data: Any, source: str) -> CheckReport:
             continue  # absent, or already reported by the schema
         paths, found = _expand(part["systems"], os.path.dirname(os.path.abspath(source)))
         problems += found
-        found, nframes = _inspect(paths, type_map, _get(config, "loss"), _param_spec(model))
+        found, nframes = _inspect(
+            paths, type_map, _get(config, "loss"), _param_spec(model), _outputs(model)
+        )
         problems += found
         problems += _check_per_system_lists(part, len(paths), f"training.{section}", source)
         nsys_total += len(paths)
@@ -93,19 +96,24 @@ def check_systems(paths: list[str], type_map: list[str] | None) -> list[str]:
 
 
 def _inspect(
-    paths: list[str], type_map: list[str] | None, loss: Any = None, spec: ParamSpec | None = None
+    paths: list[str],
+    type_map: list[str] | None,
+    loss: Any = None,
+    spec: ParamSpec | None = None,
+    outputs: dict | None = None,
 ) -> tuple[list[str], int]:
     """Problems and the total number of frames of the systems that could be opened; with the
-    ``loss`` section, also the label files its terms need (`label_problems`)."""
+    ``loss`` section, also the label files its terms need (`label_problems`); ``outputs``:
+    the model's own label files (DOS, property), checked for their widths."""
     problems: list[str] = []
     nframes = 0
     for path in progress(paths, len(paths), "checking systems"):
         try:
-            systems = open_systems(path, type_map)
+            systems = open_systems(path, type_map, outputs)
             for system in systems:
                 problems += validate_system(system)
                 if isinstance(loss, dict):
-                    problems += label_problems(loss, system)
+                    problems += label_problems(loss, system, outputs)
                 if spec is not None:
                     problems += param_problems(system, spec)
         except MDTrainError as exc:
@@ -172,6 +180,15 @@ def _param_spec(model: Any) -> ParamSpec | None:
     try:
         return ParamSpec.of(model) if isinstance(model, dict) else None
     except (TypeError, ValueError):
+        return None
+
+
+def _outputs(model: Any) -> dict | None:
+    """The model's own label files, None when the section is too broken to say (the schema
+    and the model checks report why)."""
+    try:
+        return output_labels(model)
+    except MDTrainError:
         return None
 
 

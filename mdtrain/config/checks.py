@@ -52,7 +52,13 @@ def _check_precision(config: dict) -> list[str]:
 
 
 # fitting type -> the loss type it trains with (DeePMD-kit's pairing)
-_LOSS_OF_FITTING = {"ener": "ener", "dipole": "tensor", "polar": "tensor"}
+_LOSS_OF_FITTING = {
+    "ener": "ener",
+    "dipole": "tensor",
+    "polar": "tensor",
+    "dos": "dos",
+    "property": "property",
+}
 
 
 def _check_model_kind(config: dict, fit: dict) -> list[str]:
@@ -73,12 +79,34 @@ def _check_model_kind(config: dict, fit: dict) -> list[str]:
             problems.append(
                 "loss: pref and pref_atomic are both 0, so there is nothing to train on"
             )
+    if loss_type == "dos" and isinstance(loss, dict) and not dos_terms_on(loss):
+        problems.append(
+            "loss: no term of the dos loss has both prefactors non-zero (start_pref_x and "
+            "limit_pref_x, x in dos, cdf, ados, acdf), so there is nothing to train on"
+        )
     excluded = _get(config, "model.atom_exclude_types")
     if kind == "ener" and excluded:
         problems.append(
-            f"model.atom_exclude_types: {excluded} is supported for dipole and polar models only"
+            f"model.atom_exclude_types: {excluded} is supported for dipole, polar, DOS and "
+            "property models only"
         )
     return problems
+
+
+def dos_terms_on(loss: dict) -> list[str]:
+    """The terms of a ``dos`` loss whose two prefactors are non-zero (DeePMD-kit's defaults
+    where absent: ados on, the others off)."""
+    default = {"dos": 0.0, "cdf": 0.0, "ados": 1.0, "acdf": 0.0}
+    return [
+        key
+        for key, value in default.items()
+        if _value(loss.get(f"start_pref_{key}", value)) != 0
+        and _value(loss.get(f"limit_pref_{key}", value)) != 0
+    ]
+
+
+def _value(value: Any) -> float:
+    return float(value) if _number(value) else 0.0
 
 
 def _get(config: dict, dotted: str) -> Any:

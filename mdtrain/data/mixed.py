@@ -29,22 +29,27 @@ from mdtrain.errors import MDTrainError
 REAL_TYPES = "real_atom_types"
 # arrays with values per frame; every other array (coord, force, atom_ener, atom_pref, drdq,
 # aparam, ...) has values per atom slot, which a composition takes for its real atoms
-_PER_FRAME = frozenset({"box", "energy", "virial", "fparam"})
+_PER_FRAME = frozenset({"box", "energy", "virial", "fparam", "dipole", "polarizability"})
 
 
-def open_systems(path: str, type_map: list[str] | None = None) -> list[System]:
+def open_systems(
+    path: str, type_map: list[str] | None = None, outputs: dict | None = None
+) -> list[System]:
     """The systems stored at ``path``: one `System`, or one per composition of a mixed-type
-    system (see the module doc)."""
+    system (see the module doc); ``outputs``: the label files of the model's outputs
+    (`mdtrain.data.labels.output_labels`)."""
     store = open_store(path)
     try:
-        return [System(store, type_map)]
+        return [System(store, type_map, outputs)]
     except MixedTypeFound:
-        return MixedSystem(store).compositions(type_map)
+        return MixedSystem(store).compositions(type_map, outputs)
 
 
-def open_all(paths: list[str], type_map: list[str] | None = None) -> list[System]:
+def open_all(
+    paths: list[str], type_map: list[str] | None = None, outputs: dict | None = None
+) -> list[System]:
     """`open_systems` of every path, in order, as one list."""
-    return [system for path in paths for system in open_systems(path, type_map)]
+    return [system for path in paths for system in open_systems(path, type_map, outputs)]
 
 
 class MixedSystem:
@@ -126,9 +131,12 @@ class MixedSystem:
             raise MDTrainError(f"{where}: frame {empty[0]} has no real atom (every type is -1)")
         return types
 
-    def compositions(self, type_map: list[str] | None = None) -> list[System]:
+    def compositions(
+        self, type_map: list[str] | None = None, outputs: dict | None = None
+    ) -> list[System]:
         """One `System` per composition (the number of atoms of each type), in the order of
         their first frames."""
+        per_frame = _PER_FRAME | {k for k, (_, atomic) in (outputs or {}).items() if not atomic}
         limit, names = self._limit(type_map)
         found: dict[bytes, _Composition] = {}
         for info in self.sets:
@@ -149,7 +157,8 @@ class MixedSystem:
         systems = []
         for group in sorted(found.values(), key=lambda g: g.first):
             label = "".join(f"{own[t]}{n}" for t, n in enumerate(group.counts.tolist()) if n)
-            systems.append(System(CompositionStore(self, group, label), type_map))
+            store = CompositionStore(self, group, label, per_frame)
+            systems.append(System(store, type_map, outputs))
         return systems
 
 
@@ -187,8 +196,15 @@ class CompositionStore:
     """The frames of one composition of a mixed-type system, as a store a `System` reads:
     its rows of each set, its real atoms only, sorted by type in every frame."""
 
-    def __init__(self, parent: MixedSystem, group: _Composition, label: str):
+    def __init__(
+        self,
+        parent: MixedSystem,
+        group: _Composition,
+        label: str,
+        per_frame: frozenset[str] = _PER_FRAME,
+    ):
         self._parent = parent.store
+        self._per_frame = per_frame
         self._headers = parent.headers
         self._types = np.repeat(np.arange(len(group.counts)), group.counts)
         self._natoms = parent.natoms  # virtual atoms included, as stored
@@ -225,7 +241,7 @@ class CompositionStore:
             return None
         shape, dtype = header
         count = len(self._rows[set_name])
-        if name in _PER_FRAME or len(shape) == 0:
+        if name in self._per_frame or len(shape) == 0:
             return (count, *shape[1:]), dtype
         values = math.prod(shape[1:])
         if values == 0 or values % self._natoms:
@@ -239,7 +255,7 @@ class CompositionStore:
     def rows(self, set_name: str, name: str, rows: np.ndarray) -> np.ndarray:
         """Frames ``rows`` of this composition (sorted, unique), its real atoms only."""
         data = self._parent.rows(set_name, name, self._rows[set_name][rows])
-        if name in _PER_FRAME or data.ndim < 2:
+        if name in self._per_frame or data.ndim < 2:
             return data
         data = data.reshape(len(rows), self._natoms, -1)
         atoms = self._atoms[set_name]

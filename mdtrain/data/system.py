@@ -68,12 +68,15 @@ class SetInfo:
     nframes: int
 
 
-def open_system(path: str, type_map: list[str] | None = None) -> System:
-    """Open a deepmd/npy directory, ``file.h5#/group``, or an HDF5 file whose root is a system.
+def open_system(
+    path: str, type_map: list[str] | None = None, outputs: dict | None = None
+) -> System:
+    """Open a deepmd/npy directory, ``file.h5#/group``, or an HDF5 file whose root is a system;
+    ``outputs``: the label files of the model's outputs (`mdtrain.data.labels.output_labels`).
 
     A mixed-type system (``set.*/real_atom_types.npy``) holds frames of several compositions:
     open it with ``mdtrain.data.open_systems``, which gives one `System` per composition."""
-    return System(open_store(path), type_map)
+    return System(open_store(path), type_map, outputs)
 
 
 def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
@@ -109,8 +112,17 @@ def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
 class System:
     """A read-only view of one system; see docs/developer.md (``mdtrain.data``)."""
 
-    def __init__(self, store: NpyStore | H5Store, type_map: list[str] | None = None):
+    def __init__(
+        self,
+        store: NpyStore | H5Store,
+        type_map: list[str] | None = None,
+        outputs: dict[str, tuple[int, bool]] | None = None,
+    ):
+        """``outputs``: label files of the model's outputs beyond the fixed ones (DOS,
+        properties): name -> (values per frame or per atom, per atom)."""
         self._store = store
+        self._outputs = dict(outputs or {})
+        self._layout = {**_LAYOUT, **self._outputs}
         self.path: str = store.path
         # the system as the input names it: a mixed-type system's compositions share it
         self.source: str = getattr(store, "source", store.path)
@@ -209,14 +221,16 @@ class System:
         where = self._store.where(set_name, name + ".npy")
         if dtype.kind not in "fiu":
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
-        width, per_atom = _LAYOUT[name]
+        width, per_atom = self._layout[name]
         expected = width * self.natoms if per_atom else width
         if name in _FREE_WIDTH:  # checked against the model (or the loss) by their users
             return self._free_width(name, shape, where, per_atom)
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
+            what = f" (the model's {name}: {width} per {'atom' if per_atom else 'frame'})"
             raise MDTrainError(
                 f"{where}: shape {list(shape)} does not match [nframes, {expected}]{unit}"
+                + (what if name in self._outputs else "")
             )
         return int(shape[0])
 
@@ -250,7 +264,7 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS):
+            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS, *self._outputs):
                 count = self._nframes_of(set_name, name, nf)
                 if count is None:
                     continue
@@ -265,7 +279,7 @@ class System:
                     f"{self._store.where(set_name, 'box.npy')}: missing in a periodic system "
                     "(add an empty 'nopbc' file if the system is not periodic)"
                 )
-            here = frozenset(present & {*LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS})
+            here = frozenset(present - {"box"})
             if labels is None:
                 labels, first = here, set_name
             elif here != labels:
@@ -342,6 +356,9 @@ class System:
             if name in out:
                 atomic = name.startswith("atomic_")
                 result[name] = out[name].reshape(n, natoms, -1)[:, order] if atomic else out[name]
+        for name, (_, per_atom) in self._outputs.items():  # (n, k); atomic (n, natoms, k)
+            if name in out:
+                result[name] = out[name].reshape(n, natoms, -1)[:, order] if per_atom else out[name]
         if "fparam" in out:
             result["fparam"] = out["fparam"]
         if "aparam" in out:  # (n, natoms, numb_aparam) in the model's atom order
@@ -368,7 +385,7 @@ class System:
     def _width(self, name: str) -> int:
         if name in _FREE_WIDTH:
             return self._widths.get(name, 0)
-        width, per_atom = _LAYOUT[name]
+        width, per_atom = self._layout[name]
         return width * self.natoms if per_atom else width
 
     # -- identity ---------------------------------------------------------------------------

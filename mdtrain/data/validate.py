@@ -38,7 +38,7 @@ def validate_system(system: System, chunk: int = 2000) -> list[str]:
                         what = "box is singular (zero volume)"
                         bad.setdefault(what, []).extend(index[singular].tolist())
     problems = []
-    for what in sorted(bad, key=_ORDER.index):
+    for what in sorted(bad, key=_rank):
         frames = sorted(set(bad[what]))
         shown = ", ".join(str(f) for f in frames[:_SHOWN])
         more = f", ... ({len(frames)} frames)" if len(frames) > _SHOWN else ""
@@ -62,3 +62,8 @@ _ORDER = [
     ),
     "box is singular (zero volume)",
 ]
+
+
+def _rank(what: str) -> int:
+    """A problem's place in the report: `_ORDER`'s; a model's own labels before the cell."""
+    return _ORDER.index(what) if what in _ORDER else len(_ORDER) - 1

@@ -36,6 +36,8 @@ from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.fittings.config import TENSOR_TYPES
+from mdtrain.model.fittings.invariant_config import INVARIANT_TYPES
+from mdtrain.model.invariant import InvariantModel
 from mdtrain.model.tensor import TensorModel
 
 log = logging.getLogger("mdtrain.model")
@@ -117,6 +119,10 @@ def build_model(
         if (backend or "reference") != "reference" or mixed_precision == "bf16":
             raise MDTrainError("dipole and polar models run on the reference backend, float64/32")
         return TensorModel(config).to(device)
+    if config["fitting_net"]["type"] in INVARIANT_TYPES:  # no accelerated fittings of these
+        if (backend or "reference") != "reference" or mixed_precision in COMPUTE_DTYPES:
+            raise MDTrainError("DOS and property models run on the reference backend, float64/32")
+        return InvariantModel(config).to(device)
     name, why = choose_backend(config, device, mixed_precision, backend)
     if name == "kernels":
         model = ExplicitEnergyModel(config, KernelEmbedding(load_kernels()))

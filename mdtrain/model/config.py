@@ -13,6 +13,7 @@ from typing import Any
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.registry import descriptor_class
 from mdtrain.model.fittings.config import TENSOR_TYPES, normalize_tensor_fitting
+from mdtrain.model.fittings.invariant_config import INVARIANT_TYPES, normalize_invariant_fitting
 
 FITTING_DEFAULTS: dict[str, Any] = {
     "type": "ener",
@@ -182,11 +183,14 @@ def normalize_model_config(model_config: dict) -> dict:
     fit_in = cfg.get("fitting_net") or {}
     if fit_in.get("type") in TENSOR_TYPES:
         fit = normalize_tensor_fitting(fit_in, ntypes)
+    elif fit_in.get("type") in INVARIANT_TYPES:
+        fit = normalize_invariant_fitting(fit_in)
     else:
         fit = _fill(fit_in, FITTING_DEFAULTS, "model/fitting_net")
-    if fit["type"] not in ("ener", *TENSOR_TYPES):
+    if fit["type"] not in ("ener", *TENSOR_TYPES, *INVARIANT_TYPES):
         raise MDTrainError(
-            f"model/fitting_net/type: {fit['type']!r} is not supported (ener, dipole, polar)"
+            f"model/fitting_net/type: {fit['type']!r} is not supported "
+            "(ener, dipole, polar, dos, property)"
         )
     for t in cfg["atom_exclude_types"]:
         if not 0 <= int(t) < ntypes:

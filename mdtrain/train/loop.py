@@ -14,6 +14,7 @@ import torch
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import Batch, NeighborListCache, make_batch
 from mdtrain.data import System
+from mdtrain.data.labels import output_labels
 from mdtrain.data.params import ParamSpec, check_params
 from mdtrain.distributed import Runtime
 from mdtrain.errors import MDTrainError
@@ -96,7 +97,8 @@ class Trainer(TrainingLoop):
         self.numb_steps = run_length(training, self.sampler)
         self.lr = make_schedule(lr_cfg, self.numb_steps)
         self.loss = make_loss(config["loss"], lr_cfg["start_lr"], model)
-        check_labels(config["loss"], [*train_systems, *valid_systems])
+        outputs = output_labels(config["model"])
+        check_labels(config["loss"], [*train_systems, *valid_systems], outputs)
         for system in [*train_systems, *valid_systems]:  # before any step: one line if not
             check_params(system, ParamSpec.of(config["model"]))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

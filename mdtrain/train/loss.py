@@ -29,7 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.train.loss_dos import DOSLoss
 from mdtrain.train.loss_labels import TERM_KEYS, label_problems, one_sided_terms, prefactors
+from mdtrain.train.loss_property import PropertyLoss
 from mdtrain.train.loss_tensor import TensorLoss
 from mdtrain.train.loss_terms import (
     LossOptions,
@@ -42,7 +44,9 @@ from mdtrain.train.loss_terms import (
 )
 
 __all__ = [
+    "DOSLoss",
     "EnergyLoss",
+    "PropertyLoss",
     "ErrorAccumulator",
     "TensorLoss",
     "check_labels",
@@ -219,9 +223,18 @@ class EnergyLoss:
         return weighted_force_term(diff, weight.to(diff.dtype), opts, pref)
 
 
-def make_loss(loss: Mapping, start_lr: float, model: torch.nn.Module) -> EnergyLoss | TensorLoss:
+def make_loss(
+    loss: Mapping, start_lr: float, model: torch.nn.Module
+) -> EnergyLoss | TensorLoss | DOSLoss | PropertyLoss:
     """The loss of the ``loss`` section: ``tensor`` for a dipole or polar ``model`` (its label
-    names the tensor), ``ener`` otherwise."""
+    names the tensor), ``dos`` and ``property`` for those models, ``ener`` otherwise."""
+    kind = getattr(model, "kind", None)
+    if loss.get("type") in ("dos", "property"):
+        if kind != loss["type"]:
+            raise MDTrainError(f"loss.type: {loss['type']!r} needs a {loss['type']} model")
+        if kind == "dos":
+            return DOSLoss.from_config(loss, start_lr)
+        return PropertyLoss.from_config(loss, model)
     if loss.get("type") == "tensor":
         label = getattr(model, "label", None)
         if label is None:
@@ -230,10 +243,10 @@ def make_loss(loss: Mapping, start_lr: float, model: torch.nn.Module) -> EnergyL
     return EnergyLoss.from_config(loss, start_lr)
 
 
-def check_labels(loss: Mapping, systems: Iterable) -> None:
+def check_labels(loss: Mapping, systems: Iterable, outputs: Mapping | None = None) -> None:
     """Raise the first of `label_problems` of ``systems`` (opened systems), naming how many
     more there are: training stops before its first step, not at the first batch."""
-    problems = [p for system in systems for p in label_problems(loss, system)]
+    problems = [p for system in systems for p in label_problems(loss, system, outputs)]
     if problems:
         more = f" (and {len(problems) - 1} more: see mdtrain check)" if len(problems) > 1 else ""
         raise MDTrainError(problems[0] + more)

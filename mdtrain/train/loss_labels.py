@@ -47,11 +47,16 @@ def term_on(loss: Mapping[str, Any], term: str) -> bool:
     return start != 0 and limit != 0
 
 
-def label_problems(loss: Mapping[str, Any], system: Any) -> list[str]:
+def label_problems(
+    loss: Mapping[str, Any], system: Any, outputs: Mapping[str, Any] | None = None
+) -> list[str]:
     """One line per label file ``system`` lacks (or holds in the wrong shape) for the terms
-    that are on; ``system`` is an opened `mdtrain.data.System`."""
+    that are on; ``system`` is an opened `mdtrain.data.System`, ``outputs`` the model's
+    output label files (`mdtrain.data.labels.output_labels`)."""
     if loss.get("type") == "tensor":
         return tensor_label_problems(loss, system)
+    if loss.get("type") in ("dos", "property"):
+        return output_label_problems(loss, system, outputs or {})
     problems = []
     for term, what in REQUIRED_FILES.items():
         if not term_on(loss, term):
@@ -93,6 +98,26 @@ def tensor_label_problems(loss: Mapping[str, Any], system: Any) -> list[str]:
         "atomic_dipole.npy, polarizability.npy or atomic_polarizability.npy, as loss.pref and "
         "loss.pref_atomic select)"
     ]
+
+
+def output_label_problems(
+    loss: Mapping[str, Any], system: Any, outputs: Mapping[str, Any]
+) -> list[str]:
+    """A DOS system needs ``dos.npy`` or ``atom_dos.npy`` (a term whose label a system lacks
+    trains nothing on it, as in DeePMD-kit); a property system needs ``<property_name>.npy``
+    (DeePMD-kit requires it)."""
+    frame = [name for name, (_, atomic) in outputs.items() if not atomic]
+    if not frame:
+        return []
+    name = frame[0]
+    if loss.get("type") == "property" and not system.has(name):
+        return [
+            f"system {system.path}: {name}.npy is missing (the model's property_name is "
+            f"{name!r}; every frame needs it)"
+        ]
+    if loss.get("type") == "dos" and not (system.has(name) or system.has(f"atom_{name}")):
+        return [f"system {system.path}: neither {name}.npy nor atom_{name}.npy (a DOS label)"]
+    return []
 
 
 def one_sided_terms(loss: Mapping[str, Any]) -> list[str]:

@@ -20,6 +20,7 @@ from mdtrain import distributed as dist_rt
 from mdtrain.batching import NeighborLimit
 from mdtrain.config import mixed_types, resolve_path
 from mdtrain.data import System, expand_systems, open_all, validate_system
+from mdtrain.data.labels import output_labels
 from mdtrain.data.share import share_ranges
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors import descriptor_class
@@ -46,6 +47,7 @@ class DataSets:
 def open_datasets(config: dict, config_path: str) -> DataSets:
     """Expand and open the training and validation systems named by the input (lazy reads)."""
     type_map = config["model"]["type_map"]
+    outputs = output_labels(config["model"])
 
     def systems_of(section: str) -> list[System]:
         data = config["training"].get(section)
@@ -59,7 +61,7 @@ def open_datasets(config: dict, config_path: str) -> DataSets:
             raise MDTrainError(f"{config_path}: training.{section}.systems: {exc}") from None
         if not paths:
             raise MDTrainError(f"{config_path}: training.{section}.systems names no system")
-        return open_all(paths, type_map)
+        return open_all(paths, type_map, outputs)
 
     return DataSets(train=systems_of("training_data"), valid=systems_of("validation_data"))
 

@@ -35,6 +35,7 @@ from mdtrain.model.stat_file import (
 )
 from mdtrain.model.stats.collector import StatCollector
 from mdtrain.model.stats.energy_bias import compute_energy_bias
+from mdtrain.model.stats.output_stats import output_stats
 from mdtrain.model.stats.pairs import PairStatSums
 from mdtrain.model.stats.params import set_param_stats
 from mdtrain.model.stats.sampling import my_stat_plan, stat_frames
@@ -120,7 +121,9 @@ def compute_or_load_stats(
     names = [f"{k}_{t}" for t in range(ntypes) for k in desc.stat_groups]
     bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
     have_items = all(f"{dkey}/{n}" in stored for n in names)
+    own_output = getattr(model, "kind", None) in ("dos", "property")  # its own statistics
     have_bias = (bkey in stored and skey in stored) or bool(getattr(model, "tensor_size", 0))
+    have_bias = have_bias or own_output
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     fitting = getattr(model, "fitting", None)
     if getattr(fitting, "numb_fparam", 0) or getattr(fitting, "numb_aparam", 0):
@@ -146,7 +149,15 @@ def compute_or_load_stats(
         new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
     davg, dstd = desc.stats_from_items(items)
     desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    if getattr(model, "tensor_size", 0):  # a dipole or polar model: its own output bias
+    if own_output:  # every rank takes every sampled frame: the same statistics everywhere
+        rcond = model.get_model_config()["fitting_net"].get("rcond")
+        plan_all = my_stat_plan(systems, nbatch, batch_size)
+        bias, std = output_stats(model, systems, plan_all, rcond)
+        model.out_bias.copy_(torch.from_numpy(bias))
+        model.out_std.copy_(torch.from_numpy(std))
+        if report:
+            log.info("%s output bias per type (mean over values): %s", model.label, bias.mean(1))
+    if getattr(model, "tensor_size", 0) or own_output:  # their own output bias
         if model.kind == "polar":
             bias = tensor_out_bias(model, systems, my_stat_plan(systems, nbatch, batch_size))
             model.out_bias.copy_(torch.from_numpy(bias))

@@ -1,0 +1,121 @@
+"""The invariant-output models: a descriptor + a DOS or property fitting (DeePMD-kit 3.2's
+``DOSModel`` / ``PropertyModel``), giving an atomic output of ``numb_dos`` / ``task_dim``
+values per atom and its frame reduction. No forces: the outputs are fitted as they are.
+
+Per atom ``i`` of type ``t`` (``deepmd/dpmodel/atomic_model``'s ``apply_out_stat``)::
+
+    dos:       o_i = F_t(D_i) + out_bias[t]
+    property:  o_i = F_t(D_i) * out_std[t] + out_bias[t]   (distinguish_types; else type 0's)
+
+where ``F_t`` is the fitting net of type ``t`` plus its ``bias_atom_e`` (DeePMD-kit's
+``GeneralFitting``). Atoms of ``atom_exclude_types`` give zero. The frame output is the sum
+over atoms, or for an ``intensive`` property the mean over the atoms not excluded.
+
+Outputs, float64: ``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k), ``<name>`` ``dos`` or the
+``property_name`` (the label files' names).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from torch import Tensor, nn
+
+from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptors import build_descriptor
+from mdtrain.model.fittings.invariant_config import output_name, output_width
+from mdtrain.model.fittings.nets import TypeFittingNets
+from mdtrain.model.network import check_activation, dtype_of
+from mdtrain.model.tensor import pair_vectors
+
+
+def build_invariant_fitting(fit: dict, ntypes: int, dim_in: int, exclude: list[int]):
+    """The per-type nets of a normalised ``dos``/``property`` ``fitting_net`` section."""
+    where = "model/fitting_net"
+    nets = TypeFittingNets(
+        ntypes,
+        dim_in,
+        output_width(fit),
+        [int(n) for n in fit["neuron"]],
+        check_activation(fit["activation_function"], where),
+        bool(fit["resnet_dt"]),
+        dtype_of(fit["precision"], f"{where}/precision"),
+        fit["seed"],
+        exclude,
+    )
+    for p in nets.parameters():
+        p.requires_grad_(bool(fit["trainable"]))
+    return nets
+
+
+class InvariantModel(nn.Module):
+    """A DOS or property model; ``forward`` as `EnergyModel`'s, other outputs."""
+
+    type_map: list[str]
+    kind: str
+    label: str
+    width: int
+    intensive: bool
+    distinguish_types: bool
+    model_config_json: str
+    backend: str
+
+    def __init__(self, model_config: dict) -> None:
+        super().__init__()
+        cfg = normalize_model_config(model_config)
+        self._config = cfg
+        self.model_config_json = json.dumps(cfg, sort_keys=True)
+        self.type_map = list(cfg["type_map"])
+        self.ntypes = len(self.type_map)
+        desc, fit = cfg["descriptor"], cfg["fitting_net"]
+        self.kind = fit["type"]
+        self.label = output_name(fit)
+        self.width = output_width(fit)
+        self.intensive = bool(fit.get("intensive", False))
+        self.distinguish_types = bool(fit.get("distinguish_types", True))
+        self.rcut = float(desc["rcut"])
+        self.sel = [int(s) for s in desc["sel"]]
+        self.descriptor = build_descriptor(desc, self.ntypes)
+        self.mixed_types = bool(self.descriptor.mixed_types)
+        self.excluded = sorted(int(t) for t in cfg["atom_exclude_types"])
+        self.fitting = build_invariant_fitting(
+            fit, self.ntypes, self.descriptor.dim_out, self.excluded
+        )
+        shape = (self.ntypes, self.width)
+        self.register_buffer("out_bias", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("out_std", torch.ones(shape, dtype=torch.float64))
+        keep = torch.ones(self.ntypes, dtype=torch.float64)
+        for t in self.excluded:
+            keep[t] = 0.0
+        self.register_buffer("atom_keep", keep, persistent=False)
+        self.backend = "reference"
+
+    def get_model_config(self) -> dict:
+        """The normalised ``model`` section; ``InvariantModel(cfg)`` rebuilds this model."""
+        return copy.deepcopy(self._config)
+
+    def atomic_output(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """Atomic outputs (nf, N, k) float64 from pair vectors."""
+        d = self.descriptor(diff, nlist, atype)
+        out = self.fitting(d, atype).to(torch.float64)
+        if self.kind == "property":
+            index = atype if self.distinguish_types else torch.zeros_like(atype)
+            out = out * self.out_std[index] + self.out_bias[index]
+        else:
+            out = out + self.out_bias[atype]
+        return out * self.atom_keep[atype].view(1, -1, 1)
+
+    def forward(
+        self, coord: Tensor, atype: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
+    ) -> dict[str, Tensor]:
+        """``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k); arguments as
+        `EnergyModel.forward`'s."""
+        x = coord.to(torch.float64)
+        cell = None if box is None else box.to(torch.float64)
+        atomic = self.atomic_output(pair_vectors(x, cell, nlist, shift), nlist, atype)
+        total = atomic.sum(dim=1)
+        if self.intensive:
+            total = total / self.atom_keep[atype].sum()
+        return {f"atom_{self.label}": atomic, self.label: total}

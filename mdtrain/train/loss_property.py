@@ -1,0 +1,121 @@
+"""The ``property`` loss (DeePMD-kit's ``loss.type = "property"``, ``deepmd/pt/loss/
+property.py``) of property models, for a batch of ``nf`` frames of one system of ``N`` atoms
+and a property of ``k = task_dim`` values. With ``p``, ``y`` the predicted and labelled frame
+properties, divided by ``N`` unless the property is ``intensive``, and ``b``, ``s`` the
+model's output bias and standard deviation of type 0 (``out_bias[0]``, ``out_std[0]``)::
+
+    smooth_mae: sum over nf * k of huber_beta((y - b)/s - (p - b)/s)   (torch's smooth_l1)
+    mae:        sum |(y - p)/s|        mse: sum ((y - p)/s)^2
+    rmse:       sqrt(mean ((y - p)/s)^2)
+    mape:       mean |(y - p) / (y + 0.001)|
+
+Displayed errors (``metric``), on ``p`` and ``y`` themselves: ``smooth_mae``, ``mae``,
+``mse``, ``rmse``, ``mape``, means over nf * k. The sums are not means over frames: a
+micro-batch contributes its own sum (unweighted), so micro-batches add up to the full batch
+exactly; ``rmse`` and ``mape`` are weighted like the other losses' means (``rmse`` of a batch
+split on out-of-memory is then the weighted mean of the micro-batches' roots, not the root of
+the whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from mdtrain.errors import MDTrainError
+
+LOSS_FUNCS = ("smooth_mae", "mae", "mse", "rmse", "mape")
+_SUMMED = ("smooth_mae", "mae", "mse")
+
+
+class PropertyLoss:
+    """DeePMD-kit's property loss of one named property."""
+
+    def __init__(
+        self,
+        label: str,
+        intensive: bool,
+        stats: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+        loss_func: str = "smooth_mae",
+        metric: list[str] | None = None,
+        beta: float = 1.0,
+    ) -> None:
+        """``stats()``: the model's ``(out_bias[0], out_std[0])`` at the time of the call."""
+        if loss_func not in LOSS_FUNCS:
+            raise MDTrainError(f"loss.loss_func: {loss_func!r} is not one of {LOSS_FUNCS}")
+        metric = ["mae"] if metric is None else list(metric)
+        for name in metric:
+            if name not in LOSS_FUNCS:
+                raise MDTrainError(f"loss.metric: {name!r} is not one of {LOSS_FUNCS}")
+        if not beta > 0:
+            raise MDTrainError(f"loss.beta: {beta!r} must be > 0")
+        self.label, self.intensive, self.stats = label, bool(intensive), stats
+        self.loss_func, self.metric, self.beta = loss_func, metric, float(beta)
+
+    @classmethod
+    def from_config(cls, loss: Mapping, model: torch.nn.Module) -> PropertyLoss:
+        """From the ``loss`` section and the property ``model`` (its name, ``intensive`` and
+        output statistics)."""
+        return cls(
+            model.label,
+            model.intensive,
+            lambda: (model.out_bias[0], model.out_std[0]),
+            loss.get("loss_func", "smooth_mae"),
+            loss.get("metric", ["mae"]),
+            float(loss.get("beta", 1.0)),
+        )
+
+    def metric_keys(self) -> list[str]:
+        """Metric names reported every step (sorted, as written to lcurve.out); ``rmse`` is
+        the property's RMSE when ``metric`` names it, else the root of the loss."""
+        return sorted({"rmse", *self.metric})
+
+    def loss_metric_keys(self) -> list[str]:
+        """Metrics a validation takes from this loss."""
+        return [k for k in self.metric_keys() if k != "rmse" or "rmse" in self.metric]
+
+    def __call__(
+        self,
+        pred: Mapping[str, torch.Tensor],
+        label: Mapping[str, torch.Tensor],
+        natoms: int,
+        lr: float = 0.0,
+        weight: float = 1.0,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss of a (micro-)batch and its metrics. ``pred[<name>]`` (nf, k); ``label`` holds
+        ``<name>`` (every system has it: `label_problems`). ``lr`` is unused."""
+        del lr
+        p = pred[self.label]
+        y = label[self.label].to(p.dtype).reshape(p.shape)
+        if not self.intensive:
+            p, y = p / natoms, y / natoms
+        bias, std = (t.to(p.dtype) for t in self.stats())
+        a, b = (y - bias) / std, (p - bias) / std
+        func = self.loss_func
+        if func == "smooth_mae":
+            loss = F.smooth_l1_loss(a, b, reduction="sum", beta=self.beta)
+        elif func == "mae":
+            loss = F.l1_loss(a, b, reduction="sum")
+        elif func == "mse":
+            loss = F.mse_loss(a, b, reduction="sum")
+        elif func == "rmse":
+            loss = F.mse_loss(a, b, reduction="mean").sqrt()
+        else:
+            loss = ((y - p) / (y + 1e-3)).abs().mean()
+        metrics = {name: self._metric(name, y, p.detach()) for name in self.metric}
+        if "rmse" not in metrics:
+            metrics["rmse"] = loss.detach().sqrt()
+        return loss if func in _SUMMED else loss * weight, metrics
+
+    def _metric(self, name: str, y: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        if name == "smooth_mae":
+            return F.smooth_l1_loss(y, p, reduction="mean", beta=self.beta)
+        if name == "mae":
+            return F.l1_loss(y, p, reduction="mean")
+        if name == "mse":
+            return F.mse_loss(y, p, reduction="mean")
+        if name == "rmse":
+            return F.mse_loss(y, p, reduction="mean").sqrt()
+        return ((y - p) / (y + 1e-3)).abs().mean()
