@@ -14,6 +14,7 @@ import os
 import torch
 
 from mdtrain.data import System, expand_systems, open_systems
+from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
 from mdtrain.infer.load import load_model, model_file
@@ -63,13 +64,14 @@ def run_test(args: argparse.Namespace) -> int:
     keep_freed_memory()
     model = load_model(model_path, device, scripted=args.torchscript)
     type_map = list(model.type_map)
-    if getattr(model, "label", None) and (args.detail_file or args.parity):
-        raise MDTrainError(
-            f"model {args.model}: -d/--parity are not written for {model.label} models yet"
-        )
+    kind = getattr(model, "label", None) or getattr(model, "kind", None)
+    if kind and (args.detail_file or args.parity):
+        raise MDTrainError(f"model {args.model}: -d/--parity are not written for {kind} models yet")
+    outputs = output_labels(json.loads(getattr(model, "model_config_json", "") or "{}"))
     systems, labels = [], []
     for path, name in zip(*_expand(args.system), strict=True):
-        for system in open_systems(path, type_map):  # a mixed-type one: its compositions
+        # a mixed-type one: its compositions; the model's own label files (DOS, property)
+        for system in open_systems(path, type_map, outputs):
             systems.append(system)
             labels.append(name + system.path[len(system.source) :])
     counts = [_frames_to_test(s, args.numb_test) for s in systems]

@@ -36,8 +36,16 @@ QUANTITIES: dict[str, tuple[str, str]] = {
     "atomic_dipole": ("atomic_dipole", "label unit"),
     "polarizability": ("polarizability", "label unit"),
     "atomic_polarizability": ("atomic_polarizability", "label unit"),
+    # DOS and property models (DeePMD-kit's dp test: DOS, DOS/Natoms, atomic DOS; PROPERTY,
+    # atomic PROPERTY), the property's label files named by its property_name
+    "dos": ("dos", "label unit"),
+    "dos_per_atom": ("dos", "label unit/atom"),
+    "atom_dos": ("atom_dos", "label unit"),
+    "property": ("property", "label unit"),
+    "atom_property": ("atom_property", "label unit"),
 }
 TENSOR_QUANTITIES = ("dipole", "atomic_dipole", "polarizability", "atomic_polarizability")
+OUTPUT_QUANTITIES = ("atom_dos", "property", "atom_property")  # compared as they are
 PARITY_MAX_POINTS = 200_000  # force components drawn at most (a random subset beyond)
 
 
@@ -107,10 +115,27 @@ class SystemResult:
             dv = self.pred["virial"] - self.label["virial"]
             sums.add("virial", dv)
             sums.add("virial_per_atom", dv / self.natoms)
-        for name in TENSOR_QUANTITIES:
+        for name in (*TENSOR_QUANTITIES, *OUTPUT_QUANTITIES):
             if name in self.label:
                 sums.add(name, self.pred[name] - self.label[name])
+        if "dos" in self.label:
+            diff = self.pred["dos"] - self.label["dos"]
+            sums.add("dos", diff)
+            sums.add("dos_per_atom", diff / self.natoms)
         return sums
+
+
+def prediction_names(model: torch.nn.Module) -> dict[str, tuple[str, str]]:
+    """What ``mdtrain test`` compares for ``model``: prediction name -> (the model output
+    giving it, the label file it is compared with)."""
+    tensor = getattr(model, "label", None)  # "dipole" or "polarizability" for those models
+    if tensor:
+        return {tensor: (tensor, tensor), f"atomic_{tensor}": (f"atom_{tensor}", f"atomic_{tensor}")}
+    own = getattr(model, "output", None)  # "dos" or the property_name
+    if own:
+        name = "dos" if own == "dos" else "property"
+        return {name: (own, own), f"atom_{name}": (f"atom_{own}", f"atom_{own}")}
+    return {k: (k, k) for k in ("energy", "force", "virial")}
 
 
 def evaluate_system(
@@ -134,14 +159,9 @@ def evaluate_system(
     rcut, sel = float(model.rcut), [int(s) for s in model.sel]
     params = ParamSpec.of_model(model)
     layout = layout_of(model)
-    tensor = getattr(model, "label", None)  # "dipole" or "polarizability" for those models
-    # prediction name -> the model output that gives it
-    outputs = (
-        {tensor: tensor, f"atomic_{tensor}": f"atom_{tensor}"}
-        if tensor
-        else {k: k for k in ("energy", "force", "virial")}
-    )
-    labels = [k for k in outputs if system.has(k)]
+    names = prediction_names(model)
+    outputs = {k: output for k, (output, _) in names.items()}
+    labels = [k for k, (_, file) in names.items() if system.has(file)]
     if not system.periodic and "virial" in labels:
         labels.remove("virial")  # a virial without a cell is not comparable
 
@@ -154,7 +174,7 @@ def evaluate_system(
         result = {k: out[o].detach().cpu().numpy() for k, o in outputs.items()}
         check_predictions(result, name, system.path, start)
         for k in labels:
-            result["label_" + k] = batch.labels[k].cpu().numpy()
+            result["label_" + k] = batch.labels[names[k][1]].cpu().numpy()
         if on_frames is not None:
             on_frames(stop - start)
         return result

@@ -30,6 +30,13 @@ from mdtrain.model.deepmd_combined import (
     is_combined_dict,
 )
 from mdtrain.model.deepmd_format import deepmd_to_model, model_def_script, model_to_deepmd
+from mdtrain.model.invariant import InvariantModel
+from mdtrain.model.invariant_deepmd import (
+    invariant_def_script,
+    invariant_model_from_deepmd,
+    invariant_model_to_deepmd,
+    is_invariant_deepmd,
+)
 from mdtrain.model.tensor_deepmd import (
     is_tensor_deepmd,
     tensor_def_script,
@@ -73,13 +80,15 @@ def _map_variables(obj: Any, convert: Callable[[Any], Any], inside: bool = False
 def write_dp(
     model: torch.nn.Module, path: str | os.PathLike, min_nbor_dist: float | None = None
 ) -> None:
-    """Write ``model`` (an mdtrain EnergyModel or TensorModel) as a DeePMD-kit ``.dp`` file,
+    """Write ``model`` (an mdtrain energy, tensor, DOS or property model) as a DeePMD-kit ``.dp`` file,
     atomically."""
     path = os.fspath(path)
     combined = isinstance(model, CombinedModel)
     tensor = getattr(model, "tensor_size", 0)  # a dipole or polar model
     if combined:
         body, script = combined_to_deepmd(model), combined_def_script(model)
+    elif isinstance(model, InvariantModel):
+        body, script = invariant_model_to_deepmd(model), invariant_def_script(model)
     elif tensor:
         body, script = tensor_model_to_deepmd(model), tensor_def_script(model)
     else:
@@ -137,13 +146,15 @@ def read_dp(path: str | os.PathLike) -> dict:
 
 def load_dp(path: str | os.PathLike) -> dict:
     """A checkpoint-like dict (``model_config``, ``model_state``, ``min_nbor_dist``) of the
-    energy, dipole or polar model in a ``.dp`` file, for everything that takes a checkpoint."""
+    energy, dipole, polar, DOS or property model in a ``.dp`` file, for everything that takes a checkpoint."""
     path = os.fspath(path)
     data = read_dp(path)
     if is_combined_dict(data):
         read = deepmd_to_combined
     elif is_tensor_deepmd(data):
         read = tensor_model_from_deepmd
+    elif is_invariant_deepmd(data):
+        read = invariant_model_from_deepmd
     else:
         read = deepmd_to_model
     config, state = read(data, f"model {path}")

@@ -55,7 +55,7 @@ class InvariantModel(nn.Module):
 
     type_map: list[str]
     kind: str
-    label: str
+    output: str
     width: int
     intensive: bool
     distinguish_types: bool
@@ -71,7 +71,7 @@ class InvariantModel(nn.Module):
         self.ntypes = len(self.type_map)
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
         self.kind = fit["type"]
-        self.label = output_name(fit)
+        self.output = output_name(fit)
         self.width = output_width(fit)
         self.intensive = bool(fit.get("intensive", False))
         self.distinguish_types = bool(fit.get("distinguish_types", True))
@@ -118,4 +118,4 @@ class InvariantModel(nn.Module):
         total = atomic.sum(dim=1)
         if self.intensive:
             total = total / self.atom_keep[atype].sum()
-        return {f"atom_{self.label}": atomic, self.label: total}
+        return {f"atom_{self.output}": atomic, self.output: total}

@@ -59,7 +59,7 @@ class PropertyLoss:
         """From the ``loss`` section and the property ``model`` (its name, ``intensive`` and
         output statistics)."""
         return cls(
-            model.label,
+            model.output,
             model.intensive,
             lambda: (model.out_bias[0], model.out_std[0]),
             loss.get("loss_func", "smooth_mae"),

@@ -29,7 +29,7 @@ from mdtrain.model.deepmd_nets import (
 )
 
 # key -> (what it is, the values meaning "off")
-_OFF = {
+UNSUPPORTED = {
     "numb_fparam": ("frame parameters (fparam)", (0, None)),
     "numb_aparam": ("atomic parameters (aparam)", (0, None)),
     "dim_case_embd": ("a case embedding (multi-task)", (0, None)),
@@ -108,7 +108,7 @@ def fitting_from_deepmd(
     kind = f.get("type")
     if kind not in ("dipole", "polar"):
         raise r.fail(f"{where}/type", f"{kind!r} is not a dipole or polar fitting")
-    for key, (what, allowed) in _OFF.items():
+    for key, (what, allowed) in UNSUPPORTED.items():
         r.off(f, key, where, what, allowed=allowed)
     networks = fitting_networks(r, f, ntypes, where)
     for t, net in enumerate(networks):

@@ -156,7 +156,7 @@ def compute_or_load_stats(
         model.out_bias.copy_(torch.from_numpy(bias))
         model.out_std.copy_(torch.from_numpy(std))
         if report:
-            log.info("%s output bias per type (mean over values): %s", model.label, bias.mean(1))
+            log.info("%s output bias per type (mean over values): %s", model.output, bias.mean(1))
     if getattr(model, "tensor_size", 0) or own_output:  # their own output bias
         if model.kind == "polar":
             bias = tensor_out_bias(model, systems, my_stat_plan(systems, nbatch, batch_size))

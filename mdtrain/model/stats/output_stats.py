@@ -29,7 +29,7 @@ def output_stats(
     """``(out_bias, out_std)`` (ntypes, k) float64 of ``model`` (an `InvariantModel`) over the
     frames of ``plan`` ((system, start, stop) rows); zeros and ones when no frame has a
     label."""
-    ntypes, width, name = model.ntypes, model.width, model.label
+    ntypes, width, name = model.ntypes, model.width, model.output
     keep = model.atom_keep.cpu().numpy()
     atomic: list[list[np.ndarray]] = [[] for _ in range(ntypes)]
     counts: list[np.ndarray] = []
