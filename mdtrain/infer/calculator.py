@@ -30,7 +30,9 @@ class MDTrainCalculator(Calculator):
     """Energy, forces and stress of an mdtrain model for ASE ``Atoms``; for a dipole or
     polar model instead its tensor: ``dipole`` (3,) (``atoms.get_dipole_moment()``) and
     ``atom_dipole`` (natoms, 3), or ``polarizability`` and ``atom_polarizability`` (3 x 3
-    each), atoms in the ``Atoms``' order (``calc.get_property("polarizability", atoms)``).
+    each), atoms in the ``Atoms``' order (``calc.get_property("polarizability", atoms)``);
+    for a DOS or property model its output: ``dos`` (numb_dos,) and ``atom_dos`` (natoms,
+    numb_dos), or ``<property_name>`` (task_dim,) and ``atom_<property_name>``.
 
     ``model`` is a path (checkpoint or frozen TorchScript model, see ``mdtrain.infer.load``)
     or a ``torch.nn.Module`` with the EnergyModel forward signature and the attributes
@@ -61,7 +63,9 @@ class MDTrainCalculator(Calculator):
         self.rcut = float(self.model.rcut)
         self.sel: list[int] = [int(s) for s in self.model.sel]
         self.params = ParamSpec.of_model(self.model)
-        self.tensor: str | None = getattr(self.model, "label", None)  # a dipole/polar model
+        # a dipole/polar model's tensor, or a DOS/property model's output ("dos", its name)
+        self.tensor: str | None = getattr(self.model, "label", None)
+        self.tensor = self.tensor or getattr(self.model, "output", None)
         if self.tensor:  # its tensor, whole and per atom (in the atoms' order)
             self.implemented_properties = [self.tensor, f"atom_{self.tensor}"]
 
@@ -74,7 +78,7 @@ class MDTrainCalculator(Calculator):
             {k: v[None] for k, v in out.items()}, self.model_name, "the calculator's atoms"
         )
         if self.tensor:
-            shape = (3,) if self.tensor == "dipole" else (3, 3)
+            shape = {"dipole": (3,), "polarizability": (3, 3)}.get(self.tensor, (-1,))
             atomic = out[f"atom_{self.tensor}"]
             self.results[self.tensor] = out[self.tensor].reshape(shape)
             self.results[f"atom_{self.tensor}"] = atomic.reshape(len(atomic), *shape)

@@ -130,7 +130,10 @@ def prediction_names(model: torch.nn.Module) -> dict[str, tuple[str, str]]:
     giving it, the label file it is compared with)."""
     tensor = getattr(model, "label", None)  # "dipole" or "polarizability" for those models
     if tensor:
-        return {tensor: (tensor, tensor), f"atomic_{tensor}": (f"atom_{tensor}", f"atomic_{tensor}")}
+        return {
+            tensor: (tensor, tensor),
+            f"atomic_{tensor}": (f"atom_{tensor}", f"atomic_{tensor}"),
+        }
     own = getattr(model, "output", None)  # "dos" or the property_name
     if own:
         name = "dos" if own == "dos" else "property"

@@ -64,6 +64,36 @@ def make_tensor_model(kind: str, seed: int = 0, **fitting):
     return model
 
 
+DPA1 = {"type": "dpa1", "sel": 40, "neuron": [4, 8], "tebd_dim": 3, "attn_layer": 1, "attn": 8}
+INVARIANT_CASES = {
+    "dos": ({"type": "dos", "numb_dos": 5}, None),
+    "property": ({"type": "property", "property_name": "gap", "task_dim": 2}, None),
+    "intensive": ({"type": "property", "property_name": "gap", "intensive": True}, None),
+    "property-dpa1": ({"type": "property", "property_name": "gap", "task_dim": 3}, DPA1),
+}
+
+
+def make_invariant_model(case: str, seed: int = 0, **model):
+    """A small DOS or property `InvariantModel` (``INVARIANT_CASES``) with random
+    statistics, ``bias_atom_e``, ``out_bias`` and ``out_std``."""
+    from mdtrain.model.invariant import InvariantModel
+
+    fit, desc = INVARIANT_CASES[case]
+    cfg = small_config(descriptor=desc, fitting={"neuron": [16, 16], "seed": 2, **fit}, **model)
+    cfg["fitting_net"].pop("resnet_dt")
+    if desc is not None:
+        cfg["descriptor"] = {"rcut": 3.5, "rcut_smth": 0.5, "seed": 1, **desc}
+    m = InvariantModel(cfg)
+    rng = np.random.default_rng(seed)
+    if not m.descriptor.mixed_types:
+        random_env_stats(m.descriptor, rng)
+    with torch.no_grad():
+        for buffer, scale in ((m.fitting.bias_atom_e, 0.3), (m.out_bias, 1.0)):
+            buffer.copy_(torch.from_numpy(rng.normal(0, scale, size=tuple(buffer.shape))))
+        m.out_std.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, size=tuple(m.out_std.shape))))
+    return m
+
+
 def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) -> None:
     """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
     type, a mean for the first group only (the radial column), a std per group; a

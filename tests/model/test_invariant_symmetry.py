@@ -11,33 +11,15 @@ import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from mdtrain.model.invariant import InvariantModel
-from tests.helpers.models import evaluate, random_env_stats, small_config, triclinic, water_like
+from tests.helpers.models import (
+    INVARIANT_CASES,
+    evaluate,
+    make_invariant_model,
+    triclinic,
+    water_like,
+)
 
-DPA1 = {"type": "dpa1", "sel": 40, "neuron": [4, 8], "tebd_dim": 3, "attn_layer": 1, "attn": 8}
-CASES = {
-    "dos": ({"type": "dos", "numb_dos": 5}, None),
-    "property": ({"type": "property", "property_name": "gap", "task_dim": 2}, None),
-    "intensive": ({"type": "property", "property_name": "gap", "intensive": True}, None),
-    "property-dpa1": ({"type": "property", "property_name": "gap", "task_dim": 3}, DPA1),
-}
-
-
-def make_invariant_model(case: str, seed: int = 0, **model) -> InvariantModel:
-    fit, desc = CASES[case]
-    cfg = small_config(descriptor=desc, fitting={"neuron": [16, 16], "seed": 2, **fit}, **model)
-    cfg["fitting_net"].pop("resnet_dt")
-    if desc is not None:
-        cfg["descriptor"] = {"rcut": 3.5, "rcut_smth": 0.5, "seed": 1, **desc}
-    m = InvariantModel(cfg)
-    rng = np.random.default_rng(seed)
-    if not m.descriptor.mixed_types:
-        random_env_stats(m.descriptor, rng)
-    with torch.no_grad():
-        for buffer, scale in ((m.fitting.bias_atom_e, 0.3), (m.out_bias, 1.0)):
-            buffer.copy_(torch.from_numpy(rng.normal(0, scale, size=tuple(buffer.shape))))
-        m.out_std.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, size=tuple(m.out_std.shape))))
-    return m
+CASES = INVARIANT_CASES
 
 
 def _outputs(model, coord, box, atype):

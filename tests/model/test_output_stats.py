@@ -53,7 +53,10 @@ def test_atomic_labels_give_per_type_mean_and_std(tmp_path):
     bias, std = output_stats(model, systems, plan)
     for t in range(2):
         rows = np.concatenate(
-            [s.frames(range(s.nframes))["atom_dos"][:, s.atype == t].reshape(-1, 3) for s in systems]
+            [
+                s.frames(range(s.nframes))["atom_dos"][:, s.atype == t].reshape(-1, 3)
+                for s in systems
+            ]
         )
         np.testing.assert_allclose(bias[t], rows.mean(0), rtol=1e-12)
         np.testing.assert_allclose(std[t], np.sqrt(((rows - rows.mean(0)) ** 2).mean(0)))

@@ -75,8 +75,8 @@ def test_dos_micro_batches_add_up():
     whole = float(loss(_torch(pred), _torch(label), N, 1e-3)[0])
     parts = 0.0
     for rows, w in ((slice(0, 1), 1 / 3), (slice(1, 3), 2 / 3)):
-        sub = lambda d: {k: torch.from_numpy(v[rows]) for k, v in d.items()}  # noqa: E731
-        parts += float(loss(sub(pred), sub(label), N, 1e-3, weight=w)[0])
+        p, y = ({k: torch.from_numpy(v[rows]) for k, v in d.items()} for d in (pred, label))
+        parts += float(loss(p, y, N, 1e-3, weight=w)[0])
     assert parts == pytest.approx(whole, rel=1e-12)
 
 
