@@ -155,8 +155,8 @@ def _edit_json(path, edit) -> None:
             "model/fitting/dim_case_embd: a case embedding",
         ),
         (
-            lambda d: d["model"]["fitting"].update(type="dos"),
-            "model/fitting/type: fitting 'dos'",
+            lambda d: d["model"]["fitting"].update(type="population"),
+            "model/fitting/type: fitting 'population'",
         ),
         (lambda d: d["model"].update(type="zbl"), "a 'zbl' model is not supported"),
         (
