@@ -40,58 +40,94 @@ UNSUPPORTED = {
 }
 
 
-def fitting_to_deepmd(fitting: torch.nn.Module, fcfg: dict, type_map: list[str], act: str) -> dict:
-    """DeePMD-kit's dict of a `DipoleFitting` or `PolarFitting` built from section ``fcfg``
-    (``act``: the activation under DeePMD-kit's name)."""
-    nets = fitting.nets
+def general_fitting_dict(
+    nets: torch.nn.Module, fcfg: dict, type_map: list[str], act: str, var_name: str, version: int
+) -> dict:
+    """The keys every DeePMD-kit fitting dict (its ``GeneralFitting.serialize``) has, for the
+    `TypeFittingNets` ``nets`` of section ``fcfg`` (``act``: the activation under DeePMD-kit's
+    name); no frame or atomic parameters; one net per type, or one for all (``mixed_types``)."""
     ntypes = nets.ntypes
-    polar = fcfg["type"] == "polar"
-    net_cfg = {**fcfg, "trainable": True}
     networks = []
     for net in nets.networks:
-        data = fitting_net_dict(net, nets.dim_in, net_cfg, act)
+        data = fitting_net_dict(net, nets.dim_in, {**fcfg, "trainable": True}, act)
         data["out_dim"] = nets.n_out
         networks.append(data)
-    variables: dict[str, Any] = {
-        "bias_atom_e": to_numpy(nets.bias_atom_e),
-        "case_embd": None,
-        "fparam_avg": None,
-        "fparam_inv_std": None,
-        "aparam_avg": None,
-        "aparam_inv_std": None,
-    }
-    data = {
+    return {
         "@class": "Fitting",
-        "@version": 5 if polar else 4,
+        "@version": version,
         "type": fcfg["type"],
-        "var_name": "polar" if polar else "dipole",
+        "var_name": var_name,
         "ntypes": ntypes,
         "dim_descrpt": nets.dim_in,
-        "embedding_width": fitting.embedding_width,
         "neuron": [int(n) for n in fcfg["neuron"]],
         "resnet_dt": bool(fcfg["resnet_dt"]),
         "numb_fparam": 0,
         "numb_aparam": 0,
         "dim_case_embd": 0,
         "default_fparam": None,
-        "rcond": None,
+        "rcond": fcfg.get("rcond"),
         "activation_function": act,
         "precision": PRECISION_NAMES[nets.dtype],
         "mixed_types": bool(nets.mixed_types),
         "exclude_types": [t for t in range(ntypes) if float(nets.type_keep[t]) == 0.0],
         "nets": collection_dict(networks, 0 if nets.mixed_types else 1, ntypes, "fitting_network"),
-        "@variables": variables,
+        "@variables": {
+            "bias_atom_e": to_numpy(nets.bias_atom_e),
+            "case_embd": None,
+            "fparam_avg": None,
+            "fparam_inv_std": None,
+            "aparam_avg": None,
+            "aparam_inv_std": None,
+        },
         "type_map": list(type_map),
         "tot_ener_zero": False,
-        "trainable": [True] * (len(fcfg["neuron"]) + 1),
+        "trainable": [bool(fcfg.get("trainable", True))] * (len(fcfg["neuron"]) + 1),
         "layer_name": None,
         "use_aparam_as_mask": False,
         "spin": None,
     }
+
+
+def read_general_fitting(
+    r: Reader, f: dict, ntypes: int, prefix: str, state: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """The common part of a ``fitting_net`` section from DeePMD-kit's fitting dict ``f``
+    (what mdtrain cannot run refused by name); the nets' parameters go into ``state`` under
+    ``<prefix>.networks.*``, ``bias_atom_e`` (ntypes, outputs) under ``<prefix>.bias_atom_e``."""
+    where = "model/fitting"
+    for key, (what, allowed) in UNSUPPORTED.items():
+        r.off(f, key, where, what, allowed=allowed)
+    networks = fitting_networks(r, f, ntypes, where)
+    for t, net in enumerate(networks):
+        network_layers(r, net, f"{where}/nets/networks/{t}", f"{prefix}.networks.{t}", state)
+    variables = r.get(f, "@variables", where)
+    bias = r.array(variables, "bias_atom_e", where).astype(np.float64)
+    state[f"{prefix}.bias_atom_e"] = torch.from_numpy(bias.reshape(ntypes, -1).copy())
+    act = activation_in(r, f.get("activation_function", "tanh"), where)
+    return {
+        "type": f.get("type"),
+        "neuron": [int(n) for n in r.get(f, "neuron", where)],
+        "activation_function": "linear" if act == "none" else act,
+        "resnet_dt": bool(f.get("resnet_dt", True)),
+        "precision": precision_in(r, f.get("precision", "float64"), where),
+        "seed": None,
+    }
+
+
+def fitting_to_deepmd(fitting: torch.nn.Module, fcfg: dict, type_map: list[str], act: str) -> dict:
+    """DeePMD-kit's dict of a `DipoleFitting` or `PolarFitting` built from section ``fcfg``
+    (``act``: the activation under DeePMD-kit's name)."""
+    nets = fitting.nets
+    polar = fcfg["type"] == "polar"
+    var_name, version = ("polar", 5) if polar else ("dipole", 4)
+    data = general_fitting_dict(nets, {**fcfg, "rcond": None}, type_map, act, var_name, version)
+    data["embedding_width"] = fitting.embedding_width
+    data["trainable"] = [True] * (len(fcfg["neuron"]) + 1)
     if polar:
         data["fit_diag"] = bool(fitting.fit_diag)
         data["shift_diag"] = bool(fitting.shift_diag)
-        variables["scale"] = to_numpy(fitting.scale).reshape(ntypes, 1)
+        variables = data["@variables"]
+        variables["scale"] = to_numpy(fitting.scale).reshape(nets.ntypes, 1)
         variables["constant_matrix"] = to_numpy(fitting.constant_matrix)
     else:
         data["r_differentiable"] = True
@@ -108,24 +144,9 @@ def fitting_from_deepmd(
     kind = f.get("type")
     if kind not in ("dipole", "polar"):
         raise r.fail(f"{where}/type", f"{kind!r} is not a dipole or polar fitting")
-    for key, (what, allowed) in UNSUPPORTED.items():
-        r.off(f, key, where, what, allowed=allowed)
-    networks = fitting_networks(r, f, ntypes, where)
-    for t, net in enumerate(networks):
-        network_layers(r, net, f"{where}/nets/networks/{t}", f"fitting.nets.networks.{t}", state)
-    variables = r.get(f, "@variables", where)
-    bias = r.array(variables, "bias_atom_e", where).astype(np.float64)
-    state["fitting.nets.bias_atom_e"] = torch.from_numpy(bias.reshape(ntypes, -1).copy())
-    act = activation_in(r, f.get("activation_function", "tanh"), where)
-    section: dict[str, Any] = {
-        "type": kind,
-        "neuron": [int(n) for n in r.get(f, "neuron", where)],
-        "activation_function": "linear" if act == "none" else act,
-        "resnet_dt": bool(f.get("resnet_dt", True)),
-        "precision": precision_in(r, f.get("precision", "float64"), where),
-        "seed": None,
-    }
+    section = read_general_fitting(r, f, ntypes, "fitting.nets", state)
     if kind == "polar":
+        variables = r.get(f, "@variables", where)
         scale = r.array(variables, "scale", where).astype(np.float64).reshape(-1)
         const = r.array(variables, "constant_matrix", where).astype(np.float64).reshape(-1)
         if scale.size != ntypes or const.size != ntypes:
