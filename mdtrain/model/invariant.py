@@ -17,18 +17,14 @@ Outputs, float64: ``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k), ``<name>`` 
 
 from __future__ import annotations
 
-import copy
-import json
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from mdtrain.model.config import normalize_model_config
-from mdtrain.model.descriptors import build_descriptor
 from mdtrain.model.fittings.invariant_config import output_name, output_width
 from mdtrain.model.fittings.nets import TypeFittingNets
 from mdtrain.model.network import check_activation, dtype_of
-from mdtrain.model.tensor import pair_vectors
+from mdtrain.model.output_model import OutputModel
 
 
 def build_invariant_fitting(fit: dict, ntypes: int, dim_in: int, exclude: list[int]):
@@ -50,51 +46,27 @@ def build_invariant_fitting(fit: dict, ntypes: int, dim_in: int, exclude: list[i
     return nets
 
 
-class InvariantModel(nn.Module):
+class InvariantModel(OutputModel):
     """A DOS or property model; ``forward`` as `EnergyModel`'s, other outputs."""
 
-    type_map: list[str]
     kind: str
     output: str
     width: int
     intensive: bool
     distinguish_types: bool
-    model_config_json: str
-    backend: str
 
     def __init__(self, model_config: dict) -> None:
-        super().__init__()
         cfg = normalize_model_config(model_config)
-        self._config = cfg
-        self.model_config_json = json.dumps(cfg, sort_keys=True)
-        self.type_map = list(cfg["type_map"])
-        self.ntypes = len(self.type_map)
-        desc, fit = cfg["descriptor"], cfg["fitting_net"]
+        fit = cfg["fitting_net"]
+        super().__init__(cfg, cfg["atom_exclude_types"], output_width(fit))
         self.kind = fit["type"]
         self.output = output_name(fit)
         self.width = output_width(fit)
         self.intensive = bool(fit.get("intensive", False))
         self.distinguish_types = bool(fit.get("distinguish_types", True))
-        self.rcut = float(desc["rcut"])
-        self.sel = [int(s) for s in desc["sel"]]
-        self.descriptor = build_descriptor(desc, self.ntypes)
-        self.mixed_types = bool(self.descriptor.mixed_types)
-        self.excluded = sorted(int(t) for t in cfg["atom_exclude_types"])
         self.fitting = build_invariant_fitting(
             fit, self.ntypes, self.descriptor.dim_out, self.excluded
         )
-        shape = (self.ntypes, self.width)
-        self.register_buffer("out_bias", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("out_std", torch.ones(shape, dtype=torch.float64))
-        keep = torch.ones(self.ntypes, dtype=torch.float64)
-        for t in self.excluded:
-            keep[t] = 0.0
-        self.register_buffer("atom_keep", keep, persistent=False)
-        self.backend = "reference"
-
-    def get_model_config(self) -> dict:
-        """The normalised ``model`` section; ``InvariantModel(cfg)`` rebuilds this model."""
-        return copy.deepcopy(self._config)
 
     def atomic_output(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Atomic outputs (nf, N, k) float64 from pair vectors."""
@@ -112,9 +84,7 @@ class InvariantModel(nn.Module):
     ) -> dict[str, Tensor]:
         """``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k); arguments as
         `EnergyModel.forward`'s."""
-        x = coord.to(torch.float64)
-        cell = None if box is None else box.to(torch.float64)
-        atomic = self.atomic_output(pair_vectors(x, cell, nlist, shift), nlist, atype)
+        atomic = self.atomic_output(self.pairs(coord, box, nlist, shift), nlist, atype)
         total = atomic.sum(dim=1)
         if self.intensive:
             total = total / self.atom_keep[atype].sum()

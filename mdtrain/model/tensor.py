@@ -12,21 +12,17 @@ atomic-model output bias: dipoles ignore it (as DeePMD-kit does); a polar model 
 
 from __future__ import annotations
 
-import copy
-import json
-
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
-from mdtrain.model.descriptors import build_descriptor
 from mdtrain.model.fittings.config import excluded_types
 from mdtrain.model.fittings.dipole import DipoleFitting
 from mdtrain.model.fittings.nets import TypeFittingNets
 from mdtrain.model.fittings.polar import PolarFitting
 from mdtrain.model.network import check_activation, dtype_of
+from mdtrain.model.output_model import OutputModel
 
 # fitting type -> (label name, values per atom)
 TENSOR_LABELS = {"dipole": ("dipole", 3), "polar": ("polarizability", 9)}
@@ -60,63 +56,34 @@ def build_tensor_fitting(
     return PolarFitting(nets, width, fit["fit_diag"], fit["shift_diag"], fit["scale"])
 
 
-def pair_vectors(coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor) -> Tensor:
-    """Neighbour-minus-centre vectors (nf, N, nnei, 3); arbitrary in padded slots."""
-    nf, natoms, nnei = nlist.shape
-    index = nlist.clamp(min=0).reshape(nf, natoms * nnei, 1).expand(nf, natoms * nnei, 3)
-    diff = torch.gather(coord, 1, index).view(nf, natoms, nnei, 3) - coord.unsqueeze(2)
-    if box is not None:
-        images = torch.bmm(shift.reshape(nf, natoms * nnei, 3).to(coord.dtype), box)
-        diff = diff + images.view(nf, natoms, nnei, 3)
-    return diff
-
-
-class TensorModel(nn.Module):
+class TensorModel(OutputModel):
     """A dipole or polarizability model; ``forward`` as `EnergyModel`'s, other outputs."""
 
-    type_map: list[str]
     kind: str
     label: str
     tensor_size: int
-    model_config_json: str
-    backend: str
 
     def __init__(self, model_config: dict) -> None:
-        super().__init__()
         cfg = normalize_model_config(model_config)
-        self._config = cfg
-        self.model_config_json = json.dumps(cfg, sort_keys=True)
-        self.type_map = list(cfg["type_map"])
-        self.ntypes = len(self.type_map)
+        kind = cfg["fitting_net"]["type"]
+        super().__init__(cfg, excluded_types(cfg), TENSOR_LABELS[kind][1])
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
-        self.kind = fit["type"]
+        self.kind = kind
         self.label, self.tensor_size = TENSOR_LABELS[self.kind]
-        self.rcut = float(desc["rcut"])
-        self.sel = [int(s) for s in desc["sel"]]
-        self.descriptor = build_descriptor(desc, self.ntypes)
         if not hasattr(self.descriptor, "forward_with_rot"):
             raise MDTrainError(
                 f"model/descriptor/type: {desc['type']!r} gives no rotation matrix, which a "
                 f"{self.kind} fitting needs (se_e2_a does)"
             )
-        exclude = excluded_types(cfg)
-        self.excluded = exclude
         width = int(desc["neuron"][-1])
         self.fitting = build_tensor_fitting(
-            fit, self.ntypes, self.descriptor.dim_out, width, exclude, shares_fitting_net(desc)
+            fit,
+            self.ntypes,
+            self.descriptor.dim_out,
+            width,
+            self.excluded,
+            shares_fitting_net(desc),
         )
-        size = self.tensor_size
-        self.register_buffer("out_bias", torch.zeros(self.ntypes, size, dtype=torch.float64))
-        self.register_buffer("out_std", torch.ones(self.ntypes, size, dtype=torch.float64))
-        keep = torch.ones(self.ntypes, dtype=torch.float64)
-        for t in exclude:
-            keep[t] = 0.0
-        self.register_buffer("atom_keep", keep, persistent=False)
-        self.backend = "reference"
-
-    def get_model_config(self) -> dict:
-        """The normalised ``model`` section; ``TensorModel(cfg)`` rebuilds this architecture."""
-        return copy.deepcopy(self._config)
 
     def sel_type(self) -> list[int]:
         """The types whose atoms carry a tensor (DeePMD-kit's ``get_sel_type``)."""
@@ -137,7 +104,5 @@ class TensorModel(nn.Module):
     ) -> dict[str, Tensor]:
         """``atom_<label>`` (nf, N, size) and ``<label>`` (nf, size); arguments as
         `EnergyModel.forward`'s."""
-        x = coord.to(torch.float64)
-        cell = None if box is None else box.to(torch.float64)
-        atomic = self.atomic_tensor(pair_vectors(x, cell, nlist, shift), nlist, atype)
+        atomic = self.atomic_tensor(self.pairs(coord, box, nlist, shift), nlist, atype)
         return {f"atom_{self.label}": atomic, self.label: atomic.sum(dim=1)}

@@ -34,29 +34,38 @@ _ALIASES = {"n_neuron": "neuron", "dipole_type": "sel_type", "pol_type": "sel_ty
 _OFF = {"numb_fparam": 0, "numb_aparam": 0, "default_fparam": None, "dim_case_embd": 0}
 
 
+def fill_fitting(
+    fit: dict, defaults: dict, extra: tuple[str, ...] = (), where: str = "model/fitting_net"
+) -> dict:
+    """A copy of a ``fitting_net`` section with its aliases resolved and ``defaults`` filled;
+    a key neither there nor in ``extra``, or a frame/atomic-parameter key away from its "off"
+    value, is one line naming it."""
+    out = dict(fit)
+    for alias, name in _ALIASES.items():
+        if alias in out and name in defaults:
+            if name in out:
+                raise MDTrainError(f"{where}: both {alias!r} and {name!r} given")
+            out[name] = out.pop(alias)
+    for key, value in defaults.items():
+        out.setdefault(key, copy.deepcopy(value))
+    unknown = sorted(set(out) - {"type", *defaults, *extra})
+    if unknown:
+        raise MDTrainError(f"{where}/{unknown[0]}: not a key of a {out.get('type')} fitting")
+    for key, off in _OFF.items():
+        if out[key] != off:
+            raise MDTrainError(f"{where}/{key}: {out[key]!r} is not supported by mdtrain")
+    return out
+
+
 def normalize_tensor_fitting(fit: dict, ntypes: int, where: str = "model/fitting_net") -> dict:
     """A full copy of a dipole/polar ``fitting_net``: defaults filled, aliases resolved,
     ``sel_type`` a sorted list of types (all types when absent), ``scale`` one value per
     type."""
-    out = dict(fit)
-    kind = out.get("type")
+    kind = fit.get("type")
     if kind not in TENSOR_TYPES:
         raise MDTrainError(f"{where}/type: {kind!r} is not a tensor fitting {TENSOR_TYPES}")
-    for alias, name in _ALIASES.items():
-        if alias in out:
-            if name in out:
-                raise MDTrainError(f"{where}: both {alias!r} and {name!r} given")
-            out[name] = out.pop(alias)
     defaults = {**TENSOR_DEFAULTS, **(POLAR_DEFAULTS if kind == "polar" else {})}
-    for key, value in defaults.items():
-        out.setdefault(key, copy.deepcopy(value))
-    allowed = {"type", "embedding_width", "trainable", "rcond", *defaults}
-    unknown = sorted(set(out) - allowed)
-    if unknown:
-        raise MDTrainError(f"{where}/{unknown[0]}: not a key of a {kind} fitting")
-    for key, off in _OFF.items():
-        if out[key] != off:
-            raise MDTrainError(f"{where}/{key}: {out[key]!r} is not supported by mdtrain")
+    out = fill_fitting(fit, defaults, ("embedding_width", "trainable", "rcond"), where)
     sel = out["sel_type"]
     if sel is None:
         sel = list(range(ntypes))

@@ -1,0 +1,56 @@
+"""What the models without forces share (dipole/polar `TensorModel`, DOS/property
+`InvariantModel`): the normalised config, type map, descriptor and neighbour-list settings,
+the atomic model's ``out_bias``/``out_std`` (ntypes, values per atom) as DeePMD-kit keeps
+them, the excluded types, and the pair vectors of a batch (`mdtrain.model.conservative`'s). The outputs are fitted and
+evaluated as they are (no derivatives).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from torch import Tensor, nn
+
+from mdtrain.model.conservative import pair_vectors
+from mdtrain.model.descriptors import build_descriptor
+
+
+class OutputModel(nn.Module):
+    """The common part: built from a normalised ``model`` section, the types whose atoms
+    give zero (``excluded``) and the values per atom of the output (``size``)."""
+
+    type_map: list[str]
+    model_config_json: str
+    backend: str
+
+    def __init__(self, cfg: dict, excluded: list[int], size: int) -> None:
+        super().__init__()
+        self._config = cfg
+        self.model_config_json = json.dumps(cfg, sort_keys=True)
+        self.type_map = list(cfg["type_map"])
+        self.ntypes = len(self.type_map)
+        desc = cfg["descriptor"]
+        self.rcut = float(desc["rcut"])
+        self.sel = [int(s) for s in desc["sel"]]
+        self.descriptor = build_descriptor(desc, self.ntypes)
+        self.mixed_types = bool(self.descriptor.mixed_types)
+        self.excluded = sorted(int(t) for t in excluded)
+        shape = (self.ntypes, size)
+        self.register_buffer("out_bias", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("out_std", torch.ones(shape, dtype=torch.float64))
+        keep = torch.ones(self.ntypes, dtype=torch.float64)
+        for t in self.excluded:
+            keep[t] = 0.0
+        self.register_buffer("atom_keep", keep, persistent=False)
+        self.backend = "reference"
+
+    def get_model_config(self) -> dict:
+        """The normalised ``model`` section; the class built from it rebuilds this model."""
+        return copy.deepcopy(self._config)
+
+    def pairs(self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor) -> Tensor:
+        """The batch's pair vectors in float64 (`pair_vectors`)."""
+        cell = None if box is None else box.to(torch.float64)
+        return pair_vectors(coord.to(torch.float64), cell, nlist, shift)
