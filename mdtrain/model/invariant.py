@@ -8,7 +8,8 @@ Per atom ``i`` of type ``t`` (``deepmd/dpmodel/atomic_model``'s ``apply_out_stat
     property:  o_i = F_t(D_i) * out_std[t] + out_bias[t]   (distinguish_types; else type 0's)
 
 where ``F_t`` is the fitting net of type ``t`` plus its ``bias_atom_e`` (DeePMD-kit's
-``GeneralFitting``). Atoms of ``atom_exclude_types`` give zero. The frame output is the sum
+``GeneralFitting``); after a type-mixed descriptor (dpa1, ...) one net serves every type, as
+DeePMD-kit builds it (`mdtrain.config.shares_fitting_net`), the bias staying per type. Atoms of ``atom_exclude_types`` give zero. The frame output is the sum
 over atoms, or for an ``intensive`` property the mean over the atoms not excluded.
 
 Outputs, float64: ``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k), ``<name>`` ``dos`` or the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.fittings.invariant_config import output_name, output_width
 from mdtrain.model.fittings.nets import TypeFittingNets
@@ -27,8 +29,12 @@ from mdtrain.model.network import check_activation, dtype_of
 from mdtrain.model.output_model import OutputModel
 
 
-def build_invariant_fitting(fit: dict, ntypes: int, dim_in: int, exclude: list[int]):
-    """The per-type nets of a normalised ``dos``/``property`` ``fitting_net`` section."""
+def build_invariant_fitting(
+    fit: dict, ntypes: int, dim_in: int, exclude: list[int], mixed_types: bool = False
+):
+    """The nets of a normalised ``dos``/``property`` ``fitting_net`` section: one per type,
+    or with ``mixed_types`` (a type-mixed descriptor's, as DeePMD-kit builds it) one for
+    all."""
     where = "model/fitting_net"
     nets = TypeFittingNets(
         ntypes,
@@ -40,6 +46,7 @@ def build_invariant_fitting(fit: dict, ntypes: int, dim_in: int, exclude: list[i
         dtype_of(fit["precision"], f"{where}/precision"),
         fit["seed"],
         exclude,
+        mixed_types,
     )
     for p in nets.parameters():
         p.requires_grad_(bool(fit["trainable"]))
@@ -65,7 +72,11 @@ class InvariantModel(OutputModel):
         self.intensive = bool(fit.get("intensive", False))
         self.distinguish_types = bool(fit.get("distinguish_types", True))
         self.fitting = build_invariant_fitting(
-            fit, self.ntypes, self.descriptor.dim_out, self.excluded
+            fit,
+            self.ntypes,
+            self.descriptor.dim_out,
+            self.excluded,
+            shares_fitting_net(cfg["descriptor"]),
         )
 
     def atomic_output(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
