@@ -1,6 +1,6 @@
-"""The label files of a model's own outputs beyond the fixed ones (energy, forces, tensors):
-a DOS model's ``dos.npy`` / ``atom_dos.npy`` (``numb_dos`` values per frame / per atom) and a
-property model's ``<property_name>.npy`` / ``atom_<property_name>.npy`` (``task_dim``), as
+"""The arrays a system may hold and their widths (``LAYOUT``), and the label files of a
+model's own outputs beyond those: a DOS model's ``dos.npy`` / ``atom_dos.npy`` (``numb_dos``
+values per frame / per atom) and a property model's ``<property_name>.npy`` / ``atom_<property_name>.npy`` (``task_dim``), as
 DeePMD-kit 3.2 names them. A `System` opened with them checks their widths (one line naming
 the file) and reads them like any label. No torch here (``mdtrain check`` uses it).
 """
@@ -11,30 +11,39 @@ from typing import Any
 
 from mdtrain.errors import MDTrainError
 
+LABELS = ("energy", "force", "virial")
+# per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
+EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
+# labels of the tensor models (DeePMD-kit's files): global per frame, atomic per atom
+TENSOR_LABELS = ("dipole", "polarizability", "atomic_dipole", "atomic_polarizability")
+# model inputs beside positions (DeePMD-kit's frame and atomic parameters): read when present
+PARAMS = ("fparam", "aparam")
+# values per frame, as a multiple of natoms (True) or a fixed count (False)
+LAYOUT = {
+    "coord": (3, True),
+    "box": (9, False),
+    "energy": (1, False),
+    "force": (3, True),
+    "virial": (9, False),
+    "atom_ener": (1, True),
+    "atom_pref": (1, True),
+    "atom_ener_coeff": (1, True),
+    "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
+    "dipole": (3, False),
+    "polarizability": (9, False),
+    "atomic_dipole": (3, True),
+    "atomic_polarizability": (9, True),
+    "fparam": (0, False),  # numb_fparam per frame, checked against the model elsewhere
+    "aparam": (0, True),  # numb_aparam per atom
+}
+# arrays whose width the system learns from the first set: name -> (values per unit, unit)
+FREE_WIDTH = {
+    "drdq": (3, "x 3 x numb_generalized_coord"),
+    "fparam": (1, "numb_fparam"),
+    "aparam": (1, "x numb_aparam"),
+}
 # names a property file may not take: the arrays a system already reads under them
-_TAKEN = frozenset(
-    {
-        "coord",
-        "box",
-        "type",
-        "real_atom_types",
-        "energy",
-        "force",
-        "virial",
-        "atom_ener",
-        "atom_pref",
-        "atom_ener_coeff",
-        "drdq",
-        "dipole",
-        "polarizability",
-        "atomic_dipole",
-        "atomic_polarizability",
-        "fparam",
-        "aparam",
-        "dos",
-        "atom_dos",
-    }
-)
+_TAKEN = frozenset({*LAYOUT, "type", "real_atom_types", "dos", "atom_dos"})
 DOS_DEFAULT = 300  # numb_dos when the input leaves it out (DeePMD-kit's)
 
 

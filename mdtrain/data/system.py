@@ -17,42 +17,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from mdtrain.data.hdf5 import H5Store, find_h5_systems, is_hdf5, split_h5_path
+from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported from here too)
+    EXTRA_LABELS,
+    FREE_WIDTH,
+    LABELS,
+    LAYOUT,
+    PARAMS,
+    TENSOR_LABELS,
+)
 from mdtrain.data.lmdb_store import LmdbStore, is_lmdb, single_group
 from mdtrain.data.npy import NpyStore
 from mdtrain.errors import MDTrainError
 
-LABELS = ("energy", "force", "virial")
-# per-atom labels of the loss options (DeePMD-kit's names): read when a system has them
-EXTRA_LABELS = ("atom_ener", "atom_pref", "atom_ener_coeff", "drdq")
-# labels of the tensor models (DeePMD-kit's files): global per frame, atomic per atom
-TENSOR_LABELS = ("dipole", "polarizability", "atomic_dipole", "atomic_polarizability")
-# model inputs beside positions (DeePMD-kit's frame and atomic parameters): read when present
-PARAMS = ("fparam", "aparam")
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
-# values per frame, as a multiple of natoms (True) or a fixed count (False)
-_LAYOUT = {
-    "coord": (3, True),
-    "box": (9, False),
-    "energy": (1, False),
-    "force": (3, True),
-    "virial": (9, False),
-    "atom_ener": (1, True),
-    "atom_pref": (1, True),
-    "atom_ener_coeff": (1, True),
-    "drdq": (0, True),  # 3 x numb_generalized_coord per atom: any multiple of 3 here
-    "dipole": (3, False),
-    "polarizability": (9, False),
-    "atomic_dipole": (3, True),
-    "atomic_polarizability": (9, True),
-    "fparam": (0, False),  # numb_fparam per frame, checked against the model elsewhere
-    "aparam": (0, True),  # numb_aparam per atom
-}
-# arrays whose width the system learns from the first set: name -> (values per unit, unit)
-_FREE_WIDTH = {
-    "drdq": (3, "x 3 x numb_generalized_coord"),
-    "fparam": (1, "numb_fparam"),
-    "aparam": (1, "x numb_aparam"),
-}
 
 
 class MixedTypeFound(MDTrainError):
@@ -122,7 +99,7 @@ class System:
         properties): name -> (values per frame or per atom, per atom)."""
         self._store = store
         self._outputs = dict(outputs or {})
-        self._layout = {**_LAYOUT, **self._outputs}
+        self._layout = {**LAYOUT, **self._outputs}
         self.path: str = store.path
         # the system as the input names it: a mixed-type system's compositions share it
         self.source: str = getattr(store, "source", store.path)
@@ -223,7 +200,7 @@ class System:
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = self._layout[name]
         expected = width * self.natoms if per_atom else width
-        if name in _FREE_WIDTH:  # checked against the model (or the loss) by their users
+        if name in FREE_WIDTH:  # checked against the model (or the loss) by their users
             return self._free_width(name, shape, where, per_atom)
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
@@ -236,7 +213,7 @@ class System:
 
     def _free_width(self, name: str, shape: tuple, where: str, per_atom: bool) -> int:
         """Frame count of an array whose width per frame (or atom) the first set sets."""
-        step, unit = _FREE_WIDTH[name]
+        step, unit = FREE_WIDTH[name]
         atoms = self.natoms if per_atom else 1
         values = math.prod(shape[1:]) if len(shape) else 0
         if values == 0 or values % (step * atoms):
@@ -372,7 +349,7 @@ class System:
 
     def values_per_frame(self, name: str) -> int:
         """Values per frame of an array (``fparam``: numb_fparam); 0 when absent."""
-        return self._widths.get(name, 0) if name in _FREE_WIDTH else self._width(name)
+        return self._widths.get(name, 0) if name in FREE_WIDTH else self._width(name)
 
     def source_frames(self, set_info: SetInfo, rows: np.ndarray) -> np.ndarray:
         """Frame numbers in the files of rows ``rows`` of a set: the frames' own numbers,
@@ -383,7 +360,7 @@ class System:
         return source_frames(set_info.name, rows)
 
     def _width(self, name: str) -> int:
-        if name in _FREE_WIDTH:
+        if name in FREE_WIDTH:
             return self._widths.get(name, 0)
         width, per_atom = self._layout[name]
         return width * self.natoms if per_atom else width
