@@ -12,9 +12,9 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model import EnergyModel
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.conservative import pair_vectors
 from mdtrain.model.descriptors import DESCRIPTORS, canonical_type
 from mdtrain.model.stats import collect_stat_batches, stat_batch_plan, stream_stat_inputs
-from mdtrain.model.tensor import pair_vectors
 from mdtrain.neighbors.layout import layout_of
 from mdtrain.schema import discriminator_values, load_schema, resolve
 from tests.helpers.descriptor_battery import BATTERY, battery_cases, battery_config, case_id

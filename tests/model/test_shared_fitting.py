@@ -83,7 +83,7 @@ def test_se_atten_model_with_fparam_trains_one_net():
     model = set_random_stats(EnergyModel(cfg))
     assert len(model.fitting.networks) == 1 and model.fitting.dim_in == model.descriptor.dim_out + 1
     coord, atype = water_like(2, None, seed=2)
-    from mdtrain.model.tensor import pair_vectors
+    from mdtrain.model.conservative import pair_vectors
     from mdtrain.neighbors.layout import layout_of
 
     nlist, shift, _ = layout_of(model).build(coord, None, atype, model.rcut, model.sel)
