@@ -4,6 +4,7 @@ background training runs of the preemption and rank-failure tests; the session's
 from __future__ import annotations
 
 import copy
+import os
 from functools import cache
 
 import numpy as np
@@ -23,8 +24,41 @@ from tests.helpers.runs import Cleanup, ReferenceRuns
 def pytest_configure(config: pytest.Config) -> None:
     """One torch thread for the whole session: the small models of the tests run faster so on
     a shared machine, and thread-count-dependent rounding cannot differ between runs. Processes
-    the tests start choose their own (``clean_env`` sets OMP_NUM_THREADS)."""
+    the tests start choose their own (``clean_env`` sets OMP_NUM_THREADS). OMP_NUM_THREADS=1
+    unless set: xdist's workers (started after this) inherit it, so the two workers of ``-n 2``
+    do not each take every core, and a training run inside a test (``main(["train", ...])``)
+    keeps the one thread instead of choosing the machine's cores (``select_device``)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``-n`` (pytest-xdist, ``--dist loadgroup``), tests that share a set-up wider than
+    one test run in one worker, so the set-up is made once: a module's tests that use a
+    module-scoped fixture go together, and every test that uses a session fixture of the
+    project (``reference_run``) goes with the others using it. The rest are spread one by
+    one. Runs before xdist reads the ``xdist_group`` marks; an explicit mark wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = _shared_setup_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_setup_group(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    group = None
+    for name in info.names_closure:
+        fixture = info.name2fixturedefs.get(name, ())[-1:]
+        if not fixture or fixture[0].scope == "function" or not fixture[0].baseid:
+            continue  # per test, or a plugin's own (tmp_path_factory): nothing to share
+        if fixture[0].scope == "session":
+            return name
+        group = item.nodeid.split("::")[0]
+    return group
 
 
 @cache

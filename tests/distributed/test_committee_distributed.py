@@ -1,4 +1,4 @@
-"""A committee trained by two Gloo ranks under torchrun: member k equals a two-rank single run
+"""A committee trained by two Gloo ranks (started as torchrun starts them): member k equals a two-rank single run
 with the model seeds + k (one joint step, gradients of every member averaged in one set of
 overlapped buckets), and, from one model's weights, with the training seed + k. float64."""
 
@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers.processes import clean_env, run_process, torchrun_command
+from mdtrain.cli import main
 from tests.helpers.training import (
     lcurve_rows,
     load_params,
     make_project,
     max_param_diff,
-    mdtrain_command,
+    train_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -23,9 +23,8 @@ TIMEOUT = 180
 TOL = 1e-10
 
 
-def torchrun_train(inp, out: str, *extra: str):
-    cmd = torchrun_command("mdtrain", ["train", str(inp), "-o", out, *extra], 2, extra=["-m"])
-    return run_process(cmd, TIMEOUT, clean_env(), cwd=inp.parent).check()
+def two_rank_train(inp, out: str, *extra: str):
+    return train_on_ranks(inp, out, *extra, timeout=TIMEOUT).check()
 
 
 def variant(inp, name: str, model_seed: int = 0, training_seed: int = 0, **training):
@@ -54,9 +53,9 @@ def test_two_rank_committee_members_equal_two_rank_single_runs(tmp_path):
         save_freq=3,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
     )
-    run = torchrun_train(inp, str(tmp_path / "committee"), "--ensemble", "2")
+    run = two_rank_train(inp, str(tmp_path / "committee"), "--ensemble", "2")
     assert run.stderr.count("committee of 2 models (shared sampling)") == 1, run.stderr
-    torchrun_train(variant(inp, "single_1.json", model_seed=1), str(tmp_path / "single_1"))
+    two_rank_train(variant(inp, "single_1.json", model_seed=1), str(tmp_path / "single_1"))
     assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)
 
 
@@ -67,16 +66,11 @@ def test_two_rank_committee_from_one_model_samples_per_member(tmp_path):
         save_freq=1,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
     )
-    run_process(
-        mdtrain_command("train", str(inp), "-o", str(tmp_path / "base")),
-        TIMEOUT,
-        clean_env(),
-        cwd=tmp_path,
-    ).check()
+    assert main(["train", str(inp), "-o", str(tmp_path / "base")]) == 0  # the one model
     start = str(tmp_path / "base" / "model.ckpt-1.pt")
     steps = {"numb_steps": 3, "save_freq": 3}
     committee = variant(inp, "committee.json", ensemble=2, **steps)
-    torchrun_train(committee, str(tmp_path / "committee"), "--init-model", start)
+    two_rank_train(committee, str(tmp_path / "committee"), "--init-model", start)
     single = variant(inp, "single_1.json", training_seed=1, **steps)
-    torchrun_train(single, str(tmp_path / "single_1"), "--init-model", start)
+    two_rank_train(single, str(tmp_path / "single_1"), "--init-model", start)
     assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)

@@ -15,13 +15,8 @@ import torch
 
 from mdtrain.distributed import GradientBuckets
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
-from tests.helpers.processes import (
-    clean_env,
-    run_process,
-    run_workers,
-    torchrun_command,
-)
-from tests.helpers.training import lcurve_rows, load_params, make_project
+from tests.helpers.processes import run_workers
+from tests.helpers.training import lcurve_rows, load_params, make_project, train_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 ONE_PARAM = 8 / 2**20  # bucket_mb: a bucket per parameter tensor
@@ -166,10 +161,8 @@ def test_overlap_survives_an_oom_inside_the_last_backward_and_matches_the_bits()
     assert r0["votes"] == r1["votes"]
 
 
-def _torchrun_train(inp, env: dict):
-    cmd = torchrun_command("mdtrain", ["train", str(inp), "-o", str(inp.parent / "out")], 2,
-                           extra=["-m"])  # fmt: skip
-    return run_process(cmd, 120, clean_env(env), cwd=inp.parent)
+def _two_rank_train(inp, env: dict):
+    return train_on_ranks(inp, inp.parent / "out", env=env, timeout=120)
 
 
 def _project(root, overlap: bool, **training: object):
@@ -189,7 +182,7 @@ def test_training_with_overlap_on_and_off_gives_the_same_bits(tmp_path, oom):
     runs = {}
     for overlap in (True, False):
         inp = _project(tmp_path / str(overlap), overlap)
-        run = _torchrun_train(inp, env).check()
+        run = _two_rank_train(inp, env).check()
         assert ("out of memory" in run.stderr) == oom
         runs[overlap] = inp.parent / "out"
     on, off = (runs[k] for k in (True, False))

@@ -1,5 +1,6 @@
 """Data-parallel training on CPU with Gloo: torchrun (one and two nodes), rank-equivalence in
-float64, restarts across world sizes, backend fallback, rank-0 failure and injected OOM."""
+float64, restarts across world sizes, backend fallback, rank-0 failure and injected OOM (the
+equivalence tests start their ranks as torchrun does, without its agent)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from mdtrain.cli import main
 from tests.helpers.processes import (
     clean_env,
     free_port,
@@ -22,7 +24,7 @@ from tests.helpers.training import (
     load_params,
     make_project,
     max_param_diff,
-    mdtrain_command,
+    train_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -37,14 +39,15 @@ def torchrun_train(inp, *extra: str, nproc: int = 2, env: dict | None = None, **
     return run_process(cmd, TIMEOUT, clean_env(env), cwd=inp.parent)
 
 
-def single_train(inp, *extra: str, env: dict | None = None):
-    out = str(inp.parent / "out")
-    return run_process(
-        mdtrain_command("train", str(inp), "-o", out, *extra),
-        TIMEOUT,
-        clean_env(env, threads=2),
-        cwd=inp.parent,
-    )
+def two_rank_train(inp, *extra: str, env: dict | None = None):
+    """Two ranks as torchrun starts them, without its agent (for the tests whose subject is
+    the training; torchrun itself runs the first test and the failure test)."""
+    return train_on_ranks(inp, inp.parent / "out", *extra, env=env, timeout=TIMEOUT)
+
+
+def single_train(inp, *extra: str) -> int:
+    """One rank, in this process (no process group)."""
+    return main(["train", str(inp), "-o", str(inp.parent / "out"), *extra])
 
 
 def test_two_ranks_train_once_and_log_once(tmp_path):
@@ -74,8 +77,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
         numb_steps=1,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 2},
     )
-    torchrun_train(two).check()
-    single_train(one).check()
+    two_rank_train(two).check()
+    assert single_train(one) == 0
     a = load_params(two.parent / "out" / "model.ckpt-1.pt")
     b = load_params(one.parent / "out" / "model.ckpt-1.pt")
     assert max_param_diff(a, b) < 1e-10
@@ -85,21 +88,21 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
         numb_steps=1,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
     )
-    single_train(other).check()
+    assert single_train(other) == 0
     assert max_param_diff(a, load_params(other.parent / "out" / "model.ckpt-1.pt")) > 1e-8
 
 
 def test_checkpoints_move_between_world_sizes(tmp_path):
     inp = make_project(tmp_path, numb_steps=4, save_freq=2)
-    torchrun_train(inp).check()
+    two_rank_train(inp).check()
     out = tmp_path / "out"
     os.remove(out / "model.ckpt-4.pt")
-    single_train(inp, "--restart", str(out / "model.ckpt-2.pt")).check()
+    assert single_train(inp, "--restart", str(out / "model.ckpt-2.pt")) == 0
     assert lcurve_rows(out / "lcurve.out")[:, 0].tolist() == [1, 2, 4]
     config = json.loads(inp.read_text())
     config["training"]["numb_steps"] = 6
     inp.write_text(json.dumps(config))
-    torchrun_train(inp, "--restart", "auto").check()
+    two_rank_train(inp, "--restart", "auto").check()
     assert lcurve_rows(out / "lcurve.out")[:, 0].tolist() == [1, 2, 4, 6]
 
 
@@ -126,16 +129,18 @@ def test_two_agents_multi_node_on_loopback(tmp_path):
     assert lcurve_rows(tmp_path / "out" / "lcurve.out")[:, 0].tolist() == [1, 2]
 
 
-def test_backend_fallback_and_strict_refusal(tmp_path):
+def test_backend_fallback_and_strict_refusal(tmp_path, capsys):
     inp = make_project(tmp_path, numb_steps=1)
-    run = single_train(inp, "--backend", "nccl").check()
-    assert run.stderr.count("WARNING") >= 1 and "gloo" in run.stderr
+    capsys.readouterr()
+    assert single_train(inp, "--backend", "nccl") == 0
+    err = capsys.readouterr().err
+    assert err.count("WARNING") >= 1 and "gloo" in err
     config = json.loads(inp.read_text())
     config["training"]["distributed"] = {"backend": "nccl", "fallback": False}
     inp.write_text(json.dumps(config))
-    run = single_train(inp)
-    assert run.returncode == 1 and "nccl" in run.stderr.lower()
-    assert "Traceback" not in run.stderr
+    assert single_train(inp) == 1
+    err = capsys.readouterr().err
+    assert "nccl" in err.lower() and "Traceback" not in err
 
 
 def test_rank0_failure_reaches_every_rank(tmp_path):
@@ -155,8 +160,8 @@ def test_injected_oom_on_rank1_changes_nothing(tmp_path):
     """Only rank 1 runs out of memory: both ranks retry with micro-batches, same parameters."""
     ref = make_project(tmp_path / "ref", numb_steps=3)
     oom = make_project(tmp_path / "oom", numb_steps=3)
-    torchrun_train(ref).check()
-    run = torchrun_train(
+    two_rank_train(ref).check()
+    run = two_rank_train(
         oom, env={"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"}
     ).check()
     assert "out of memory" in run.stderr

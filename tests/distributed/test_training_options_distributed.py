@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from tests.helpers.processes import clean_env, run_process, torchrun_command
 from tests.helpers.training import (
     full_validation_reference,
     lcurve_rows,
     make_project,
+    train_on_ranks,
     val_log_rows,
 )
 
@@ -35,8 +35,7 @@ def test_options_on_two_ranks(tmp_path):
     }  # fmt: skip
     inp.write_text(json.dumps(config))
     out = tmp_path / "out"
-    cmd = torchrun_command("mdtrain", ["train", str(inp), "-o", str(out)], 2, extra=["-m"])
-    run_process(cmd, TIMEOUT, clean_env(None), cwd=tmp_path).check()
+    train_on_ranks(inp, out, timeout=TIMEOUT).check()
     assert lcurve_rows(out / "lcurve.out")[-1, 0] == 6
     rows = val_log_rows(out / "val.log")
     assert sorted(rows) == [2, 4, 6]

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from tests.helpers.processes import clean_env, run_process, run_workers, torchrun_command
-from tests.helpers.training import make_project
+from tests.helpers.processes import run_workers
+from tests.helpers.training import make_project, train_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 180
@@ -19,8 +19,7 @@ TYPES = ("Adam", "AdamW", "AdaMuon", "HybridMuon")
 
 
 def _train(inp, out, *extra: str) -> None:
-    cmd = torchrun_command("mdtrain", ["train", str(inp), "-o", str(out), *extra], 2, extra=["-m"])
-    run_process(cmd, TIMEOUT, clean_env(None), cwd=inp.parent).check()
+    train_on_ranks(inp, out, *extra, timeout=TIMEOUT).check()
 
 
 def _assert_same_state(a: dict, b: dict) -> None:

@@ -8,6 +8,7 @@ collective shows up as a test failure, never as a hung test run.
     results = run_workers(my_fn, 2, args=(x,))          # fn(*args) on each rank, by rank
     outcomes = spawn_workers(my_fn, 2)                   # + stderr, exceptions, exit codes
     proc = run_torchrun(script, nproc_per_node=2)        # CompletedRun with stdout/stderr
+    proc = run_ranks(cmd, 2, timeout=120)                # cmd as 2 ranks, without the agent
 
 Workers are plain ``python tests/helpers/processes.py <payload>`` subprocesses: ``fn`` must
 be a module-level function importable from the parent's ``sys.path`` (a test module is fine).
@@ -245,6 +246,33 @@ def run_process(
 ) -> CompletedRun:
     """One command with a deadline (see ``run_processes``)."""
     return run_processes([cmd], timeout, [env or clean_env()], cwd=cwd)[0]
+
+
+def run_ranks(
+    cmd: Sequence[str],
+    world_size: int,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> CompletedRun:
+    """``cmd`` as the ``world_size`` ranks of a one-node job, each started with the variables
+    torchrun would give it (loopback, a free port) but without torchrun's agent: one process
+    less to start, for tests whose subject is the training, not the launcher (torchrun itself
+    is tested with ``run_torchrun``). The ranks' outputs joined in rank order; the exit code
+    is the first failing rank's (``None`` if one was killed at the deadline)."""
+    port = free_port()
+    envs = [
+        clean_env({**(env or {}), **torchrun_vars(r, world_size, port)}) for r in range(world_size)
+    ]
+    runs = run_processes([cmd] * world_size, timeout, envs, cwd=cwd)
+    failed = [r for r in runs if r.timed_out or r.returncode != 0]
+    return CompletedRun(
+        args=[*cmd, f"(as {world_size} ranks)"],
+        returncode=None if any(r.timed_out for r in runs) else (failed or runs)[0].returncode,
+        stdout="".join(r.stdout for r in runs),
+        stderr="".join(r.stderr for r in runs),
+        timed_out=any(r.timed_out for r in runs),
+    )
 
 
 # --------------------------------------------------------------------------- python workers

@@ -18,6 +18,7 @@ from tests.helpers.datagen import (
     water_labeled,
     write_npy_system,
 )
+from tests.helpers.processes import CompletedRun, run_ranks
 
 
 def tiny_config(**training: object) -> dict:
@@ -77,6 +78,20 @@ def make_project(root: str | os.PathLike, **training: object) -> Path:
 
 def mdtrain_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "mdtrain", *args]
+
+
+def train_on_ranks(
+    inp: Path,
+    out: str | os.PathLike,
+    *extra: str,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+) -> CompletedRun:
+    """``mdtrain train inp -o out extra`` on ``nproc`` Gloo ranks started as torchrun starts
+    them, without its agent (``run_ranks``), in the input's folder; not yet checked."""
+    cmd = mdtrain_command("train", str(inp), "-o", str(out), *extra)
+    return run_ranks(cmd, nproc, timeout, env, cwd=inp.parent)
 
 
 def load_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
