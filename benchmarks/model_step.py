@@ -7,7 +7,10 @@ Settings follow the DeePMD water example: sel [46, 92], rcut 6, neuron [25, 50, 
 axis_neuron 16, fitting [240, 240, 240]. The neighbour list is built once, outside the timing.
 
     python benchmarks/model_step.py [--precision float64|float32] [--steps N] [--threads T]
-        [--backend auto|kernels|fused|reference] [--profile]
+        [--backend auto|kernels|fused|reference] [--profile] [--input INPUT_JSON]
+
+``--input`` takes the model section of an input file instead (any descriptor; a ``sel``
+"auto" is not resolved, give numbers), its precision kept unless ``--precision`` is given.
 
 ``--backend`` measures what each backend brings (``mdtrain.model.backend``): ``reference`` is
 the plain model (forces by autograd.grad with create_graph and a double backward in
@@ -18,6 +21,7 @@ on fused PyTorch nodes, ``kernels`` the same on the compiled kernels.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -27,7 +31,7 @@ import torch
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import BACKENDS, build_model
 from mdtrain.model.stats import PairStatSums
-from mdtrain.neighbors.nlist import build_nlist
+from mdtrain.neighbors.layout import layout_of
 from mdtrain.train.optimizer import make_adam
 
 BOX = 12.44
@@ -74,6 +78,15 @@ def water_box(nmol: int = 64, box: float = BOX, seed: int = 0) -> tuple[np.ndarr
     return coord, atype
 
 
+def _public(value):
+    """``value`` without the keys starting with "_" (comments), at every depth."""
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items() if not k.startswith("_")}
+    if isinstance(value, list):
+        return [_public(v) for v in value]
+    return value
+
+
 def median_time(fn, steps: int, warmup: int = 2) -> tuple[float, float]:
     """Median wall time and median process CPU time (less sensitive to a busy machine)."""
     for _ in range(warmup):
@@ -89,7 +102,8 @@ def median_time(fn, steps: int, warmup: int = 2) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--precision", choices=["float64", "float32"])
+    parser.add_argument("--input", help="take the model section of this input.json")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
@@ -107,15 +121,21 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    config = {**CONFIG}
-    config["descriptor"] = {**CONFIG["descriptor"], "precision": args.precision}
-    config["fitting_net"] = {**CONFIG["fitting_net"], "precision": args.precision}
+    if args.input:
+        with open(args.input, encoding="utf-8") as handle:
+            config = _public(json.load(handle)["model"])
+    else:
+        config = {**CONFIG}
+        args.precision = args.precision or "float64"
+    if args.precision:
+        config["descriptor"] = {**config["descriptor"], "precision": args.precision}
+        config["fitting_net"] = {**config["fitting_net"], "precision": args.precision}
     keep_freed_memory()  # as mdtrain train does
     model = build_model(config, backend=args.backend)
     print(f"backend: {model.backend}")
     coord, atype = water_box()
     box = np.eye(3) * BOX
-    nlist, shift, counts = build_nlist(coord, box, atype, model.rcut, model.sel)
+    nlist, shift, counts = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
     sums = PairStatSums.of_model(model)
     sums.add_frame(coord, box, atype)
     davg, dstd = model.descriptor.stats_from_items(sums.items())
@@ -152,7 +172,7 @@ def main() -> None:
         f"{real}/{nlist.size} slots real ({100 * real / nlist.size:.0f}%)"
     )
     print(
-        f"precision {args.precision}, torch threads {torch.get_num_threads()}, torch {torch.__version__}"
+        f"precision {args.precision or 'as in the input'}, torch threads {torch.get_num_threads()}, torch {torch.__version__}"
     )
     t_eval = median_time(eval_step, args.steps)
     t_train = median_time(train_step, args.steps)

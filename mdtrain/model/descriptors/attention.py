@@ -1,8 +1,8 @@
 """DPA-1's gated self-attention over the neighbour slots of each atom (DeePMD-kit 3.2).
 
 One layer: ``q, k, v`` from one projection of the slot embeddings ``G`` (B, nnei, M),
-each normalised to unit length (``normalize``), ``q`` scaled by ``(d·scaling_factor)^-½``
-(or by ``temperature`` when given). Weights ``softmax_j(q·k)``: with ``smooth`` the logits
+each normalised to unit length (``normalize``: ``x/max(|x|, 1e-12)``), ``q`` scaled by
+``(d·scaling_factor)^-½`` (or by ``temperature`` when given). Weights ``softmax_j(q·k)``: with ``smooth`` the logits
 are blended as ``(L + 20)·s_i·s_j − 20`` with the switch ``s`` and the weights multiplied
 by ``s_i·s_j`` afterwards; without it empty keys are left out of the softmax. Rows of empty
 slots are zeroed, ``attn_dotr`` multiplies by the cosines ``r̂_i·r̂_j``; the output
@@ -58,26 +58,40 @@ class GatedAttentionLayer(nn.Module):
         self.out_proj = DenseLayer(hidden, embed_dim, dtype=dtype, seed=s1, trainable=trainable)
         self.norm = LayerNorm(embed_dim, ln_eps, trainable_ln and trainable, dtype)
 
-    def forward(self, g: Tensor, key_mask: Tensor, pair_sw: Tensor, gate: Tensor) -> Tensor:
-        """``g`` (B, nnei, M); ``key_mask`` (B, 1, nnei) bool, ``pair_sw`` (B, nnei, nnei)
-        ``s_i·s_j`` and ``gate`` (B, nnei, nnei) the factor of the weights, from
-        `attention_inputs` (the same for every layer, so computed once)."""
-        # split, not slices: a slice's backward fills a zero tensor of the whole width
-        q, k, v = torch.split(self.in_proj(g), self.hidden, dim=-1)
-        if self.normalize:  # times 1/|x|: a product costs less than a quotient, both ways
-            q = q * torch.rsqrt((q * q).sum(dim=-1, keepdim=True))
-            k = k * torch.rsqrt((k * k).sum(dim=-1, keepdim=True))
-            v = v * torch.rsqrt((v * v).sum(dim=-1, keepdim=True))
-        logits = torch.matmul(q * self.scaling, k.transpose(1, 2))  # (B, i, j)
-        if self.smooth:
-            logits = (logits + 20.0) * pair_sw - 20.0  # 20: DeePMD-kit's attnw_shift
-        else:
-            # a finite floor, not -inf (exp of it is 0 all the same): a centre with no
-            # neighbour keeps finite values and gradients
-            logits = logits.masked_fill(~key_mask, -1e30)
+    def forward(self, g: Tensor, bias: Tensor, gate: Tensor, sw: Tensor) -> Tensor:
+        """``g`` (B, nnei, M); ``bias`` (B, 1|nnei, nnei) the term added to the logits (the
+        smooth shift ``20·s_i·s_j − 20``, or −1e30 on empty keys), ``gate`` (B, nnei, nnei)
+        the factor of the weights and ``sw`` (B, nnei, 1) the switch when smooth, else 1,
+        from `attention_inputs` (the same for every layer, so computed once).
+
+        Written for few passes over the (B, nnei, ·) tensors, which set the cost (twice
+        more in a force loss's second derivative): q, k and v by three products on the
+        weight's columns (no split, whose backward concatenates); the unit-length
+        normalisation, the scaling and the switches ``s_i·s_j`` of the smooth logits as one
+        per-row factor of q and of k; v's norm applied after the output projection (a row
+        factor commutes with it), and ``A (v W_out)`` instead of ``(A v) W_out`` (100
+        columns, not 128). Biases are added after the products, not inside them (addmm,
+        baddbmm): TorchScript splits those, and the frozen model must give the same bits."""
+        nb, nnei, width = g.shape
+        h = self.hidden
+        rows = g.reshape(nb * nnei, width)
+        w, b = self.in_proj.weight, self.in_proj.bias
+        assert b is not None
+        q = (torch.mm(rows, w[:, :h]) + b[:h]).view(nb, nnei, h)
+        k = (torch.mm(rows, w[:, h : 2 * h]) + b[h : 2 * h]).view(nb, nnei, h)
+        v = torch.mm(rows, w[:, 2 * h :]) + b[2 * h :]
+        fq, fk = sw * self.scaling, sw
+        if self.normalize:  # x/max(|x|, 1e-12), as torch's normalize
+            fq = fq / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp(min=1e-12)
+            fk = fk / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp(min=1e-12)
+        logits = torch.bmm(q * fq, (k * fk).transpose(1, 2)) + bias
         weights = torch.softmax(logits, dim=-1) * gate
-        out = self.out_proj(torch.matmul(weights, v))
-        return self.norm(g + out)
+        vw = torch.mm(v, self.out_proj.weight)
+        if self.normalize:
+            vw = vw / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp(min=1e-12)
+        out_bias = self.out_proj.bias
+        residual = g if out_bias is None else g + out_bias
+        return self.norm(torch.bmm(weights, vw.view(nb, nnei, width)) + residual)
 
     def to_deepmd(self, nnei: int, ln_eps: float, trainable_ln: bool, precision: str) -> dict:
         """DeePMD-kit's layer dict; ``precision`` the configured name ("default" stays)."""
@@ -127,17 +141,26 @@ class GatedAttentionLayer(nn.Module):
 def attention_inputs(
     mask: Tensor, sw: Tensor, r_hat: Tensor, smooth: bool, dotr: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(key_mask, pair_sw, gate)`` of `GatedAttentionLayer.forward` from the slots' mask
-    (B, nnei) bool, switch (B, nnei) and unit directions (B, nnei, 3): the weights of a row
-    of an empty slot are 0, times ``s_i·s_j`` when ``smooth``, times ``r̂_i·r̂_j`` when
-    ``dotr``."""
-    pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
-    gate = mask.unsqueeze(2).to(sw.dtype).expand_as(pair_sw)
+    """``(bias, gate, sw)`` of `GatedAttentionLayer.forward` from the slots' mask (B, nnei)
+    bool, switch (B, nnei) and unit directions (B, nnei, 3). Smooth: the logits
+    ``(L + 20)·s_i·s_j − 20`` are ``L·s_i·s_j`` (the switches go into q and k) plus the
+    bias ``20·s_i·s_j − 20``, and the weights are multiplied by ``s_i·s_j``; otherwise
+    empty keys get a bias of −1e30 (a finite floor, not −inf: a centre without neighbours
+    keeps finite values and gradients) and the switch is 1. The weights of a row of an
+    empty slot are 0, and times ``r̂_i·r̂_j`` when ``dotr``."""
+    gate = mask.unsqueeze(2).to(sw.dtype)
     if smooth:
+        pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
+        bias = 20.0 * pair_sw - 20.0  # 20: DeePMD-kit's attnw_shift
         gate = gate * pair_sw
+        column = sw.unsqueeze(2)
+    else:
+        bias = torch.zeros_like(sw).masked_fill(~mask, -1e30).unsqueeze(1)
+        gate = gate.expand(-1, -1, mask.shape[1])
+        column = torch.ones_like(sw).unsqueeze(2)
     if dotr:
         gate = gate * torch.matmul(r_hat, r_hat.transpose(1, 2))
-    return mask.unsqueeze(1), pair_sw, gate
+    return bias, gate, column
 
 
 def attention_to_deepmd(layers: nn.ModuleList, nnei: int, embed_dim: int, settings: dict) -> dict:
