@@ -81,14 +81,13 @@ class GatedAttentionLayer(nn.Module):
         k = (torch.mm(rows, w[:, h : 2 * h]) + b[h : 2 * h]).view(nb, nnei, h)
         v = torch.mm(rows, w[:, 2 * h :]) + b[2 * h :]
         fq, fk = sw * self.scaling, sw
-        if self.normalize:  # x/max(|x|, 1e-12), as torch's normalize
-            fq = fq / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp(min=1e-12)
-            fk = fk / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp(min=1e-12)
+        vw = torch.mm(v, self.out_proj.weight)
+        if self.normalize:  # x/max(|x|, 1e-12) as torch's normalize, by a factor per row
+            fq = fq * _inverse_norm(q)
+            fk = fk * _inverse_norm(k)
+            vw = vw * _inverse_norm(v)
         logits = torch.bmm(q * fq, (k * fk).transpose(1, 2)) + bias
         weights = torch.softmax(logits, dim=-1) * gate
-        vw = torch.mm(v, self.out_proj.weight)
-        if self.normalize:
-            vw = vw / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp(min=1e-12)
         out_bias = self.out_proj.bias
         residual = g if out_bias is None else g + out_bias
         return self.norm(torch.bmm(weights, vw.view(nb, nnei, width)) + residual)
@@ -136,6 +135,12 @@ class GatedAttentionLayer(nn.Module):
             p.requires_grad_(trainable)
         if (self.in_proj.n_in, self.in_proj.n_out) != (self.norm.weight.shape[0], 3 * self.hidden):
             raise MDTrainError(f"{where}: in_proj has the wrong shape")
+
+
+def _inverse_norm(x: Tensor) -> Tensor:
+    """``1/max(|x|, 1e-12)`` over the last axis (keepdim): a small tensor, so that the
+    large ones are multiplied (a product's backward is cheaper than a quotient's)."""
+    return 1.0 / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=1e-12)
 
 
 def attention_inputs(
