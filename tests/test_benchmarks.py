@@ -146,3 +146,27 @@ def test_train_step_times_a_committee_beside_the_single_model(tmp_path):
     assert result["sizes"]["1"]["paired_wall_ratio"] == 1.0
     assert result["sizes"]["2"]["wall_s_per_step"] > 0
     assert "committee of 2" in done.stdout
+
+
+def test_descriptor_speed_input_and_slopes(tmp_path):
+    """descriptor_speed.py: the example's copy (absolute systems, the run's step counts, the
+    rest kept) and the wall/CPU slopes between two display lines of a child process."""
+    speed = benchmark_module("descriptor_speed")
+    example = tmp_path / "ex" / "input.json"
+    example.parent.mkdir()
+    config = tiny_config(validation_data={"systems": ["data/val"], "batch_size": 1})
+    example.write_text(json.dumps(config))
+    out = speed.example_input(str(example), 20, 10)
+    training = out["training"]
+    assert training["training_data"]["systems"][0] == str(tmp_path / "ex/data/train_a")
+    assert training["validation_data"]["systems"] == [str(tmp_path / "ex/data/val")]
+    assert (training["numb_steps"], training["disp_freq"], training["save_freq"]) == (20, 10, 20)
+    assert out["model"] == config["model"]
+
+    script = "import time\nfor k in (2, 4):\n    time.sleep(0.2)\n    print(f'INFO step {k}/4', flush=True)\n"  # fmt: skip
+    run = speed.run_marked([sys.executable, "-c", script], dict(os.environ), str(tmp_path),
+                           speed.MARKS["mdtrain"])  # fmt: skip
+    assert sorted(run["marks"]) == [2, 4]
+    (w2, c2), (w4, c4) = run["marks"][2], run["marks"][4]
+    assert 0.15 < w4 - w2 < 30.0 and 0.0 <= c4 - c2 < 0.15  # asleep: wall time, little CPU
+    assert speed.cpu_seconds(os.getpid()) > 0.0
