@@ -24,11 +24,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepmd"
 # se_e2_a one_side: type_one_side, tanh everywhere; two_side: type_one_side false, resnet_dt
 # embedding nets, exclude_types [[1, 1]], gelu fitting nets (DeePMD's tanh approximation);
 # the others: tests/helpers/deepmd_variants.py (the type-mixed ones with one fitting net)
-VARIANTS = [
-    v
-    for v in DEEPMD_VARIANTS
-    if v in ("se_e2_a_one_side", "se_e2_a_two_side", "dpa1", "se_atten_v2", "se_e3_tebd", "hybrid")
-]
+VARIANTS = list(DEEPMD_VARIANTS)
 GROUPS = ["water", "triclinic", "cluster"]  # 24 atoms; 3 atoms in a cell < rcut; no cell
 
 
