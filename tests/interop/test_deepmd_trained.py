@@ -3,7 +3,10 @@ water data), ``dp --tf freeze``, ``dp convert-backend frozen_model.pb model.dp``
 ``mdtrain test -m model.dp -s SYSTEM`` gives ``dp test -m frozen_model.pb -s SYSTEM``'s
 errors, and mdtrain's per-frame energies, atom energies, forces and virials are DeePMD-kit's
 (``DeepPot`` on the frozen graph; energies also from its numpy ``.dp`` evaluator).
-Both ``type_one_side`` settings.
+Every descriptor mdtrain reads (``tests/helpers/deepmd_variants.py``: se_e2_a both
+``type_one_side`` settings, se_e2_r, se_e3, se_atten, se_atten_v2, hybrid), and se_e3_tebd,
+which DeePMD-kit's TensorFlow backend lacks, trained, frozen and tested by its PyTorch
+backend (``--pt``, ``frozen_model.pth``; ``MDTRAIN_DEEPMD_PT_PYTHON``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import pytest
 from mdtrain.cli import main
 from mdtrain.infer.load import load_model
 from tests.helpers.datagen import water_labeled, write_npy_system
-from tests.helpers.deepmd import deepmd_input, frames_npz, rel_diff
+from tests.helpers.deepmd import frames_npz, rel_diff
+from tests.helpers.deepmd_variants import BACKENDS, VARIANTS, training_input
 from tests.helpers.models import evaluate
 
 pytestmark = pytest.mark.interop
@@ -25,7 +29,6 @@ pytestmark = pytest.mark.interop
 KEYS = ("energy", "atom_energy", "force", "virial")
 # dp test's name -> mdtrain test's JSON key
 FIGURES = {"Energy RMSE": "energy_rmse", "Force  RMSE": "force_rmse", "Virial RMSE": "virial_rmse"}
-VARIANTS = {"one_side": {"type_one_side": True}, "two_side": {"type_one_side": False}}
 
 
 def dp_test_figures(output: str) -> dict[str, float]:
@@ -39,25 +42,27 @@ def dp_test_figures(output: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def trained(request, deepmd, tmp_path_factory) -> dict:
+def trained(request, tmp_path_factory) -> dict:
+    descriptor, fitting, backend = VARIANTS[request.param]
+    deepmd = request.getfixturevalue("deepmd_pt" if backend == "pt" else "deepmd")
+    flag, suffix = BACKENDS[backend]
+    frozen = f"frozen_model{suffix}"
     tmp = tmp_path_factory.mktemp(f"dp_{request.param}")
     write_npy_system(tmp / "data", **water_labeled(20, seed=41))
     test = water_labeled(4, seed=42, triclinic=True)
     system = write_npy_system(tmp / "test", **test)
-    config = deepmd_input(VARIANTS[request.param])
+    config = training_input(descriptor, fitting)
     (tmp / "input.json").write_text(json.dumps(config, indent=1))
-    deepmd.dp_cmd(["--tf", "train", "input.json"], tmp)
-    deepmd.dp_cmd(["--tf", "freeze", "-o", "frozen_model.pb"], tmp)
-    deepmd.dp_cmd(["convert-backend", "frozen_model.pb", "model.dp"], tmp)
-    dp_test = deepmd.dp_cmd(
-        ["--tf", "test", "-m", "frozen_model.pb", "-s", "test", "-d", "detail"], tmp
-    )
+    deepmd.dp_cmd([flag, "train", "input.json"], tmp)
+    deepmd.dp_cmd([flag, "freeze", "-o", frozen], tmp)
+    deepmd.dp_cmd(["convert-backend", frozen, "model.dp"], tmp)
+    dp_test = deepmd.dp_cmd([flag, "test", "-m", frozen, "-s", "test", "-d", "detail"], tmp)
     frames_npz(tmp / "frames.npz", test["coords"], test["types"], test["boxes"])
     errors = deepmd.driver(
         {
             "evaluate": [
                 {"model": m, "frames": "frames.npz", "out": f"{m}.npz"}
-                for m in ("frozen_model.pb", "model.dp")
+                for m in (frozen, "model.dp")
             ]
         },
         tmp,
@@ -76,7 +81,7 @@ def trained(request, deepmd, tmp_path_factory) -> dict:
         "detail_v": np.loadtxt(tmp / "detail.v.out", ndmin=2),
         "mdtrain_test": json.loads((tmp / "mt.json").read_text())["total"],
         "ours": {k: np.stack([f[k] for f in frames]) for k in KEYS},
-        "pb": dict(np.load(tmp / "frozen_model.pb.npz")),
+        "frozen": dict(np.load(tmp / f"{frozen}.npz")),
         "dp": dict(np.load(tmp / "model.dp.npz")),
         "types": test["types"],
         "labels": test,
@@ -111,7 +116,7 @@ def test_dp_test_predictions_are_mdtrains(trained):
 
 
 def test_deeppot_gives_mdtrains_frames(trained):
-    worst = {key: rel_diff(trained["ours"][key], trained["pb"][key]) for key in KEYS}
+    worst = {key: rel_diff(trained["ours"][key], trained["frozen"][key]) for key in KEYS}
     worst["energy (numpy .dp)"] = rel_diff(trained["ours"]["energy"], trained["dp"]["energy"])
     print("mdtrain vs DeepPot (relative):", {k: f"{d:.1e}" for k, d in worst.items()})
     assert max(worst.values()) < 1e-10, worst
