@@ -170,12 +170,10 @@ class System:
             return own.astype(np.int64), elements
         if model_map is None:
             return own.astype(np.int64), list(own_map)
-        lookup = np.full(len(own_map), -1, dtype=np.int64)
-        for t, name in enumerate(own_map):
-            if name in model_map:
-                lookup[t] = model_map.index(name)
-        missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
-        if missing:
+        index = {name: t for t, name in reversed(list(enumerate(model_map)))}  # first wins
+        lookup = np.array([index.get(name, -1) for name in own_map], dtype=np.int64)
+        if (lookup < 0).any() and (lookup[own] < 0).any():
+            missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
             raise MDTrainError(
                 f"system {self.path}: element {', '.join(missing)} is not in type_map {model_map}"
             )
@@ -195,14 +193,16 @@ class System:
         if name in PARAMS and nframes and shape[:1] != (nframes,) and size % nframes == 0:
             shape = (nframes, size // nframes)
             self._reshaped.add((set_name, name))
-        where = self._store.where(set_name, name + ".npy")
         if dtype.kind not in "fiu":
+            where = self._store.where(set_name, name + ".npy")
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = self._layout[name]
         expected = width * self.natoms if per_atom else width
         if name in FREE_WIDTH:  # checked against the model (or the loss) by their users
-            return self._free_width(name, shape, where, per_atom)
+            return self._free_width(name, shape, self._store.where(set_name, name + ".npy"),
+                                    per_atom)  # fmt: skip
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
+            where = self._store.where(set_name, name + ".npy")
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
             what = f" (the model's {name}: {width} per {'atom' if per_atom else 'frame'})"
             raise MDTrainError(
