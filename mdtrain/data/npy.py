@@ -58,17 +58,20 @@ def read_npy_start(
     came with the header's read, those data (read-only, as stored): the first read takes
     ``HEAD_BYTES``, so that a small file costs one read whether or not its data are kept."""
     try:
-        with open(path, "rb", buffering=0) as handle:
-            start = handle.read(HEAD_BYTES)
+        fd = os.open(path, os.O_RDONLY)  # a file object costs more than the read itself
+        try:
+            start = os.read(fd, HEAD_BYTES)
             if len(start) >= 10 and start[:6] == b"\x93NUMPY" and start[6] == 1:
                 length = int.from_bytes(start[8:10], "little")
                 text = start[10 : 10 + length]
                 if len(text) < length:
-                    text += handle.read(length - len(text))
+                    text += os.pread(fd, length - len(text), 10 + len(text))
                 header = _PARSED.get(text) if text in _PARSED else _parse(text)
                 if header is not None:
                     return header, _data_in(start, header, keep_bytes)
-            handle.seek(0)
+        finally:
+            os.close(fd)
+        with open(path, "rb") as handle:  # another layout: numpy's own parser
             version = np.lib.format.read_magic(handle)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
@@ -175,8 +178,8 @@ class NpyStore:
         if not self._listing().get(name, False):
             return None
         try:
-            with open(file, encoding="utf-8") as handle:
-                return handle.read()
+            with open(file, "rb", buffering=0) as handle:
+                return handle.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise MDTrainError(f"{file}: cannot read ({exc})") from None
 
@@ -221,6 +224,14 @@ class NpyStore:
                 return frozenset()
             self._arrays[set_name] = entries
         return entries
+
+    def listed_arrays(self, set_name: str) -> frozenset[str] | None:
+        """The arrays a set's folder lists (named without the suffix; None: the folder
+        cannot be listed), so that `header` is asked only about those."""
+        entries = self._set_entries(set_name)
+        if not entries:
+            return None
+        return frozenset(name[:-4] for name in entries if name.endswith(".npy"))
 
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""

@@ -28,6 +28,7 @@ from mdtrain.data.npy import NpyStore
 from mdtrain.data.stores import open_store
 from mdtrain.errors import MDTrainError
 
+_ARRAYS = ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS)  # besides coord
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 
 
@@ -211,7 +212,10 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS, *self._outputs):
+            listed = getattr(self._store, "listed_arrays", None)
+            listed = None if listed is None else listed(set_name)
+            arrays = (*_ARRAYS, *self._outputs)
+            for name in arrays if listed is None else [n for n in arrays if n in listed]:
                 count = self._nframes_of(set_name, name, nf)
                 if count is None:
                     continue
