@@ -23,7 +23,8 @@ import numpy as np
 
 from mdtrain.data.hdf5 import H5Store
 from mdtrain.data.npy import NpyStore
-from mdtrain.data.system import MixedTypeFound, SetInfo, System, open_store
+from mdtrain.data.stores import open_store
+from mdtrain.data.system import MixedTypeFound, SetInfo, System
 from mdtrain.errors import MDTrainError
 
 REAL_TYPES = "real_atom_types"

@@ -1,10 +1,11 @@
 """deepmd/npy storage: a system directory with ``type.raw`` and ``set.*/`` of ``.npy`` files.
 
-Arrays are memory-mapped on first use and frame counts come from the ``.npy`` headers, so
-opening a system reads a few bytes per file (each header parsed once). At most
-``MAX_OPEN_MAPS`` maps stay open per process, the least recently used closed first. A store
-pickles as its path (DataLoader workers, object broadcast); the receiving process maps the
-arrays again on demand.
+Frame counts come from the ``.npy`` headers, so opening a system reads the start of each
+file (each header parsed once); an array small enough to come whole with that read is kept
+(at most ``MAX_KEPT_BYTES`` per process), larger ones are read or memory-mapped on first
+use. At most ``MAX_OPEN_MAPS`` maps stay open per process, the least recently used closed
+first. A store pickles as its path (DataLoader workers, object broadcast); the receiving
+process reads the arrays again on demand.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import os
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,8 +27,7 @@ _HEADER = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class NpyHeader:
+class NpyHeader(NamedTuple):
     """What the header of an ``.npy`` file says: where the data start and how they lie."""
 
     shape: tuple[int, ...]
@@ -36,41 +36,79 @@ class NpyHeader:
     offset: int  # bytes before the data
 
 
+# numpy's header texts parsed so far: files of one size share theirs (thousands of systems
+# of a few sizes parse a few texts)
+_PARSED: dict[bytes, NpyHeader | None] = {}
+_MAX_PARSED = 4096
+
+
 def parse_npy_header(path: str, missing_ok: bool = False) -> NpyHeader | None:
     """The header of an ``.npy`` file (None for a missing file when ``missing_ok``: one
     system call fewer than asking first). numpy's own files are parsed by a regular
     expression (numpy evaluates the header as a Python literal, about 50 µs a file, which
     thousands of small systems multiply); any other header by numpy."""
+    found = read_npy_start(path, missing_ok)
+    return None if found is None else found[0]
+
+
+def read_npy_start(
+    path: str, missing_ok: bool = False, keep_bytes: int = 0
+) -> tuple[NpyHeader, np.ndarray | None] | None:
+    """``parse_npy_header``'s header and, for a file whose data (at most ``keep_bytes``)
+    came with the header's read, those data (read-only, as stored): the first read takes
+    ``HEAD_BYTES``, so that a small file costs one read whether or not its data are kept."""
     try:
-        with open(path, "rb", buffering=0) as handle:
-            start = handle.read(128)  # numpy pads its headers to 64-byte multiples: one read
+        fd = os.open(path, os.O_RDONLY)  # a file object costs more than the read itself
+        try:
+            start = os.read(fd, HEAD_BYTES)
             if len(start) >= 10 and start[:6] == b"\x93NUMPY" and start[6] == 1:
                 length = int.from_bytes(start[8:10], "little")
                 text = start[10 : 10 + length]
                 if len(text) < length:
-                    text += handle.read(length - len(text))
-                match = _HEADER.match(text.decode("latin1"))
-                if match:
-                    shape = tuple(int(n) for n in match.group(3).split(",") if n.strip())
-                    fortran = match.group(2) == "True"
-                    return NpyHeader(shape, np.dtype(match.group(1)), fortran, 10 + length)
-            handle.seek(0)
+                    text += os.pread(fd, length - len(text), 10 + len(text))
+                header = _PARSED.get(text) if text in _PARSED else _parse(text)
+                if header is not None:
+                    return header, _data_in(start, header, keep_bytes)
+        finally:
+            os.close(fd)
+        with open(path, "rb") as handle:  # another layout: numpy's own parser
             version = np.lib.format.read_magic(handle)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
             else:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-            return NpyHeader(tuple(shape), dtype, bool(fortran), handle.tell())
+            return NpyHeader(tuple(shape), dtype, bool(fortran), handle.tell()), None
     except (OSError, ValueError, TypeError) as exc:
         if missing_ok and isinstance(exc, FileNotFoundError):
             return None
         raise MDTrainError(f"{path}: not a readable .npy file ({exc})") from None
 
 
-def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of an ``.npy`` file, from its header only."""
-    header = parse_npy_header(path)
-    return header.shape, header.dtype
+def _parse(text: bytes) -> NpyHeader | None:
+    """A version 1.0 header text in numpy's own layout (None: another layout), remembered."""
+    match = _HEADER.match(text.decode("latin1"))
+    header = None
+    if match:
+        shape = tuple(int(n) for n in match.group(3).split(",") if n.strip())
+        fortran = match.group(2) == "True"
+        header = NpyHeader(shape, np.dtype(match.group(1)), fortran, 10 + len(text))
+    if len(_PARSED) >= _MAX_PARSED:
+        _PARSED.clear()
+    _PARSED[text] = header
+    return header
+
+
+def _data_in(start: bytes, header: NpyHeader, keep_bytes: int) -> np.ndarray | None:
+    """The array of a file read whole in ``start`` (C order, plain dtype, at most
+    ``keep_bytes``), else None (then it is read when asked, which reports a short file)."""
+    if header.fortran_order or header.dtype.hasobject or not header.shape:
+        return None
+    count = math.prod(header.shape)
+    nbytes = count * header.dtype.itemsize
+    if nbytes > keep_bytes or len(start) < header.offset + nbytes:
+        return None
+    data = np.frombuffer(start, header.dtype, count, header.offset)
+    return data.reshape(header.shape)
 
 
 # Memory maps open in this process, least recently used first. A map holds a file
@@ -80,16 +118,37 @@ def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 _MAPS: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
 MAX_OPEN_MAPS = 256
 DIRECT_READ_BYTES = 1 << 20  # smaller files are read, not mapped (``NpyStore.rows``)
+HEAD_BYTES = 4096  # the first read of an array file: its header, and a small file whole
+KEEP_BYTES = HEAD_BYTES  # arrays this small are kept from that read (none when
+# DIRECT_READ_BYTES is 0: every array mapped)
+MAX_KEPT_BYTES = 64 << 20  # what the stores of a process keep at most, in all
+_kept_total = 0
 
 
 class NpyStore:
-    """Read access to one system directory."""
+    """Read access to one system directory.
+
+    Its folder and each set's folder are listed once, so that an array or text file that
+    is absent costs no system call. A small array (at most ``KEEP_BYTES``) arrives whole
+    with its header's read and is kept (`kept_bytes` in all, up to ``MAX_KEPT_BYTES`` per
+    process): thousands of small systems are then read once, when they are opened, however
+    many passes (checks, statistics, fingerprints) go over their frames.
+    """
 
     kind = "deepmd/npy"
 
     def __init__(self, path: str):
         self.path = path
         self._headers: dict[tuple[str, str], NpyHeader] = {}
+        self._kept: dict[tuple[str, str], np.ndarray] = {}
+        self._kept_bytes = 0
+        self._files: dict[str, bool] | None = None  # the folder's entries: is it a file
+        self._sets: list[str] = []
+        self._arrays: dict[str, frozenset[str]] = {}  # each set's entries
+
+    def __del__(self) -> None:
+        global _kept_total
+        _kept_total -= getattr(self, "_kept_bytes", 0)
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
@@ -102,13 +161,25 @@ class NpyStore:
         parts = [self.path] + [p for p in (set_name, name) if p]
         return os.path.join(*parts)
 
+    def _listing(self) -> dict[str, bool]:
+        """The folder's entries, each with whether it is a file (listed once)."""
+        if self._files is None:
+            files: dict[str, bool] = {}
+            sets = []
+            for entry in os.scandir(self.path):
+                if entry.name.startswith("set.") and entry.is_dir():
+                    sets.append(entry.name)
+                files[entry.name] = entry.is_file()
+            self._files, self._sets = files, sorted(sets)
+        return self._files
+
     def _text(self, name: str) -> str | None:
-        file = os.path.join(self.path, name)
-        if not os.path.isfile(file):
+        file = f"{self.path}{os.sep}{name}"
+        if not self._listing().get(name, False):
             return None
         try:
-            with open(file, encoding="utf-8") as handle:
-                return handle.read()
+            with open(file, "rb", buffering=0) as handle:
+                return handle.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise MDTrainError(f"{file}: cannot read ({exc})") from None
 
@@ -129,15 +200,11 @@ class NpyStore:
         return None if text is None else text.split()
 
     def nopbc(self) -> bool:
-        return os.path.isfile(os.path.join(self.path, "nopbc"))
+        return self._listing().get("nopbc", False)
 
     def set_names(self) -> list[str]:
-        names = [
-            entry.name
-            for entry in os.scandir(self.path)
-            if entry.name.startswith("set.") and entry.is_dir()
-        ]
-        return sorted(names)
+        self._listing()
+        return list(self._sets)
 
     def array_names(self, set_name: str) -> list[str]:
         """Every array of a set (``.npy`` files, named without the suffix), sorted."""
@@ -148,17 +215,48 @@ class NpyStore:
             if entry.name.endswith(".npy") and entry.is_file()
         )
 
+    def _set_entries(self, set_name: str) -> frozenset[str]:
+        entries = self._arrays.get(set_name)
+        if entries is None:
+            try:
+                entries = frozenset(os.listdir(f"{self.path}{os.sep}{set_name}"))
+            except OSError:  # let the header's own read report it
+                return frozenset()
+            self._arrays[set_name] = entries
+        return entries
+
+    def listed_arrays(self, set_name: str) -> frozenset[str] | None:
+        """The arrays a set's folder lists (named without the suffix; None: the folder
+        cannot be listed), so that `header` is asked only about those."""
+        entries = self._set_entries(set_name)
+        if not entries:
+            return None
+        return frozenset(name[:-4] for name in entries if name.endswith(".npy"))
+
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""
-        file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
-        header = parse_npy_header(file, missing_ok=True)
-        if header is None:
+        global _kept_total
+        if self._set_entries(set_name) and name + ".npy" not in self._arrays[set_name]:
             return None
+        file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
+        keep = KEEP_BYTES if DIRECT_READ_BYTES and _kept_total < MAX_KEPT_BYTES else 0
+        found = read_npy_start(file, missing_ok=True, keep_bytes=keep)
+        if found is None:
+            return None
+        header, data = found
         self._headers[(set_name, name)] = header  # the memory map needs it again
+        if data is not None:
+            self._kept[(set_name, name)] = data
+            self._kept_bytes += data.nbytes
+            _kept_total += data.nbytes
         return header.shape, header.dtype
 
     def array(self, set_name: str, name: str) -> np.ndarray:
-        """The whole array, memory-mapped (no copy); see ``_MAPS`` for how many stay open."""
+        """The whole array, memory-mapped or kept (no copy, read-only); see ``_MAPS`` for
+        how many maps stay open."""
+        kept = self._kept.get((set_name, name))
+        if kept is not None:
+            return kept
         key = (self.path, set_name, name)
         mapped = _MAPS.get(key)
         if mapped is not None:
@@ -187,6 +285,9 @@ class NpyStore:
         to the last) instead of mapped: mapping costs about 90 µs, and with thousands of
         small systems the maps kept open are evicted before they are used again.
         """
+        kept = self._kept.get((set_name, name))
+        if kept is not None:
+            return kept.take(rows, axis=0)
         header = self._headers.get((set_name, name))
         if (
             header is None

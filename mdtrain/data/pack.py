@@ -28,7 +28,8 @@ import numpy as np
 from mdtrain.data.expand import expand_systems
 from mdtrain.data.hdf5 import split_h5_path
 from mdtrain.data.mixed import MixedSystem
-from mdtrain.data.system import MixedTypeFound, System, open_store
+from mdtrain.data.stores import open_store
+from mdtrain.data.system import MixedTypeFound, System
 from mdtrain.errors import MDTrainError
 from mdtrain.progress import progress
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from mdtrain.data.hdf5 import H5Store, find_h5_systems, is_hdf5, split_h5_path
+from mdtrain.data.hdf5 import H5Store
 from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported from here too)
     EXTRA_LABELS,
     FREE_WIDTH,
@@ -25,10 +24,11 @@ from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported fro
     PARAMS,
     TENSOR_LABELS,
 )
-from mdtrain.data.lmdb_store import LmdbStore, is_lmdb, single_group
 from mdtrain.data.npy import NpyStore
+from mdtrain.data.stores import open_store
 from mdtrain.errors import MDTrainError
 
+_ARRAYS = ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS)  # besides coord
 _HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 
 
@@ -54,36 +54,6 @@ def open_system(
     A mixed-type system (``set.*/real_atom_types.npy``) holds frames of several compositions:
     open it with ``mdtrain.data.open_systems``, which gives one `System` per composition."""
     return System(open_store(path), type_map, outputs)
-
-
-def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
-    """The storage of the system at ``path`` (checked to exist; nothing else is read)."""
-    path = str(path)
-    if is_lmdb(path):
-        return LmdbStore(path if "#" in path else single_group(path))
-    if "#" in path:
-        file, group = split_h5_path(path)
-        if not os.path.isfile(file):
-            raise MDTrainError(f"system {path}: HDF5 file {file} does not exist")
-        if not is_hdf5(file):
-            raise MDTrainError(f"system {path}: {file} is not an HDF5 file")
-        return H5Store(file, group)
-    if os.path.isdir(path):
-        return NpyStore(path)
-    if os.path.isfile(path):
-        if not is_hdf5(path):
-            raise MDTrainError(
-                f"system {path}: a file that is not HDF5 (expected a directory with type.raw, "
-                "file.h5 or file.h5#/group)"
-            )
-        groups = find_h5_systems(path)
-        if "/" in groups:
-            return H5Store(path, "/")
-        raise MDTrainError(
-            f"system {path}: the HDF5 file holds {len(groups)} systems; name one as "
-            f"{path}#/group or list the file in 'systems' to use them all"
-        )
-    raise MDTrainError(f"system {path} does not exist")
 
 
 class System:
@@ -124,6 +94,7 @@ class System:
         model_types, self.elements = self._remap(own_types)
         self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
         self.atype = model_types[self.atom_order]
+        self._reorder = bool((self.atom_order != np.arange(self.natoms)).any())
         self.periodic = not store.nopbc()
         self._widths: dict[str, int] = {}
         self._reshaped: set[tuple[str, str]] = set()  # (set, array) read as (nframes, -1)
@@ -170,12 +141,10 @@ class System:
             return own.astype(np.int64), elements
         if model_map is None:
             return own.astype(np.int64), list(own_map)
-        lookup = np.full(len(own_map), -1, dtype=np.int64)
-        for t, name in enumerate(own_map):
-            if name in model_map:
-                lookup[t] = model_map.index(name)
-        missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
-        if missing:
+        index = {name: t for t, name in reversed(list(enumerate(model_map)))}  # first wins
+        lookup = np.array([index.get(name, -1) for name in own_map], dtype=np.int64)
+        if (lookup < 0).any() and (lookup[own] < 0).any():
+            missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
             raise MDTrainError(
                 f"system {self.path}: element {', '.join(missing)} is not in type_map {model_map}"
             )
@@ -195,14 +164,16 @@ class System:
         if name in PARAMS and nframes and shape[:1] != (nframes,) and size % nframes == 0:
             shape = (nframes, size // nframes)
             self._reshaped.add((set_name, name))
-        where = self._store.where(set_name, name + ".npy")
         if dtype.kind not in "fiu":
+            where = self._store.where(set_name, name + ".npy")
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
         width, per_atom = self._layout[name]
         expected = width * self.natoms if per_atom else width
         if name in FREE_WIDTH:  # checked against the model (or the loss) by their users
-            return self._free_width(name, shape, where, per_atom)
+            return self._free_width(name, shape, self._store.where(set_name, name + ".npy"),
+                                    per_atom)  # fmt: skip
         if len(shape) == 0 or math.prod(shape[1:]) != expected:
+            where = self._store.where(set_name, name + ".npy")
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
             what = f" (the model's {name}: {width} per {'atom' if per_atom else 'frame'})"
             raise MDTrainError(
@@ -241,7 +212,10 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            for name in ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS, *self._outputs):
+            listed = getattr(self._store, "listed_arrays", None)
+            listed = None if listed is None else listed(set_name)
+            arrays = (*_ARRAYS, *self._outputs)
+            for name in arrays if listed is None else [n for n in arrays if n in listed]:
                 count = self._nframes_of(set_name, name, nf)
                 if count is None:
                     continue
@@ -305,15 +279,8 @@ class System:
         wanted = self.labels if labels is None else self.labels & set(labels)
         where = (["coord"] + (["box"] if self.periodic else [])) if positions else []
         names = where + sorted(wanted)
-        out = {name: np.empty((n, self._width(name))) for name in names}
-        which = np.searchsorted(self._starts, index, side="right") - 1
-        for s in np.unique(which):
-            set_info = self.sets[s]
-            mask = which == s
-            rows, inverse = np.unique(index[mask] - set_info.start, return_inverse=True)
-            for name in names:
-                out[name][mask] = self._read(set_info, name, rows)[inverse]
-        order = self.atom_order
+        out = self._gather(index, names)
+        order = self.atom_order if self._reorder else slice(None)
         result = {}
         if positions:
             result["coord"] = out["coord"].reshape(n, natoms, 3)[:, order]
@@ -341,6 +308,29 @@ class System:
         if "aparam" in out:  # (n, natoms, numb_aparam) in the model's atom order
             result["aparam"] = out["aparam"].reshape(n, natoms, -1)[:, order]
         return result
+
+    def _gather(self, index: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+        """Rows ``index`` (global, non-negative) of the arrays ``names``, float64 (n, values
+        per frame), fresh arrays. A run of consecutive frames of one set (the usual ask) is
+        read as it is; any other set of frames row by row of each set touched."""
+        n = len(index)
+        if n:
+            first = int(index[0])
+            s = 0 if len(self.sets) == 1 else int(np.searchsorted(self._starts, first, "right")) - 1
+            info = self.sets[s]
+            run = int(index[-1]) - first == n - 1 and (n < 3 or bool((np.diff(index) > 0).all()))
+            if run and first + n <= info.start + info.nframes:
+                rows = np.arange(first - info.start, first - info.start + n)
+                return {name: self._read(info, name, rows) for name in names}
+        out = {name: np.empty((n, self._width(name))) for name in names}
+        which = np.searchsorted(self._starts, index, side="right") - 1
+        for s in np.unique(which):
+            set_info = self.sets[s]
+            mask = which == s
+            rows, inverse = np.unique(index[mask] - set_info.start, return_inverse=True)
+            for name in names:
+                out[name][mask] = self._read(set_info, name, rows)[inverse]
+        return out
 
     def values_per_atom(self, name: str) -> int:
         """Values per atom and frame of a per-atom label (``drdq``: 3 x numb_generalized_coord;

@@ -16,7 +16,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import h5py
 import numpy as np
 import torch
 
@@ -58,6 +57,8 @@ def is_dp_file(path: str | os.PathLike) -> bool:
         return False
     if os.fspath(path).endswith(".dp"):
         return True
+    import h5py  # only here: neighbor-stat and train start without it
+
     try:
         with h5py.File(path, "r") as f:
             return "json" in f.attrs
@@ -82,6 +83,8 @@ def write_dp(
 ) -> None:
     """Write ``model`` (an mdtrain energy, tensor, DOS or property model) as a DeePMD-kit ``.dp`` file,
     atomically."""
+    import h5py  # only here: neighbor-stat and train start without it
+
     path = os.fspath(path)
     combined = isinstance(model, CombinedModel)
     tensor = getattr(model, "tensor_size", 0)  # a dipole or polar model
@@ -125,6 +128,8 @@ def write_dp(
 
 def read_dp(path: str | os.PathLike) -> dict:
     """The model dict of a ``.dp`` file with its arrays as numpy arrays."""
+    import h5py  # only here: neighbor-stat and train start without it
+
     path = os.fspath(path)
     try:
         with h5py.File(path, "r") as f:

@@ -18,7 +18,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import h5py
 import numpy as np
 
 from mdtrain.errors import MDTrainError
@@ -47,6 +46,8 @@ def read_stat_file(path: str) -> dict[str, np.ndarray]:
 
 def read_stat_file_and_attrs(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The datasets and the string attributes of the root, in one opening of the file."""
+    import h5py  # only here: neighbor-stat and train start without it
+
     if not os.path.exists(path):
         return {}, {}
     out: dict[str, np.ndarray] = {}
@@ -72,6 +73,8 @@ def write_stat_file(
 ) -> None:
     """Add or replace datasets (and root attributes), keeping all others; written to a temp
     file then renamed."""
+    import h5py  # only here: neighbor-stat and train start without it
+
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as dst:

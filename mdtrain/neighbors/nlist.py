@@ -19,12 +19,9 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-
-from mdtrain.neighbors import images
 
 _ZERO_BOX = np.zeros((3, 3))
 _NO_PBC = np.zeros(3, dtype=np.bool_)
@@ -96,7 +93,8 @@ class NeighborSearch:
     def __init__(self, rcut: float, threads: int = 1, small_cells: bool = True) -> None:
         self.rcut = float(rcut)
         self.threads = max(1, int(threads))
-        self.small_cells = small_cells  # False: `many` leaves every frame to the library
+        self.small_cells = small_cells  # False: `window.search_window` leaves every frame to
+        # the library
         self._binding = _get_binding()
         if self._binding is not None:
             self._result = self._binding.api.VesinNeighborList()
@@ -172,60 +170,13 @@ class NeighborSearch:
             vec = None if vec is None else vec.copy()
         return i, j, shift, dist, vec
 
-    def many(
-        self, batches: list[tuple[np.ndarray, np.ndarray | None]], vectors: bool = False
-    ) -> list[list[tuple | ValueError | None]]:
-        """Half-list pairs of many frames: for each batch ``(coords (F, N, 3), boxes (F, 3, 3)
-        or None)``, one entry per frame, ``(i, j, dist, vec)`` (``vec`` None unless asked;
-        arrays the caller may keep), the search's ``ValueError``, or None for a frame not
-        searched (coordinates or cell not finite, a cell without volume: the caller
-        reports it).
-
-        The search is chosen here, by cell size: frames in cells shorter than twice the
-        cut-off (`images.small_cells`) are searched together, all frames of one atom count and
-        cell size in one vectorised pass (`images.image_pairs`); the others one by one by
-        the library. Both give the same pairs and distances (``tests/neighbors/test_images.py``).
-        One frame at a time (`compute`, `pairs`, `half_vectors`) is the library's: a pass
-        of numpy operations over a single small frame costs about what the library does.
-        """
-        out: list[list] = [[None] * len(coords) for coords, _ in batches]
-        small: list = [np.zeros(len(coords), dtype=bool) for coords, _ in batches]
-        usable: list = [None] * len(batches)  # None: check finiteness frame by frame
-        periodic = [b for b, (_, boxes) in enumerate(batches) if boxes is not None]
-        if periodic:  # every cell of the batches at once
-            found = images.small_cells([batches[b] for b in periodic], self.rcut)
-            ends = np.cumsum([0] + [len(batches[b][0]) for b in periodic]).tolist()
-            for n, b in enumerate(periodic):
-                small[b], usable[b] = (a[ends[n] : ends[n + 1]] for a in found[:2])
-                small[b] = small[b] & self.small_cells
-            keys = found[2].tolist()
-            start = dict(zip(periodic, ends, strict=False))
-        groups: dict[tuple, list[tuple[int, int]]] = {}
-        for b, (coords, boxes) in enumerate(batches):
-            for f in np.flatnonzero(small[b]).tolist():
-                key = (coords.shape[1], *keys[start[b] + f])
-                groups.setdefault(key, []).append((b, f))
-            for f in np.flatnonzero(~small[b]).tolist():
-                box = None if boxes is None else boxes[f]
-                if not (images.finite_frame(coords[f], box) if usable[b] is None else usable[b][f]):
-                    continue
-                try:
-                    i, j, _, dist, vec = self._search(coords[f], box, False, False, vectors, True)
-                except ValueError as exc:
-                    out[b][f] = exc
-                else:
-                    out[b][f] = (i, j, dist, vec)
-        for members in groups.values():
-            coords = np.stack([batches[b][0][f] for b, f in members])
-            boxes = np.stack([batches[b][1][f] for b, f in members])
-            frame, i, j, _, dist, vec = images.image_pairs(
-                coords, boxes, self.rcut, shifts=False, vectors=vectors
-            )
-            ends = np.searchsorted(frame, np.arange(len(members) + 1))
-            for k, (b, f) in enumerate(members):
-                a, z = ends[k], ends[k + 1]
-                out[b][f] = (i[a:z], j[a:z], dist[a:z], None if vec is None else vec[a:z])
-        return out
+    def half_pairs(
+        self, coord: np.ndarray, box: np.ndarray | None, vectors: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Half-list pairs ``(i, j, dist, vec)`` of one frame, arrays the caller may keep
+        (``vec``, from ``i`` to ``j``'s image, None unless asked)."""
+        i, j, _, dist, vec = self._search(coord, box, False, False, vectors, True)
+        return i, j, dist, vec
 
     def pairs(self, coord: np.ndarray, box: np.ndarray | None) -> Pairs:
         """Full (both directions) pairs with their image shifts."""
@@ -275,41 +226,6 @@ class NeighborSearch:
         shift = _view(result.shifts, (n, 3), "<i4").astype(np.int64) if shifts else None
         vec = _view(result.vectors, (n, 3), "<f8") if vectors else None
         return pairs[:, 0], pairs[:, 1], shift, dist, vec
-
-
-def search_chunks(
-    chunks: Iterable[tuple],
-    single: NeighborSearch,
-    multi: NeighborSearch,
-    vectors: bool,
-    atoms_per_window: int = 1 << 16,
-    threaded_min_atoms: int = 128,
-) -> Iterator[tuple[tuple, list]]:
-    """``(chunk, results)`` for each chunk of frames ``(..., coords (F, N, 3), boxes or
-    None)``, the results those of ``NeighborSearch.many``. Chunks of frames of fewer than
-    ``threaded_min_atoms`` atoms are searched together by ``single``, a window of about
-    ``atoms_per_window`` atoms at a time (so that the small cells of many systems share
-    their vectorised passes); larger ones alone, by ``multi`` (threads)."""
-    window: list[tuple] = []
-    atoms = 0
-    for chunk in chunks:
-        coords = chunk[-2]
-        if coords.shape[1] >= threaded_min_atoms:
-            yield from _searched(window, single, vectors)
-            yield from _searched([chunk], multi, vectors)
-            window, atoms = [], 0
-            continue
-        if window and atoms + coords.shape[0] * coords.shape[1] > atoms_per_window:
-            yield from _searched(window, single, vectors)
-            window, atoms = [], 0
-        window.append(chunk)
-        atoms += coords.shape[0] * coords.shape[1]
-    yield from _searched(window, single, vectors)
-
-
-def _searched(window: list[tuple], search: NeighborSearch, vectors: bool):
-    if window:
-        yield from zip(window, search.many([c[-2:] for c in window], vectors), strict=True)
 
 
 class _Buffer:

@@ -14,7 +14,7 @@ Definitions (DeePMD-compatible), over every frame of every system:
 Work and memory are O(atoms × neighbours) per frame: the pairs come from the cell list in
 ``nlist``, counted with ``np.bincount``; no N×N matrix is ever built.
 
-Two atoms closer than ``OVERLAP_DISTANCE`` (1e-3 Å) are taken as a data error (a duplicated
+Two atoms closer than ``stat_count.OVERLAP_DISTANCE`` (1e-3 Å) are taken as a data error (a duplicated
 atom, or a cell vector of length zero): the stage stops and names the system and frame.
 
 Ranks that split the frames (``training.distributed.stat_mode: "shard"``) each compute a
@@ -27,7 +27,6 @@ the same numbers as one process searching every frame.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -37,17 +36,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from mdtrain.errors import MDTrainError
-from mdtrain.neighbors.images import plane_heights
-from mdtrain.neighbors.nlist import NeighborSearch, search_chunks
+from mdtrain.neighbors.nlist import NeighborSearch
+from mdtrain.neighbors.stat_count import ChunkStat, count_chunk, count_window
 from mdtrain.neighbors.stat_result import NeighborStat, SystemNeighborStat
+from mdtrain.neighbors.window import search_chunks
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
 
-OVERLAP_DISTANCE = 1e-3  # Å; closer atoms are reported as overlapping
 _ATOMS_PER_READ = 1 << 16  # frames are read in chunks of about this many atoms
 _MAX_FRAMES_PER_READ = 256
-_PAIRS_PER_SETTLE = 1 << 16  # searched frames are counted together up to about this many pairs
 _THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thread
 
 
@@ -72,131 +70,6 @@ def default_threads() -> int:
     return max(1, min(cores, 8))
 
 
-def _min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None) -> float:
-    """Smallest distance in a frame that has no pair within rcut: search wider until found."""
-    if box is not None:
-        bound = float(np.linalg.norm(box, axis=1).min())  # an atom's own image is this close
-    else:
-        bound = float(np.linalg.norm(coord.max(axis=0) - coord.min(axis=0)))
-    cutoff = 2.0 * rcut
-    while True:
-        _, _, _, dist = NeighborSearch(cutoff).compute(coord, box, full=False, shifts=False)
-        if len(dist):
-            return float(dist.min())
-        if cutoff > bound:
-            return math.inf
-        cutoff *= 2.0
-
-
-@dataclass
-class _Chunk:
-    """The statistics of a few consecutive frames of one system."""
-
-    min_dist: float
-    max_counts: np.ndarray
-    lonely: list[int]  # frames where some atom has no neighbour within rcut
-    max_total: int = 0  # neighbours of all types together
-
-
-def _count_chunk(
-    search: NeighborSearch,
-    path: str,
-    atype: np.ndarray,
-    ntypes: int,
-    rows: np.ndarray,
-    coords: np.ndarray,
-    boxes: np.ndarray | None,
-    visit: Callable | None,
-    searched: list,
-) -> _Chunk:
-    """Count and check the pairs ``searched`` (``NeighborSearch.many``'s results for these
-    frames) of many frames at once (`_settle`): with frames of a few atoms the per-frame
-    numpy calls cost as much as the search. Problems are reported for the first frame that
-    has one. ``visit(frame, i, j, vec)`` sees each frame's half-list pairs and their vectors
-    (copies: the visitor may keep them)."""
-    rcut = search.rcut
-    natoms = len(atype)
-    chunk = _Chunk(math.inf, np.zeros(ntypes, dtype=np.int64), [])
-    if all(r is not None for r in searched):
-        spacing, finite = None, np.ones(len(rows), dtype=bool)  # `many` checked them
-    else:
-        spacing = None if boxes is None else plane_heights(boxes).min(axis=1)
-        finite = np.isfinite(coords.reshape(len(rows), -1)).all(axis=1)  # whole chunk at once
-        if boxes is not None:
-            finite &= np.isfinite(boxes.reshape(len(rows), -1)).all(axis=1)
-    found: list[tuple] = []  # (frame, i, j, dist, vec) of frames not yet settled
-    npairs = 0
-
-    def settle() -> None:
-        nonlocal found, npairs
-        if found:
-            _settle(found, path, atype, ntypes, chunk, visit)
-        found, npairs = [], 0
-
-    def fail(message: str) -> MDTrainError:
-        settle()  # an earlier frame's problem is reported first
-        return MDTrainError(message)
-
-    for k, index in enumerate(rows.tolist()):
-        coord = coords[k]
-        box = None if boxes is None else boxes[k]
-        if not finite[k]:
-            raise fail(f"system {path}, frame {index}: coordinates or cell not finite")
-        if spacing is not None and not spacing[k] >= OVERLAP_DISTANCE:
-            raise fail(
-                f"system {path}, frame {index}: the cell is degenerate (its vectors span no "
-                f"volume; thinnest layer {spacing[k]:.2e} Å): each atom overlaps its own images"
-            )
-        if isinstance(searched[k], ValueError):
-            raise fail(f"system {path}, frame {index}: {searched[k]}")
-        i, j, dist, vec = searched[k]
-        if len(dist) == 0:
-            chunk.lonely.append(index)
-            if natoms > 1 or box is not None:
-                chunk.min_dist = min(chunk.min_dist, _min_distance_beyond(rcut, coord, box))
-            if visit is not None:
-                visit(index, i, j, vec)
-            continue
-        found.append((index, i, j, dist, vec))
-        npairs += len(dist)
-        if npairs >= _PAIRS_PER_SETTLE:
-            settle()
-    settle()
-    return chunk
-
-
-def _settle(found: list[tuple], path: str, atype, ntypes: int, chunk: _Chunk, visit) -> None:
-    """Minimum distance, overlaps, neighbour counts and lonely atoms of frames searched by
-    `_count_chunk` (each with at least one pair), all frames at once; then their visits."""
-    natoms = len(atype)
-    sizes = np.array([len(f[3]) for f in found])
-    i, j, dist = (np.concatenate([f[n] for f in found]) for n in (1, 2, 3))
-    starts = np.cumsum(sizes) - sizes
-    lowest = np.minimum.reduceat(dist, starts)
-    overlapping = np.flatnonzero(lowest < OVERLAP_DISTANCE)
-    if len(overlapping):
-        f = int(overlapping[0])
-        closest = int(starts[f] + np.argmin(dist[starts[f] : starts[f] + sizes[f]]))
-        raise MDTrainError(
-            f"system {path}, frame {found[f][0]}: atoms {int(i[closest])} and "
-            f"{int(j[closest])} overlap (distance {dist[closest]:.2e} Å, periodic images "
-            "included)"
-        )
-    chunk.min_dist = min(chunk.min_dist, float(lowest.min()))
-    # Each half-list pair (i, j) is a neighbour of both ends; a self-image pair counts twice.
-    base = np.repeat(np.arange(len(found)) * natoms, sizes)
-    keys = np.concatenate(((base + i) * ntypes + atype[j], (base + j) * ntypes + atype[i]))
-    counts = np.bincount(keys, minlength=len(found) * natoms * ntypes)
-    counts = counts.reshape(len(found), natoms, ntypes)
-    np.maximum(chunk.max_counts, counts.max(axis=(0, 1)), out=chunk.max_counts)
-    chunk.max_total = max(chunk.max_total, int(counts.sum(axis=2).max()))
-    lonely = ~counts.any(axis=2).all(axis=1)
-    chunk.lonely.extend(found[f][0] for f in np.flatnonzero(lonely).tolist())
-    if visit is not None:
-        for index, fi, fj, _, vec in found:
-            visit(index, fi, fj, vec)
-
-
 class _SystemTotals:
     """Running statistics of one system over the frames searched, merged chunk by chunk."""
 
@@ -214,7 +87,7 @@ class _SystemTotals:
         self.max_total = 0
         self.lonely: list[int] = []
 
-    def merge(self, chunk: _Chunk) -> None:
+    def merge(self, chunk: ChunkStat) -> None:
         self.min_dist = min(self.min_dist, chunk.min_dist)
         self.max_total = max(self.max_total, chunk.max_total)
         np.maximum(self.max_counts, chunk.max_counts, out=self.max_counts)
@@ -253,17 +126,20 @@ def neighbor_stat_partial(
     rows: Sequence[range] | None = None,
     desc: str = "neighbour statistics",
     visit: Callable | None = None,
+    visit_frames: Callable | None = None,
 ) -> NeighborPartial:
     """Neighbour statistics of the frames ``rows[s]`` of each system ``s`` (default: all).
 
-    Frames are read in chunks and searched by ``NeighborSearch.many`` (the small cells of
-    many systems together); frames of ``_THREADED_MIN_ATOMS`` atoms or more use ``threads``
-    threads of the compiled search (default: ``default_threads()``). The result does not
-    depend on the number of threads.
+    Frames are read in chunks, searched a window of many chunks at a time
+    (`window.search_window`: the small cells of many systems together) and counted a
+    window at a time (`stat_count`); frames of ``_THREADED_MIN_ATOMS`` atoms or more use
+    ``threads`` threads of the compiled search (default: ``default_threads()``). The result
+    does not depend on the number of threads.
     ``visit(s, frame, i, j, vec)``, when given, sees every frame searched, with its
     half-list pairs and their vectors (``j``'s image minus ``i``), so that other statistics
-    of the same frames need no search of their own (the arrays are copies the visitor may
-    keep).
+    of the same frames need no search of their own (arrays the visitor may keep).
+    ``visit_frames(s, frame, sizes, i, j, vec)`` sees the same frames many at a time, in the
+    same order: system ``s[k]``'s frame ``frame[k]`` owns the next ``sizes[k]`` pairs.
     """
     if not rcut > 0 or not math.isfinite(rcut):
         raise MDTrainError(f"rcut must be a positive number of Å, got {rcut}")
@@ -279,7 +155,8 @@ def neighbor_stat_partial(
     nframes = sum(len(t.rows) for t in totals)
     threads = default_threads() if threads is None else max(1, int(threads))
     single, multi = NeighborSearch(rcut), NeighborSearch(rcut, threads)
-    for _ in progress_bar(_run(totals, ntypes, single, multi, visit), nframes, desc, progress):
+    passes = _run(totals, ntypes, single, multi, visit, visit_frames)
+    for _ in progress_bar(passes, nframes, desc, progress):
         pass
     return NeighborPartial(
         min_dist=np.array([t.min_dist for t in totals], dtype=np.float64),
@@ -347,26 +224,64 @@ def compute_neighbor_stat(
     threads: int | None = None,
     visit: Callable | None = None,
     fingerprints: bool = True,
+    visit_frames: Callable | None = None,
 ) -> NeighborStat:
     """Neighbour statistics of ``systems`` (``mdtrain.data.System``) at cutoff ``rcut``, every
     frame searched here (see ``neighbor_stat_partial``; ``fingerprints``: see
     ``neighbor_stat_result``)."""
-    partial = neighbor_stat_partial(systems, rcut, ntypes, progress, threads, visit=visit)
+    partial = neighbor_stat_partial(
+        systems, rcut, ntypes, progress, threads, visit=visit, visit_frames=visit_frames
+    )
     return neighbor_stat_result(systems, rcut, partial, fingerprints)
 
 
-def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None):
+def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None, visit_frames=None):
     """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
     index = {id(total): k for k, total in enumerate(totals)}
     sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
-    windows = search_chunks(_read_chunks(totals), single, multi, visit is not None, *sizes)
-    for (total, rows, coords, boxes), searched in windows:
-        seen = None if visit is None else functools.partial(visit, index[id(total)])
-        chunk = _count_chunk(
-            single, total.system.path, total.atype, ntypes, rows, coords, boxes, seen, searched
-        )
-        total.merge(chunk)
-        yield from rows
+    vectors = visit is not None or visit_frames is not None
+    for window, pairs in search_chunks(_read_chunks(totals), single, multi, vectors, *sizes):
+        found = count_window([c[0].atype for c in window], [c[1] for c in window], pairs, ntypes)
+        if found is None:  # frame by frame, chunk by chunk: the first problem is reported
+            found = []
+            for (total, rows, coords, boxes), searched in zip(window, pairs.per_frame()):
+                seen = _frame_visitor(index[id(total)], visit, visit_frames)
+                found.append(count_chunk(single.rcut, total.system.path, total.atype, ntypes,
+                                         rows, coords, boxes, seen, searched))  # fmt: skip
+        elif vectors:
+            _visit_window(window, pairs, [index[id(c[0])] for c in window], visit, visit_frames)
+        for (total, rows, _, _), chunk in zip(window, found, strict=True):
+            total.merge(chunk)
+            yield from rows
+
+
+def _frame_visitor(system: int, visit, visit_frames) -> Callable | None:
+    """``visit(frame, i, j, vec)`` of one system's frames, for `count_chunk`."""
+    if visit is None and visit_frames is None:
+        return None
+
+    def seen(frame: int, i, j, vec) -> None:
+        if visit is not None:
+            visit(system, frame, i, j, vec)
+        if visit_frames is not None:
+            visit_frames(np.array([system]), np.array([frame]), np.array([len(i)]), i, j, vec)
+
+    return seen
+
+
+def _visit_window(window: list[tuple], pairs, systems: list[int], visit, visit_frames) -> None:
+    """The visitors' view of a window's frames, in order (system by system, frame by frame)."""
+    lengths = np.diff(pairs.starts)
+    if visit_frames is not None:
+        whole = pairs.frame_order()
+        frames = np.concatenate([c[1] for c in window])
+        visit_frames(np.repeat(systems, lengths), frames, pairs.sizes, whole.i, whole.j,
+                     whole.vec)  # fmt: skip
+    if visit is not None:
+        for (_, rows, _, _), system, searched in zip(window, systems, pairs.per_frame(),
+                                                       strict=True):  # fmt: skip
+            for frame, (i, j, _, vec) in zip(rows.tolist(), searched, strict=True):
+                visit(system, frame, i, j, vec)
 
 
 def _read_chunks(totals: list[_SystemTotals]):

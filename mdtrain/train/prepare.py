@@ -264,8 +264,10 @@ def neighbor_figures(
     if mode != "shard" or dist_rt.get_world_size() == 1:
 
         def compute() -> tuple[float, list[int]]:
-            visit = None if collect is None else collect.visit
-            stat = compute_neighbor_stat(systems, rcut, ntypes, visit=visit, fingerprints=False)
+            visit = None if collect is None else collect.visit_frames
+            stat = compute_neighbor_stat(
+                systems, rcut, ntypes, fingerprints=False, visit_frames=visit
+            )
             return stat.min_nbor_dist, [stat.max_nbor_total] if mixed else stat.max_nbor_size
 
         return dist_rt.run_on_main(compute)

@@ -147,11 +147,41 @@ def test_small_files_are_read_like_mapped_ones(tmp_path, water_data, monkeypatch
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
     monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 1 << 20)
-    system = open_system(path)
     with open(path + "/set.001/coord.npy", "r+b") as handle:
         handle.truncate(handle.seek(0, 2) - 8)
+    system = open_system(path)  # opens: the header is whole
     with pytest.raises(MDTrainError, match=r"set.001/coord.npy: cannot read \(shorter"):
         system.frames([5])
+
+
+def test_small_arrays_are_read_with_their_headers(tmp_path, water_data, monkeypatch):
+    """An array small enough to arrive whole with its header's read is kept when the system
+    opens: its frames need no further read (the files may go), and equal the mapped
+    reads; larger arrays are still read on request, and the amount kept is bounded."""
+    import mdtrain.data.npy as npy
+
+    path = write_npy_system(tmp_path / "w", set_size=4, **water_data)
+    picks = [[0], [1, 2, 3], [5, 1, 1, 4], list(range(6))]
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 0)  # nothing kept: every array mapped
+    mapped = [open_system(path).frames(p) for p in picks]
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 1 << 20)
+    monkeypatch.setattr(npy, "KEEP_BYTES", 24 * 3 * 8 * 2)  # set.001's coord and force only
+    system = open_system(path)
+    before = npy._kept_total
+    kept = sorted(system.store._kept)
+    assert kept == [("set.000", n) for n in ("box", "energy", "virial")] + [
+        ("set.001", n) for n in ("box", "coord", "energy", "force", "virial")
+    ]
+    for name in ("coord", "force"):  # set.001's, kept, can go; set.000's are read again
+        os.remove(os.path.join(path, "set.001", name + ".npy"))
+    for p, expected in zip(picks, mapped, strict=True):
+        _same_frames(system.frames(p), expected)
+    assert system.frames([4])["coord"].flags.writeable  # a copy, not the kept bytes
+    del system
+    assert npy._kept_total < before  # released with the store
+    monkeypatch.setattr(npy, "MAX_KEPT_BYTES", npy._kept_total)  # the budget is spent
+    other = write_npy_system(tmp_path / "v", set_size=4, **water_data)
+    assert open_system(other).store._kept == {}
 
 
 def test_frame_count_comes_from_the_header(tmp_path, water_data):

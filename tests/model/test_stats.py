@@ -145,6 +145,32 @@ def test_pair_statistics_back_off_on_out_of_memory(monkeypatch):
         assert got[key].squared_sum == pytest.approx(item.squared_sum, rel=1e-12)
 
 
+def test_many_frames_at_once_sum_as_frame_by_frame():
+    """The collector's two visits (one frame at a time, or the frames of a whole window)
+    evaluate the same pairs in the same pieces: the same sums, bit for bit."""
+    from mdtrain.neighbors.stat import compute_neighbor_stat
+
+    systems = [make_system(3, True, 5, seed=1), make_system(2, False, 3, seed=2),
+               make_system(1, True, 4, seed=4)]  # fmt: skip
+    cfg = small_config({"sel": "auto"})
+    collectors = [StatCollector(systems, cfg, 2, torch.device("cpu")) for _ in range(2)]
+    pieces: list[list[int]] = [[], []]
+    for collector, seen in zip(collectors, pieces, strict=True):
+        collector.sums.pending_pairs = 50  # evaluated every few frames
+        flush = collector.sums.flush
+        collector.sums.flush = lambda flush=flush, seen=seen, c=collector: (
+            seen.append(c.sums._npending),
+            flush(),
+        )
+    compute_neighbor_stat(systems, 3.5, 2, False, visit=collectors[0].visit, fingerprints=False)
+    compute_neighbor_stat(systems, 3.5, 2, False, visit_frames=collectors[1].visit_frames,
+                          fingerprints=False)  # fmt: skip
+    assert collectors[0].seen == collectors[1].seen > 0
+    assert len(pieces[0]) > 3 and pieces[0] == pieces[1]
+    first, second = (c.sums.items() for c in collectors)
+    assert first == second
+
+
 @pytest.mark.parametrize("sel", [[40, 80], [2, 3]], ids=["fits", "truncated"])
 def test_statistics_gathered_by_the_neighbour_search(sel, monkeypatch):
     """The neighbour statistics' search feeds the data statistics (no second search): the

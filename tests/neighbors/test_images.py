@@ -12,6 +12,7 @@ import pytest
 from mdtrain.neighbors import images
 from mdtrain.neighbors.nlist import NeighborSearch, build_nlist, neighbor_pairs
 from mdtrain.neighbors.stat import compute_neighbor_stat
+from mdtrain.neighbors.window import search_window
 from tests.helpers.reference import brute_force_pairs, random_cell
 
 RCUT = 4.0
@@ -106,8 +107,8 @@ def test_which_frames_are_small_cells():
     assert not images.small_cells([(big, cells[:1])], 3.0)[0][0]
 
 
-def test_many_equals_the_library_frame_by_frame():
-    """`NeighborSearch.many` over batches of every kind: small cells (this search), a large
+def test_window_equals_the_library_frame_by_frame():
+    """`window.search_window` over batches of every kind: small cells (this search), a large
     cell and a cluster (the library), frames it cannot search (None)."""
     rng = np.random.default_rng(5)
     tiny, tiny_boxes = frames("tiny", 4, nframes=2, natoms=3)
@@ -123,7 +124,9 @@ def test_many_equals_the_library_frame_by_frame():
                (broken, mid_boxes), (mid, flat_boxes)]  # fmt: skip
     library = NeighborSearch(RCUT, small_cells=False)
     for search in (NeighborSearch(RCUT), library):
-        found = search.many(batches, vectors=True)
+        pairs = search_window(search, batches, vectors=True)
+        found = pairs.per_frame()
+        assert pairs.sizes.tolist() == [0 if r is None else len(r[0]) for b in found for r in b]
         assert found[4][1] is None and found[5][0] is None  # not searched: the caller reports
         for b, (coords, boxes) in enumerate(batches):
             for f in range(len(coords)):

@@ -22,6 +22,7 @@ from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors import stat as stat_module
+from mdtrain.neighbors import stat_count
 from mdtrain.neighbors.sel import auto_sel, parse_sel, resolve_sel
 from mdtrain.neighbors.stat import compute_neighbor_stat
 from mdtrain.neighbors.stat_file import (
@@ -112,12 +113,20 @@ def mixed_systems(tmp_path):
     return rcut, systems
 
 
-@pytest.mark.parametrize("threads, settle", [(1, 1), (1, 1 << 16), (3, 50)])
-def test_mixed_systems_match_brute_force(mixed_systems, threads, settle, monkeypatch):
+@pytest.mark.parametrize(
+    "threads, settle, windows", [(1, 1, False), (1, 1 << 16, False), (3, 50, False),
+                                 (1, 0, True), (3, 0, True)]
+)  # fmt: skip
+def test_mixed_systems_match_brute_force(mixed_systems, threads, settle, windows, monkeypatch):
+    """Both counting paths: whole windows at once, and frame by frame (``count_chunk``,
+    several frames counted together up to ``settle`` pairs)."""
     rcut, systems = mixed_systems
     opened = [open_system(path, TYPE_MAP) for path, _ in systems.values()]
-    monkeypatch.setattr(stat_module, "_THREADED_MIN_ATOMS", 1)  # threads even for tiny frames
-    monkeypatch.setattr(stat_module, "_PAIRS_PER_SETTLE", settle)  # frames counted together
+    if threads > 1:
+        monkeypatch.setattr(stat_module, "_THREADED_MIN_ATOMS", 1)  # threads for tiny frames
+    if not windows:
+        monkeypatch.setattr(stat_module, "count_window", lambda *args: None)
+        monkeypatch.setattr(stat_count, "PAIRS_PER_SETTLE", settle)  # frames counted together
     stat = compute_neighbor_stat(opened, rcut, len(TYPE_MAP), progress=False, threads=threads)
     refs = [ref for _, ref in systems.values()]
     for result, (ref_min, ref_max, ref_total) in zip(stat.systems, refs, strict=True):

@@ -54,6 +54,28 @@ class StatCollector:
         self.sums.add_pairs(self.atypes[index], i, j, vec, True)
         self.seen += 1
 
+    def visit_frames(self, systems, frames, sizes, i, j, vec) -> None:
+        """Many searched frames (the neighbour statistics' ``visit_frames``): system
+        ``systems[k]``'s frame ``frames[k]`` owns the next ``sizes[k]`` pairs; the same sums
+        as `visit` frame after frame."""
+        limit = np.asarray(self.limit + [0])  # systems past the training ones: none kept
+        keep = frames < limit[np.minimum(systems, len(self.limit))]
+        if not keep.any():
+            return
+        if not keep.all():
+            chosen = np.repeat(keep, sizes)
+            systems, frames, sizes = systems[keep], frames[keep], sizes[keep]
+            i, j, vec = i[chosen], j[chosen], vec[chosen]
+        atypes = [self.atypes[s] for s in systems.tolist()]
+        natoms = np.array([len(a) for a in atypes], dtype=np.int64)
+        types = np.concatenate(atypes)
+        base = np.repeat(np.cumsum(natoms) - natoms, sizes)
+        key = types[base + i] * self.ntypes + types[base + j]
+        key *= 2
+        key += True  # every pair stands for both directions
+        self.sums.add_frames(types, key, vec, sizes)
+        self.seen += len(frames)
+
     def searched(self, max_counts: list[int]) -> None:
         """The largest neighbour counts the search found (over these frames and more)."""
         self.max_counts = [int(n) for n in max_counts]

@@ -105,6 +105,24 @@ class PairStatSums:
         if self._npending >= self.pending_pairs:
             self.flush()
 
+    def add_frames(self, atypes: np.ndarray, key: np.ndarray, diff: np.ndarray, sizes) -> None:
+        """Many frames' list entries at once, as `add_pairs` would take them frame after
+        frame: the model types of all their atoms (concatenated), each pair's key (see
+        ``_chunk``), its vector, and each frame's number of pairs. The pending pairs are
+        evaluated after the same frames as `add_pairs` would (the same sums, bit for bit)."""
+        self.centres += np.bincount(atypes, minlength=self.desc.ntypes)
+        ends = np.cumsum(sizes)
+        start, total = 0, int(ends[-1]) if len(ends) else 0
+        while start < total:
+            # the first frame after which `add_pairs` would hold enough pairs to evaluate
+            k = int(np.searchsorted(ends, start + self.pending_pairs - self._npending))
+            stop = total if k >= len(ends) else int(ends[k])
+            self._pending.append((key[start:stop], diff[start:stop]))
+            self._npending += stop - start
+            if self._npending >= self.pending_pairs:
+                self.flush()
+            start = stop
+
     def flush(self) -> None:
         if not self._npending:
             return
