@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdtrain.config import complete_config, parse_json, resolve_path
+from mdtrain.config.model_kind import table_sections
 from mdtrain.config.precision import network_problem
 from mdtrain.data import expand_systems, open_systems, validate_system
 from mdtrain.data.labels import output_labels
@@ -163,15 +164,17 @@ def _check_paths(config: dict, source: str) -> list[str]:
         parent = os.path.dirname(resolve_path(source, stat).partition("#")[0])
         if not os.path.isdir(parent):
             problems.append(f"{source}: training.stat_file: directory {parent} does not exist")
-    table = _get(config, "model", "use_srtab")
     type_map = _get(config, "model", "type_map")
-    if isinstance(table, str) and isinstance(type_map, list):
+    for where, key, section in table_sections(_get(config, "model")):
+        table = section.get(key)
+        if not (isinstance(table, str) and isinstance(type_map, list)):
+            continue
         path = resolve_path(source, table)
         try:
             raw = read_table_file(path)
             check_table_types(types_of_columns(raw.shape[1] - 1) or 0, type_map, path)
         except MDTrainError as err:
-            problems.append(f"{source}: model.use_srtab: {err}")
+            problems.append(f"{source}: {where}.{key}: {err}")
     return problems
 
 

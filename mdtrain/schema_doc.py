@@ -44,9 +44,12 @@ def _objects(node: dict, root: dict, path: str) -> list[tuple[str, dict]]:
 
 
 def _branch_path(path: str, branch: dict, key: str, root: dict) -> str:
-    """``model.descriptor (type se_e2_a)``: the title of one branch of a discriminated union."""
-    value = resolve(branch, root)["properties"][key]["enum"][0]
-    return f"{path} ({key} {value})"
+    """``model.descriptor (type se_e2_a)``: the title of one branch of a discriminated union
+    (the plain path for a branch marked ``x-plain-title``: the standard model)."""
+    node = resolve(branch, root)
+    if node.get("x-plain-title"):
+        return path
+    return f"{path} ({key} {node['properties'][key]['enum'][0]})"
 
 
 def _anchor(title: str) -> str:

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from mdtrain.config.mixed_types import integer_sel_problem
+from mdtrain.config.model_kind import linear_problems, network_sections
 from mdtrain.config.precision import committee_problem
 from mdtrain.config.wording import show
 
@@ -18,30 +19,40 @@ from mdtrain.config.wording import show
 def cross_checks(config: dict) -> list[str]:
     type_map = _get(config, "model.type_map")
     ntypes = len(type_map) if isinstance(type_map, list) else None
-    desc = _get(config, "model.descriptor")
-    fit = _get(config, "model.fitting_net")
+    problems = []
+    for where, section in network_sections(config.get("model")):  # a linear_ener's parts too
+        desc, fit = section.get("descriptor"), section.get("fitting_net")
+        fit = fit if isinstance(fit, dict) else {}
+        problems += [
+            *_check_descriptor(
+                desc if isinstance(desc, dict) else {}, ntypes, f"{where}.descriptor"
+            ),
+            *_check_fitting(fit, f"{where}.fitting_net"),
+            *_check_srtab(section, where),
+        ]
+    top = network_sections(config.get("model"))
+    fit = _get(config, "model.fitting_net") if top == [("model", config.get("model"))] else {}
     return [
-        *_check_descriptor(desc if isinstance(desc, dict) else {}, ntypes),
-        *_check_fitting(fit if isinstance(fit, dict) else {}),
+        *problems,
+        *linear_problems(config.get("model")),
         *_check_schedule_and_loss(config),
         *_check_length(config),
         *_check_validating(config),
-        *_check_srtab(config.get("model") if isinstance(config.get("model"), dict) else {}),
         *_check_precision(config),
         *_check_model_kind(config, fit if isinstance(fit, dict) else {}),
     ]
 
 
-def _check_srtab(model: dict) -> list[str]:
+def _check_srtab(model: dict, where: str = "model") -> list[str]:
     """``use_srtab`` needs ``sw_rmin < sw_rmax``, as DeePMD-kit's DP+ZBL model does."""
     if "use_srtab" not in model:
         return []
     low, high = model.get("sw_rmin"), model.get("sw_rmax")
-    missing = [f"model.{k}" for k, v in (("sw_rmin", low), ("sw_rmax", high)) if v is None]
+    missing = [f"{where}.{k}" for k, v in (("sw_rmin", low), ("sw_rmax", high)) if v is None]
     if missing:
-        return [f"{' and '.join(missing)}: required with model.use_srtab"]
+        return [f"{' and '.join(missing)}: required with {where}.use_srtab"]
     if _number(low) and _number(high) and not high > low:
-        return [f"model.sw_rmax: {show(high)} must be greater than model.sw_rmin {show(low)}"]
+        return [f"{where}.sw_rmax: {show(high)} must be greater than {where}.sw_rmin {show(low)}"]
     return []
 
 
@@ -165,7 +176,7 @@ def _check_descriptor(desc: dict, ntypes: int | None, where: str = "model.descri
     return problems
 
 
-def _check_fitting(fit: dict) -> list[str]:
+def _check_fitting(fit: dict, where: str = "model.fitting_net") -> list[str]:
     trainable, neuron = fit.get("trainable"), fit.get("neuron")
     if (
         isinstance(trainable, list)
@@ -173,7 +184,7 @@ def _check_fitting(fit: dict) -> list[str]:
         and len(trainable) != len(neuron) + 1
     ):
         return [
-            f"model.fitting_net.trainable: needs one entry per layer "
+            f"{where}.trainable: needs one entry per layer "
             f"({len(neuron) + 1}: hidden layers and output), got {len(trainable)}"
         ]
     return []

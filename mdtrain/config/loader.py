@@ -18,6 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from mdtrain.config.checks import cross_checks
+from mdtrain.config.model_kind import table_sections
 from mdtrain.config.precision import apply_output_prec
 from mdtrain.config.schema_walk import apply_aliases, fill_defaults, strip_private
 from mdtrain.config.type_map import fill_type_map
@@ -39,9 +40,9 @@ def load_config(path: str | os.PathLike) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise MDTrainError(f"{source}: cannot read: {exc}") from None
     config = normalize_config(parse_json(text, source), source)
-    model = config.get("model")
-    if isinstance(model, dict) and isinstance(model.get("use_srtab"), str):
-        model["use_srtab"] = resolve_path(source, model["use_srtab"])  # as systems are
+    for _, key, section in table_sections(config.get("model")):
+        if isinstance(section.get(key), str):  # table files, as systems are
+            section[key] = resolve_path(source, section[key])
     return config
 
 

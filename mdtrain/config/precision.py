@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mdtrain.config.model_kind import network_sections
+
 MODES = ("tf32", "bf16", "fp16")
 COMPUTE_PREC = {"bfloat16": "bf16", "float16": "fp16"}  # DeePMD-kit's names -> modes
 OUTPUT_PREC = ("float32", "float64")
@@ -46,18 +48,16 @@ def network_problem(value: Any, model_config: dict, where: str) -> str | None:
         return None
     want = network_precision(value)
     wrong = [
-        f"model.{part}.precision"
+        (f"{path}.{part}.precision", _effective(section[part].get("precision", "default")))
+        for path, section in network_sections(model_config)
         for part in _PARTS
-        if isinstance(model_config.get(part), dict)
-        and _effective(model_config[part].get("precision", "default")) != want
+        if isinstance(section.get(part), dict)
+        and _effective(section[part].get("precision", "default")) != want
     ]
     if not wrong:
         return None
-    have = _effective(model_config[wrong[0].split(".")[1]].get("precision", "default"))
-    return (
-        f'{where} "{mode}" needs {want} networks: set {" and ".join(wrong)} to "{want}" '
-        f"({have} now)"
-    )
+    names = " and ".join(name for name, _ in wrong)
+    return f'{where} "{mode}" needs {want} networks: set {names} to "{want}" ({wrong[0][1]} now)'
 
 
 def apply_output_prec(config: dict) -> list[str]:
@@ -71,18 +71,19 @@ def apply_output_prec(config: dict) -> list[str]:
     if want not in OUTPUT_PREC or value.get("compute_prec") not in COMPUTE_PREC:
         return []  # the schema reports it
     problems = []
-    for part in _PARTS:
-        section = model.get(part)
-        if not isinstance(section, dict):
-            continue
-        given = section.get("precision", "default")
-        if given in ("default", want):
-            section["precision"] = want
-        else:
-            problems.append(
-                f'model.{part}.precision: "{given}" conflicts with '
-                f'training.mixed_precision.output_prec "{want}" (the networks\' precision)'
-            )
+    for path, section in network_sections(model):
+        for part in _PARTS:
+            net = section.get(part)
+            if not isinstance(net, dict):
+                continue
+            given = net.get("precision", "default")
+            if given in ("default", want):
+                net["precision"] = want
+            else:
+                problems.append(
+                    f'{path}.{part}.precision: "{given}" conflicts with '
+                    f'training.mixed_precision.output_prec "{want}" (the networks\' precision)'
+                )
     return problems
 
 

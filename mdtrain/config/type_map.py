@@ -9,6 +9,8 @@ import copy
 import logging
 from typing import Any
 
+from mdtrain.config.model_kind import STANDARD, model_type
+
 log = logging.getLogger("mdtrain.config")
 
 PLACEHOLDER = "type_{}"
@@ -19,6 +21,9 @@ def fill_type_map(config: dict, problems: list[str]) -> dict:
     when the number of types cannot be told from ``sel`` (``"auto"`` or one integer)."""
     model = config.get("model")
     if not isinstance(model, dict) or "type_map" in model:
+        return config
+    if model_type(model) != STANDARD:
+        problems.append(f"model.type_map: required with model.type {model_type(model)!r}")
         return config
     desc = model.get("descriptor")
     sel: Any = desc.get("sel") if isinstance(desc, dict) else None

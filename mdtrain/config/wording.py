@@ -145,7 +145,8 @@ def _unknown_key(path: tuple, key: str, node: dict) -> str:
     valid = list(node.get("properties", {}))
     candidates = valid + list(property_aliases(node))
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    elsewhere = _key_index().get(key, [])
+    # another variant of this very object may have it (a pairtab model's rcut): not a hint
+    elsewhere = [p for p in _key_index().get(key, []) if p != join(path)]
     if close:
         hint = f"did you mean {property_aliases(node).get(close[0], close[0])!r}?"
     elif elsewhere:

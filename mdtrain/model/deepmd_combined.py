@@ -79,7 +79,9 @@ def combined_to_deepmd(model: CombinedModel) -> dict:
             "as a part of a linear_ener model)"
         )
     weights = model.get_model_config().get("weights")
-    return {**base, "@class": "Model", "@version": 3, "type": "linear", "models": models,
+    # "linear_ener", not the "linear" DeePMD-kit 3.2 writes: its PyTorch reader (dp
+    # convert-backend) knows only the former, its numpy reader both
+    return {**base, "@class": "Model", "@version": 3, "type": "linear_ener", "models": models,
             "weights": weights}  # fmt: skip
 
 

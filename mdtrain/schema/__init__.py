@@ -15,6 +15,8 @@ uses a few ``x-`` keywords that validators ignore:
   net, the loss), the key whose value picks the branch (the branch whose property of that
   name lists it in its ``enum`` or its ``x-value-aliases``; when the key is left out, the one
   branch whose property has a ``default``);
+- ``x-plain-title``: on a branch of such a union, document it under the union's own path
+  (the standard model is ``model``, not ``model (type standard)``);
 - ``x-variant``: an object whose keys depend on one of them (``key``, e.g. ``type``):
   ``only`` lists the variants each restricted key belongs to, ``defaults`` the defaults
   that differ by variant (``{variant: {key: default}}``).

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdtrain.config.model_kind import standard_only
 from mdtrain.errors import MDTrainError
 from mdtrain.model.energy import EnergyModel
 from mdtrain.neighbors.sel import parse_sel
@@ -138,6 +139,7 @@ def check_ensemble(size: int, config: dict, input_path: str, device: torch.devic
     are opened (no frame read) for their sizes."""
     if size <= 1:
         return
+    standard_only(config["model"], f"training.ensemble {size} (a committee)")
     natoms = [int(s.natoms) for s in open_datasets(config, input_path).train]
     steps = int(config["training"]["numb_steps"])
     atoms = batch_atoms(config["training"], natoms)

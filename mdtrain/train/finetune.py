@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mdtrain.config.mixed_types import mixed_types
+from mdtrain.config.model_kind import standard_only
 from mdtrain.errors import MDTrainError
 from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.neighbors.sel import parse_sel
@@ -63,6 +64,8 @@ def finetune_config(config: dict, pretrained: dict, path: str) -> dict:
     config = copy.deepcopy(config)
     old = pretrained["model_config"]
     model = config["model"]
+    standard_only(model, f"--finetune {path}")
+    standard_only(old, f"--finetune {path}")
     new_map, old_map = list(model["type_map"]), list(old["type_map"])
     if "list" in old["descriptor"]:
         raise MDTrainError(f"--finetune {path}: a hybrid descriptor cannot be fine-tuned yet")

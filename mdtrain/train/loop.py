@@ -131,7 +131,7 @@ class Trainer(TrainingLoop):
             retry_interval=int(ctrl.get("retry_interval", 200)), grow=grow, max_scale=most,
             micro_batches=ctrl.get("micro_batches"),
         )  # fmt: skip
-        self.descriptor = config["model"]["descriptor"]
+        self.descriptor = config["model"].get("descriptor")  # none: linear_ener, pairtab
         self.param_spec = ParamSpec.of(config["model"])
         # the model's neighbour lists: cut-off, sel (per type, or [total] for a type-mixed
         # list; a hybrid's largest) and layout (``mdtrain.neighbors.layout``), chosen once

@@ -19,6 +19,7 @@ import torch
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import NeighborLimit
 from mdtrain.config import mixed_types, resolve_path
+from mdtrain.config.model_kind import PAIRTAB, model_type, parts
 from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.labels import output_labels
 from mdtrain.data.share import share_ranges
@@ -130,30 +131,57 @@ def resolve_sel_and_min_dist(
     file (``min_nbor_dist``). ``collect`` (see `stat_collector`) sees the frames searched."""
     config = copy.deepcopy(config)
     model = config["model"]
-    descriptor = model["descriptor"]
-    members = descriptor_class(descriptor.get("type", "se_e2_a")).members_key
-    if members:  # a hybrid: each member's sel at its own rcut
-        found = []
-        for k, member in enumerate(descriptor[members]):
-            one = {**config, "model": {**model, "descriptor": member}}
-            one, dist = resolve_sel_and_min_dist(
-                one, config_path, data, neighbor_stat_file, skip_neighbor_stat
-            )
-            descriptor[members][k] = one["model"]["descriptor"]
-            found.append(dist)
-        known = [d for d in found if d is not None]
-        return config, (min(known) if known else None)
-    type_map, rcut = model["type_map"], float(descriptor["rcut"])
-    parsed = parse_sel(descriptor["sel"])
-    mixed = mixed_types(descriptor)  # one sel for the neighbours of all types together
+    found = []
+    for where, holder, mixed in _sel_holders(model):
+        one = _resolve_sel(
+            config, config_path, data, neighbor_stat_file, skip_neighbor_stat,
+            collect if where == "model.descriptor" else None, holder, where, mixed,
+        )  # fmt: skip
+        found.append(one)
+    known = [d for d in found if d is not None]
+    return config, (min(known) if known else None)
+
+
+def _sel_holders(model: dict) -> list[tuple[str, dict, bool]]:
+    """``(JSON path, section holding rcut and sel, type-mixed)`` of every neighbour list
+    the model's ``sel`` sets: the descriptor, a hybrid's members, each part of a
+    ``linear_ener`` model, a ``pairtab`` table (its ``sel`` counts all types together)."""
+    holders = []
+    for where, section in parts(model):
+        if model_type(section) == PAIRTAB:
+            holders.append((where, section, True))
+            continue
+        descriptor = section["descriptor"]
+        members = descriptor_class(descriptor.get("type", "se_e2_a")).members_key
+        for k, member in enumerate(descriptor[members] if members else [descriptor]):
+            name = f"{where}.descriptor" + (f".{members}[{k}]" if members else "")
+            holders.append((name, member, mixed_types(member)))
+    return holders
+
+
+def _resolve_sel(
+    config: dict,
+    config_path: str,
+    data: DataSets,
+    neighbor_stat_file: str | None,
+    skip_neighbor_stat: bool,
+    collect: StatCollector | None,
+    holder: dict,
+    where: str,
+    mixed: bool,
+) -> float | None:
+    """``holder["sel"]`` made a list (``[total]`` where ``mixed``) from the neighbour
+    statistics at ``holder["rcut"]``; the data's smallest distance (None when skipped)."""
+    type_map, rcut = config["model"]["type_map"], float(holder["rcut"])
+    parsed = parse_sel(holder["sel"])
     if skip_neighbor_stat:
         if isinstance(parsed, float):
             raise MDTrainError(
-                f'{config_path}: model.descriptor.sel is "{descriptor["sel"]}": '
+                f'{config_path}: {where}.sel is "{holder["sel"]}": '
                 "--skip-neighbor-stat needs a list sel (an integer for se_atten and its kin)"
             )
-        descriptor["sel"] = resolve_sel(parsed, [0], mixed) if mixed else parsed
-        return config, None
+        holder["sel"] = resolve_sel(parsed, [0], mixed) if mixed else parsed
+        return None
     systems = data.train + data.valid
     stat_path = neighbor_stat_file or config["training"].get("neighbor_stat_file")
     if stat_path:
@@ -185,7 +213,7 @@ def resolve_sel_and_min_dist(
         given = sum(parsed) if isinstance(parsed, list) else parsed
         if max_size[0] > given:
             raise MDTrainError(
-                f"{config_path}: model.descriptor.sel {descriptor['sel']} is smaller than the "
+                f"{config_path}: {where}.sel {holder['sel']} is smaller than the "
                 f"data's largest neighbour count {max_size[0]} (all types together; "
                 "training.strict_sel is true)"
             )
@@ -193,14 +221,14 @@ def resolve_sel_and_min_dist(
         short = [t for t, (s, n) in enumerate(zip(parsed, max_size)) if s and n > s]
         if short:
             raise MDTrainError(
-                f"{config_path}: model.descriptor.sel {parsed} is smaller than the data's "
+                f"{config_path}: {where}.sel {parsed} is smaller than the data's "
                 f"largest neighbour counts {max_size} for type(s) "
                 + ", ".join(type_map[t] for t in short)
                 + " (training.strict_sel is true)"
             )
-    descriptor["sel"] = resolve_sel(descriptor["sel"], max_size, mixed)
-    log.info("sel = %s", descriptor["sel"])
-    return config, (float(min_dist) if math.isfinite(min_dist) else None)
+    holder["sel"] = resolve_sel(holder["sel"], max_size, mixed)
+    log.info("%s.sel = %s", where, holder["sel"])
+    return float(min_dist) if math.isfinite(min_dist) else None
 
 
 def neighbor_limit(
@@ -213,8 +241,8 @@ def neighbor_limit(
     descriptor that mixes the types (its one sel counts them together)."""
     limits, sources = [], []
     training = config["training"]
-    if mixed_types(config["model"]["descriptor"]):
-        return None
+    if "descriptor" not in config["model"] or mixed_types(config["model"]["descriptor"]):
+        return None  # a type-mixed list, or linear_ener/pairtab: sel of several lists
     stat_path = neighbor_stat_file or training.get("neighbor_stat_file")
     if from_file and stat_path:
         stat_path = stat_path if neighbor_stat_file else resolve_path(config_path, stat_path)
@@ -315,7 +343,8 @@ def stat_collector(
         return None
     if stat_mode(config) == "shard" and dist_rt.get_world_size() > 1:
         return None
-    if not descriptor_class(config["model"]["descriptor"].get("type")).gathers_stats_in_search:
+    descriptor = config["model"].get("descriptor")  # none in linear_ener and pairtab models
+    if descriptor is None or not descriptor_class(descriptor.get("type")).gathers_stats_in_search:
         return None
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
     return StatCollector(data.train, config["model"], nbatch, device)

@@ -19,6 +19,7 @@ from mdtrain import __version__
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import NeighborListCache
 from mdtrain.config import dump_config, load_config, resolve_path
+from mdtrain.config.model_kind import standard_only
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_committee, build_model
@@ -108,6 +109,7 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
     """The input's model with the checkpoint's sel when the input's is "auto", checked early
     (before any statistics) to fit the checkpoint's weights."""
     config = copy.deepcopy(config)
+    standard_only(config["model"], f"--init-model {path}")
     _check_compatible(state, config["model"], path)
     descriptor, stored = config["model"]["descriptor"], state["model_config"]["descriptor"]
     pairs = [(descriptor, stored)]

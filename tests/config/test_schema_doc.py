@@ -22,7 +22,8 @@ def _keys(node, root, path=""):
     key = node.get("x-discriminator")
     for branch in node.get("anyOf", []) if key else []:
         value = resolve(branch, root)["properties"][key]["enum"][0]
-        yield from _keys(branch, root, f"{path} ({key} {value})")
+        plain = resolve(branch, root).get("x-plain-title")  # the standard model: `model`
+        yield from _keys(branch, root, path if plain else f"{path} ({key} {value})")
 
 
 def test_reference_is_regenerated():

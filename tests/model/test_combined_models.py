@@ -184,7 +184,7 @@ def test_model_rebuilds_from_its_config_without_the_table_file(table):
     np.testing.assert_array_equal(evaluate(rebuilt, coord, box, atype)["atom_energy"], before)
 
 
-@pytest.mark.parametrize("kind", ["zbl", "linear"])
+@pytest.mark.parametrize("kind", ["zbl", "linear_ener"])
 def test_dp_file_round_trip(table, tmp_path, kind):
     if kind == "zbl":
         model = zbl_model(table)

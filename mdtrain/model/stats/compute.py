@@ -60,7 +60,7 @@ def stream_stat_inputs(
     """
     from mdtrain.progress import progress
 
-    ntypes = model.descriptor.ntypes
+    ntypes = len(model.type_map)
     sums = PairStatSums.of_model(model) if descriptor else None
     rows: list[np.ndarray] = []
     energies: list[np.ndarray] = []
@@ -96,6 +96,11 @@ def compute_or_load_stats(
 ) -> None:
     """Set the model's davg/dstd and energy bias, from the stat file where possible.
 
+    A model without a descriptor of its own (``linear_ener``, ``pairtab``) is DeePMD-kit's
+    linear model: each network part gets its descriptor statistics (its own bias stays 0),
+    and the whole gets one energy bias, fitted to the labels alone (the parts' energies are
+    not subtracted, as DeePMD-kit's ``set-by-statistic`` does).
+
     Missing entries are computed in one streamed pass (``stream_stat_inputs``) over the
     first ``nbatch`` batches of every system (``stat_batch_plan``) and, when ``stat_file``
     is given, written back to it; descriptor sums a `StatCollector` gathered during the
@@ -104,11 +109,35 @@ def compute_or_load_stats(
     are combined, and every rank's model gets the same statistics; rank 0 alone reads and
     writes the file.
     """
-    desc = model.descriptor
-    ntypes = desc.ntypes
+    if not hasattr(model, "descriptor"):
+        for part in model.parts:
+            if hasattr(part, "descriptor"):
+                _model_stats(
+                    part, systems, stat_file, nbatch, batch_size, share, None, energy_bias=False
+                )
+        _model_stats(model, systems, stat_file, nbatch, batch_size, share, None, items=False)
+        return
+    _model_stats(model, systems, stat_file, nbatch, batch_size, share, presummed)
+
+
+def _model_stats(
+    model,
+    systems: Sequence[Any],
+    stat_file: str | None,
+    nbatch: int,
+    batch_size: int | None,
+    share: StatShare,
+    presummed: StatCollector | None,
+    items: bool = True,
+    energy_bias: bool = True,
+) -> None:
+    """`compute_or_load_stats` of one model: its descriptor statistics (``items``) and its
+    energy bias (``energy_bias``)."""
+    desc = model.descriptor if items else None
+    ntypes = len(model.type_map)
     report = share.rank == 0
     root = " ".join(model.type_map)
-    dkey = f"{root}/{descriptor_stat_hash(model)}"
+    dkey = f"{root}/{descriptor_stat_hash(model)}" if items else root
     stored, attrs = share.on_main(read_stat_file_and_attrs, stat_file) if stat_file else ({}, {})
     summary = data_summary(systems)
     if stored and attrs.get(DATA_ATTR) not in (None, summary) and report:
@@ -118,12 +147,12 @@ def compute_or_load_stats(
             stat_file,
         )
     new: dict[str, np.ndarray] = {}
-    names = [f"{k}_{t}" for t in range(ntypes) for k in desc.stat_groups]
+    names = [f"{k}_{t}" for t in range(ntypes) for k in desc.stat_groups] if items else []
     bkey, skey = f"{root}/bias_atom_energy", f"{root}/std_atom_energy"
     have_items = all(f"{dkey}/{n}" in stored for n in names)
     own_output = getattr(model, "kind", None) in ("dos", "property")  # its own statistics
     have_bias = (bkey in stored and skey in stored) or bool(getattr(model, "tensor_size", 0))
-    have_bias = have_bias or own_output
+    have_bias = have_bias or own_output or not energy_bias
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     fitting = getattr(model, "fitting", None)
     if getattr(fitting, "numb_fparam", 0) or getattr(fitting, "numb_aparam", 0):
@@ -140,15 +169,16 @@ def compute_or_load_stats(
         if gathered is not None:
             log.debug("descriptor statistics gathered with the neighbour statistics")
             mine = gathered
-    if have_items:
-        items = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
-        log.info("descriptor statistics loaded from %s", stat_file)
-    else:
-        sums = share.total(np.stack([mine[n].to_array() for n in names]))
-        items = {n: StatItem.from_array(row) for n, row in zip(names, sums, strict=True)}
-        new.update({f"{dkey}/{n}": item.to_array() for n, item in items.items()})
-    davg, dstd = desc.stats_from_items(items)
-    desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    if desc is not None:
+        if have_items:
+            found = {n: StatItem.from_array(stored[f"{dkey}/{n}"]) for n in names}
+            log.info("descriptor statistics loaded from %s", stat_file)
+        else:
+            sums = share.total(np.stack([mine[n].to_array() for n in names]))
+            found = {n: StatItem.from_array(row) for n, row in zip(names, sums, strict=True)}
+            new.update({f"{dkey}/{n}": item.to_array() for n, item in found.items()})
+        davg, dstd = desc.stats_from_items(found)
+        desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
     if own_output:  # every rank takes every sampled frame: the same statistics everywhere
         rcond = model.get_model_config()["fitting_net"].get("rcond")
         plan_all = my_stat_plan(systems, nbatch, batch_size)
@@ -166,6 +196,10 @@ def compute_or_load_stats(
             share.on_main(write_stat_file, stat_file, new, {DATA_ATTR: summary})
         return
 
+    if not energy_bias:  # a part of a linear model: the whole has the bias
+        if stat_file and new:
+            share.on_main(write_stat_file, stat_file, new, {DATA_ATTR: summary})
+        return
     if have_bias:
         bias, std = stored[bkey].ravel(), stored[skey].ravel()
         log.info("energy bias loaded from %s", stat_file)
@@ -177,7 +211,7 @@ def compute_or_load_stats(
         else:
             keep = model.atom_keep.cpu().numpy()  # atom_exclude_types contribute no energy
             bias, std = compute_energy_bias(
-                counts * keep, energies, model.get_model_config()["fitting_net"]["rcond"], share
+                counts * keep, energies, _rcond(model.get_model_config()), share
             )
             new[bkey], new[skey] = bias.reshape(ntypes, 1), std.reshape(ntypes, 1)
     model.set_out_bias(bias, std)
@@ -188,3 +222,8 @@ def compute_or_load_stats(
     if stat_file and new:
         share.on_main(write_stat_file, stat_file, new, {DATA_ATTR: summary})
         log.info("statistics written to %s", stat_file)
+
+
+def _rcond(model_config: dict) -> float | None:
+    """The energy bias's ``rcond``: the fitting net's; None for a linear model (DeePMD-kit's)."""
+    return (model_config.get("fitting_net") or {}).get("rcond")
