@@ -54,9 +54,14 @@ def table_sections(model: Any, where: str = "model") -> list[tuple[str, str, dic
 
 
 def linear_problems(model: Any) -> list[str]:
-    """What a ``linear_ener`` model may not hold in DeePMD-kit 3.2 or in mdtrain: ``weights``
+    """A ``pairtab`` model alone (nothing to train); what a ``linear_ener`` model may not hold in DeePMD-kit 3.2 or in mdtrain: ``weights``
     of another length than ``models``, a part of another kind than a standard energy model
     (without ``use_srtab``) or a ``pairtab`` model, a part's own ``type_map`` that differs."""
+    if model_type(model) == PAIRTAB:
+        return [
+            "model.type: a pairtab model alone has no weights to train (DeePMD-kit's PyTorch "
+            "backend has no such model either); make it a part of a linear_ener model"
+        ]
     if model_type(model) != LINEAR:
         return []
     subs = model.get("models")

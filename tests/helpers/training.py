@@ -180,3 +180,62 @@ def make_tensor_project(root: str | os.PathLike, kind: str, numb_steps: int = 40
     path = root / "input.json"
     path.write_text(json.dumps(config, indent=1))
     return path
+
+
+def frozen_reports(path: Path, removed: Path | None = None) -> dict[str, dict]:
+    """Train the input ``path`` into ``out/`` beside it, freeze to ``model.dp``, delete
+    ``removed`` (a file neither model may need any more) and ``mdtrain test`` both on
+    ``data/valid``: ``{"ckpt": figures, "dp": figures}`` (the model's path checked, dropped)."""
+    from mdtrain.cli import main
+
+    root = path.parent
+    out = root / "out"
+    assert main(["train", str(path), "-o", str(out)]) == 0
+    ckpt, frozen = out / "model.ckpt.pt", root / "model.dp"
+    assert main(["freeze", str(ckpt), "-o", str(frozen)]) == 0
+    if removed is not None:
+        removed.unlink()
+    reports = {}
+    for name, model in (("ckpt", ckpt), ("dp", frozen)):
+        report = root / f"{name}.json"
+        valid = str(root / "data" / "valid")
+        assert main(["test", "-m", str(model), "-s", valid, "--json", str(report)]) == 0
+        reports[name] = json.loads(report.read_text())
+        assert reports[name].pop("model") == str(model)
+    return reports
+
+
+DP_TEST_PRINTED = (
+    ("Energy RMSE", "energy_rmse"),
+    ("Force  RMSE", "force_rmse"),
+    ("Virial RMSE", "virial_rmse"),
+)
+
+
+def mdtrain_and_dp_test(deepmd_pt, path: Path, detail: bool = False) -> dict[str, tuple]:
+    """Train the input ``path`` into ``out/``, freeze to ``model.dp``, and test it on a new
+    small water system with ``mdtrain test`` and with DeePMD-kit's PyTorch backend (``dp
+    convert-backend``, ``dp --pt test``; ``detail``: both write ``-d`` files ``md.*`` and
+    ``dp.*``): ``{figure: (mdtrain's, the one dp test printed)}``."""
+    import re
+
+    from mdtrain.cli import main
+
+    root = path.parent
+    assert main(["train", str(path), "-o", str(root / "out")]) == 0
+    model_dp = root / "model.dp"
+    assert main(["freeze", str(root / "out" / "model.ckpt.pt"), "-o", str(model_dp)]) == 0
+    system = write_npy_system(root / "test", **water_labeled(3, 6, 6.0, seed=42))
+    figures = root / "mt.json"
+    args = ["test", "-m", str(model_dp), "-s", system, "--json", str(figures)]
+    assert main(args + (["-d", str(root / "md")] if detail else [])) == 0
+    found = json.loads(figures.read_text())["total"]
+    deepmd_pt.dp_cmd(["convert-backend", "model.dp", "model.pth"], root)
+    dp_args = ["--pt", "test", "-m", "model.pth", "-s", "test"]
+    dp_test = deepmd_pt.dp_cmd(dp_args + (["-d", "dp"] if detail else []), root)
+    shown = {}
+    for label, key in DP_TEST_PRINTED:
+        printed = re.findall(rf"{label}\s*:\s*(\S+)", dp_test)
+        assert printed, f"no {label!r} in dp test's output"
+        shown[key] = (found[key], float(printed[-1]))
+    return shown

@@ -1,0 +1,73 @@
+"""A ``linear_ener`` model (a network and a pair table) from input.json: its statistics are
+DeePMD-kit's linear model's (each network part's descriptor statistics its own, one energy
+bias for the sum fitted to the labels, the parts' own biases 0), and it trains, freezes to
+``.dp`` and tests like an energy model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from mdtrain.config import load_config
+from mdtrain.data import open_all
+from mdtrain.model.backend import build_model
+from mdtrain.model.stats import compute_or_load_stats
+from tests.helpers.pair_tables import write_table, zbl_table
+from tests.helpers.training import frozen_reports, make_project
+
+
+def linear_input(tmp_path, sel="auto", numb_steps=4):
+    path = make_project(tmp_path, numb_steps=numb_steps, save_freq=numb_steps)
+    config = json.loads(path.read_text())
+    net = config["model"]
+    type_map = net.pop("type_map")
+    net["descriptor"]["sel"] = sel
+    write_table(tmp_path / "d3.txt", zbl_table(type_map, 0.1, 4.5, 0.01, zero_from=4.0))
+    table = {
+        "type": "pairtab",
+        "tab_file": "d3.txt",
+        "rcut": 4.5,
+        "sel": sel if sel == "auto" else 60,
+    }
+    config["model"] = {"type": "linear_ener", "type_map": type_map, "models": [net, table],
+                       "weights": [0.8, 1.0], "data_stat_nbatch": 2}  # fmt: skip
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_statistics_are_the_networks_own_and_one_bias_for_the_sum(tmp_path):
+    config = load_config(linear_input(tmp_path, sel=[20, 40]))
+    systems = open_all(
+        [str(tmp_path / "data" / n) for n in ("train_a", "train_b")], config["model"]["type_map"]
+    )
+    linear = build_model(config["model"])
+    compute_or_load_stats(linear, systems, None, 2)
+    alone = build_model({**config["model"]["models"][0], "data_stat_nbatch": 2,
+                         "type_map": config["model"]["type_map"]})  # fmt: skip
+    compute_or_load_stats(alone, systems, None, 2)
+    net = linear.parts[0]
+    assert torch.equal(net.descriptor.davg, alone.descriptor.davg)
+    assert torch.equal(net.descriptor.dstd, alone.descriptor.dstd)
+    assert not torch.equal(alone.descriptor.dstd, torch.ones_like(alone.descriptor.dstd))
+    # the sum's bias is the network's would-be bias: the labels alone, the table not subtracted
+    torch.testing.assert_close(linear.out_bias, alone.out_bias, rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(net.out_bias) == 0
+    # DeePMD-kit's sample: data_stat_nbatch batches of ceil(32 / natoms) frames per system
+    taken = [2 * -(-32 // s.natoms) for s in systems]
+    counts = np.concatenate(
+        [np.tile(np.bincount(s.atype, minlength=2), (n, 1)) for s, n in zip(systems, taken)]
+    )
+    energy = np.concatenate([s.frames(np.arange(n))["energy"] for s, n in zip(systems, taken)])
+    expected = np.linalg.lstsq(counts.astype(float), energy, rcond=None)[0]
+    np.testing.assert_allclose(linear.out_bias.numpy(), expected, rtol=1e-10)
+
+
+def test_linear_model_trains_freezes_and_tests(tmp_path):
+    path = linear_input(tmp_path)
+    reports = frozen_reports(path, removed=tmp_path / "d3.txt")  # both keep their table
+    assert reports["ckpt"] == reports["dp"] and reports["dp"]
+    stored = json.loads((tmp_path / "out" / "out.json").read_text())["model"]
+    assert isinstance(stored["models"][0]["descriptor"]["sel"], list)  # "auto", resolved
+    assert isinstance(stored["models"][1]["sel"], int)  # all types together
