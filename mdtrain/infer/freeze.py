@@ -75,26 +75,25 @@ def export_model(
 
 def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
     """``model`` (its reference implementation in eval mode, on the CPU) with its forces and
-    virials as one ``torch.export`` program, checked (see the module docstring)."""
-    model = copy.deepcopy(as_reference(model)).cpu().eval()
-    if model.fitting.numb_fparam or model.fitting.numb_aparam:
-        raise MDTrainError(
-            "freeze: a model with frame/atomic parameters (numb_fparam, numb_aparam) cannot be "
-            "exported to .pt2 yet; freeze it to .pth or .dp"
-        )
-    nnei = sum(model.sel)
-    # sizes apart from each other and from the fixed ones, which tracing would tie to them
-    nframes, natoms = (2 if nnei != 2 else 5), next(n for n in (7, 11) if n != nnei)
+    virials as one ``torch.export`` program, checked (see the module docstring). A model with
+    frame/atomic parameters takes them as its last inputs: ``fparam`` (nframes,
+    numb_fparam), then ``aparam`` (nframes, natoms, numb_aparam), each only when it has them."""
+    model = ParamsForward(copy.deepcopy(as_reference(model)).cpu().eval())
+    # sizes apart from each other and from the fixed ones (3, the neighbours, the parameter
+    # widths), which tracing would tie to them
+    fixed = {3, sum(model.sel), *model.widths}
+    nframes = next(n for n in (2, 5, 7) if n not in fixed)
+    natoms = next(n for n in (7, 11, 13) if n not in fixed | {nframes})
     example = example_frames(model, nframes, natoms, periodic=True, seed=0)
     frames = torch.export.Dim("nframes", min=1)
     atoms = torch.export.Dim("natoms", min=1)
     per_atom = {0: frames, 1: atoms}
+    dims = (per_atom, {0: atoms}, {0: frames}, per_atom, per_atom)
+    dims += ({0: frames},) * (model.numb_fparam > 0) + (per_atom,) * (model.numb_aparam > 0)
     try:
         with torch.enable_grad():
             traced = make_fx(model, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
-        program = torch.export.export(
-            traced, example, dynamic_shapes=(per_atom, {0: atoms}, {0: frames}, per_atom, per_atom)
-        )
+        program = torch.export.export(traced, example, dynamic_shapes=dims)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise MDTrainError(f"freeze: the model cannot be exported ({first})") from exc
@@ -102,6 +101,27 @@ def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
     for nframes, size, periodic in ((1, natoms + 4, True), (3, natoms + 2, False)):
         _check_program(run, model, example_frames(model, nframes, size, periodic))
     return program
+
+
+class ParamsForward(torch.nn.Module):
+    """A model whose frame/atomic parameters, when it has them, are positional inputs after
+    ``shift`` (``fparam`` then ``aparam``, only those it takes): the program's signature."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        fitting = getattr(model, "fitting", None)
+        self.numb_fparam = int(getattr(fitting, "numb_fparam", 0))
+        self.numb_aparam = int(getattr(fitting, "numb_aparam", 0))
+        self.widths = {w for w in (self.numb_fparam, self.numb_aparam) if w}
+        self.type_map, self.rcut, self.sel = model.type_map, model.rcut, model.sel
+        self.mixed_types = bool(getattr(model, "mixed_types", False))
+
+    def forward(self, coord, atype, box, nlist, shift, *params: torch.Tensor):
+        rest = list(params)
+        fparam = rest.pop(0) if self.numb_fparam else None
+        aparam = rest.pop(0) if self.numb_aparam else None
+        return self.model(coord, atype, box, nlist, shift, fparam, aparam)
 
 
 def example_frames(
@@ -119,12 +139,18 @@ def example_frames(
     build = layout_of(model).build  # per type, or one type-mixed list
     lists = [build(c, cell if periodic else None, atype, model.rcut, model.sel) for c in coord]
     box = np.broadcast_to(cell if periodic else np.zeros((3, 3)), (nframes, 3, 3))
+    params = []  # a ParamsForward's frame/atomic parameters
+    if getattr(model, "numb_fparam", 0):
+        params.append(torch.tensor(rng.normal(size=(nframes, model.numb_fparam))))
+    if getattr(model, "numb_aparam", 0):
+        params.append(torch.tensor(rng.uniform(size=(nframes, natoms, model.numb_aparam))))
     return (
         torch.tensor(coord),
         torch.tensor(atype),
         torch.tensor(np.ascontiguousarray(box)),
         torch.tensor(np.stack([nlist for nlist, _, _ in lists])),
         torch.tensor(np.stack([shift for _, shift, _ in lists])),
+        *params,
     )
 
 

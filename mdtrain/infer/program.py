@@ -22,6 +22,7 @@ import torch
 import torch.export.passes
 from torch import Tensor, nn
 
+from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 
 #: Name of the JSON metadata stored beside the program (as in a frozen file).
@@ -50,6 +51,9 @@ class ExportedModel(nn.Module):
         self.rcut = float(metadata["rcut"])
         self.sel = [int(s) for s in metadata["sel"]]
         self.backend = "exported"
+        config = metadata.get("model_config")
+        self.model_config_json = json.dumps(config) if isinstance(config, dict) else ""
+        self.params = ParamSpec.of(config) if isinstance(config, dict) else ParamSpec()
 
     def train(self, mode: bool = True) -> ExportedModel:
         """Only records the mode: an exported program has none (it refuses ``eval()``)."""
@@ -57,12 +61,34 @@ class ExportedModel(nn.Module):
         return self
 
     def forward(
-        self, coord: Tensor, atype: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
     ) -> dict[str, Tensor]:
+        """The EnergyModel forward; ``fparam``/``aparam`` for a model with frame/atomic
+        parameters (``default_fparam`` when ``fparam`` is not given and it has one)."""
         coord = coord.to(torch.float64)
-        box = coord.new_zeros(coord.shape[0], 3, 3) if box is None else box.to(torch.float64)
+        nf, natoms = coord.shape[0], coord.shape[1]
+        box = coord.new_zeros(nf, 3, 3) if box is None else box.to(torch.float64)
+        params = []
+        if self.params.numb_fparam:
+            if fparam is None and self.params.default_fparam is not None:
+                fparam = coord.new_tensor(self.params.default_fparam).expand(nf, -1)
+            if fparam is None:
+                raise MDTrainError("this model needs frame parameters (fparam)")
+            params.append(fparam.to(torch.float64).reshape(nf, self.params.numb_fparam))
+        if self.params.numb_aparam:
+            if aparam is None:
+                raise MDTrainError("this model needs atomic parameters (aparam)")
+            shape = (nf, natoms, self.params.numb_aparam)
+            params.append(aparam.to(torch.float64).reshape(shape))
         with torch.no_grad():  # the program holds its own derivatives
-            out = self.program(coord, atype, box, nlist, shift)
+            out = self.program(coord, atype, box, nlist, shift, *params)
         return dict(out)
 
 

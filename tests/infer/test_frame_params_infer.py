@@ -25,9 +25,11 @@ def _model(seed: int = 2, **fitting) -> EnergyModel:
     cfg = small_config(fitting={**PARAMS, "seed": seed, **fitting})
     model = set_random_stats(EnergyModel(cfg), seed)
     with torch.no_grad():
-        model.fitting.fparam_avg.copy_(torch.tensor([1.0, -2.0], dtype=torch.float64))
-        model.fitting.fparam_inv_std.copy_(torch.tensor([3.0, 2.0], dtype=torch.float64))
-        model.fitting.aparam_inv_std.fill_(2.0)
+        if model.fitting.numb_fparam:
+            model.fitting.fparam_avg.copy_(torch.tensor([1.0, -2.0], dtype=torch.float64))
+            model.fitting.fparam_inv_std.copy_(torch.tensor([3.0, 2.0], dtype=torch.float64))
+        if model.fitting.numb_aparam:
+            model.fitting.aparam_inv_std.fill_(2.0)
     return model.eval()
 
 
@@ -39,8 +41,8 @@ def _direct(model, coord, box, atype, fp, ap):
         torch.tensor(box)[None],
         torch.tensor(nlist)[None],
         torch.tensor(shift)[None],
-        torch.tensor(fp)[None],
-        torch.tensor(ap)[None],
+        None if fp is None else torch.tensor(fp)[None],
+        None if ap is None else torch.tensor(ap)[None],
     )
     return {k: v.detach()[0].numpy() for k, v in out.items()}
 
@@ -72,8 +74,33 @@ def test_calculator_and_frozen_model(tmp_path, atoms_and_params):
     atoms.info["fparam"] = fp + 1.0
     atoms.calc = MDTrainCalculator(model)
     assert abs(atoms.get_potential_energy() - float(want["energy"])) > 1e-6
-    with pytest.raises(MDTrainError, match="cannot be exported to .pt2"):
-        export_model(model, tmp_path / "frozen.pt2")
+
+
+@pytest.mark.parametrize(
+    "fitting",
+    [{}, {"numb_aparam": 0, "default_fparam": [0.5, -1.0]}, {"numb_fparam": 0}],
+    ids=["both", "fparam-with-default", "aparam"],
+)
+def test_exported_program_takes_the_parameters(tmp_path, atoms_and_params, fitting):
+    """freeze -o model.pt2 of a model with frame/atomic parameters: the program equals the
+    eager model to 1e-12 (float64), on the calculator's frame and through `load_model`."""
+    atoms, coord, box, atype, fp, ap = atoms_and_params
+    model = _model(**fitting)
+    fp = fp if model.fitting.numb_fparam else None
+    ap = ap if model.fitting.numb_aparam else None
+    export_model(model, tmp_path / "frozen.pt2")
+    program = load_model(str(tmp_path / "frozen.pt2"))
+    for params in [(fp, ap)] + ([(None, ap)] if fitting.get("default_fparam") else []):
+        want, got = (_direct(m, coord, box, atype, *params) for m in (model, program))
+        for key in ("energy", "atom_energy", "force", "virial"):
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-12, atol=1e-12)
+    if fp is not None:
+        atoms.info["fparam"] = fp
+        atoms.calc = MDTrainCalculator(str(tmp_path / "frozen.pt2"))
+        want = _direct(model, coord, box, atype, fp, ap)
+        assert atoms.get_potential_energy() == pytest.approx(float(want["energy"]), abs=1e-10)
+        other = _direct(model, coord, box, atype, fp + 1.0, ap)["energy"]
+        assert abs(float(other) - float(want["energy"])) > 1e-6  # the parameters matter
 
 
 def test_calculator_errors(atoms_and_params):
