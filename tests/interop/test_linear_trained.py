@@ -58,3 +58,48 @@ def test_mdtrain_trained_combined_model_gives_deepmds_test_errors(deepmd_pt, tmp
     print(kind, "largest detail-file differences", largest)
     for key, (ours, theirs) in shown.items():
         assert ours == pytest.approx(theirs, rel=1e-6), key
+
+
+_READ_BIAS = """
+import json, sys, torch
+state = torch.load(sys.argv[1], weights_only=False, map_location="cpu")["model"]
+key = "model.Default.atomic_model."
+print(json.dumps({
+    "bias": state[key + "out_bias"].flatten().tolist(),
+    "part_bias": [state[key + f"models.{k}.out_bias"].abs().max().item() for k in (0, 1)],
+    "dstd": state[key + "models.0.descriptor.se_atten.stddev"].flatten().tolist(),
+}))
+"""
+
+
+def test_statistics_equal_deepmds_linear_model(deepmd_pt, tmp_path):
+    """``dp --pt train`` (one step) and mdtrain's statistics of the same linear model on all
+    frames: the sum's energy bias (the labels alone), the parts' bias 0, the network's dstd."""
+    import torch
+
+    from mdtrain.config import load_config
+    from mdtrain.data import open_all
+    from mdtrain.model.backend import build_model
+    from mdtrain.model.stats import compute_or_load_stats
+
+    inp = make_project(tmp_path, numb_steps=1, save_freq=1, disp_freq=1)
+    write_table(tmp_path / "tab.txt", zbl_table(["O", "H"], 0.1, 4.5, 0.01, zero_from=4.0))
+    config = json.loads(inp.read_text())
+    model = model_section("net+table") | {"data_stat_nbatch": 4}  # 4 x 2 frames: all of them
+    model["models"][0]["descriptor"]["sel"] = 40
+    model["models"][1]["sel"] = 40
+    config["model"] = model
+    inp.write_text(json.dumps(config))
+    deepmd_pt.dp_cmd(["--pt", "train", "input.json"], tmp_path)
+    read = deepmd_pt.run([deepmd_pt.python, "-c", _READ_BIAS, "model.ckpt-1.pt"], tmp_path)
+    theirs = json.loads(read.strip().splitlines()[-1])
+    loaded = load_config(inp)
+    paths = [str(tmp_path / "data" / n) for n in ("train_a", "train_b")]
+    ours = build_model(loaded["model"])
+    compute_or_load_stats(ours, open_all(paths, ["O", "H"]), None, 4)
+    print("energy bias: mdtrain", ours.out_bias.tolist(), "deepmd", theirs["bias"])
+    np.testing.assert_allclose(ours.out_bias.numpy(), theirs["bias"], rtol=1e-12)
+    assert theirs["part_bias"] == [0.0, 0.0]
+    assert torch.count_nonzero(ours.parts[0].out_bias) == 0
+    dstd = ours.parts[0].descriptor.dstd.numpy().ravel()
+    np.testing.assert_allclose(dstd, theirs["dstd"], rtol=1e-12)
