@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a frozen model as its TorchScript module (as a deployment would) instead of "
         "loading its weights into the faster eager model",
     )
+    p.add_argument(
+        "--live-weights",
+        action="store_true",
+        help="a checkpoint of a run with training.enable_ema: its live weights instead of "
+        "their average",
+    )
 
     p = sub.add_parser(
         "freeze",
@@ -124,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="file to write: *.dp is DeePMD-kit's model file (for dp, LAMMPS via "
         "`dp convert-backend`), *.pt2 a torch.export program, anything else TorchScript",
     )  # fmt: skip
+    p.add_argument(
+        "--live-weights",
+        action="store_true",
+        help="a checkpoint of a run with training.enable_ema: its live weights instead of "
+        "their average",
+    )
 
     p = sub.add_parser(
         "change-bias",

@@ -1,4 +1,5 @@
-"""``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT``: a checkpoint (or a DeePMD-kit ``.dp`` model)
+"""``mdtrain freeze [CKPT | -c CKPT] -o OUTPUT [--live-weights]``: a checkpoint (an EMA run's
+with its averaged weights, `mdtrain.model.files.model_weights`) or a DeePMD-kit ``.dp`` model
 → the file the output's suffix names: ``.dp`` is DeePMD-kit's model file
 (`mdtrain.model.deepmd_file`), ``.pt2`` a ``torch.export`` program, anything else mdtrain's
 TorchScript file (both `mdtrain.infer.freeze`)."""
@@ -10,10 +11,10 @@ import logging
 
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.freeze import export_model, freeze_model
-from mdtrain.infer.load import is_torchscript, model_file, model_from_checkpoint
+from mdtrain.infer.load import is_torchscript, model_file, model_from_checkpoint, weights_note
 from mdtrain.infer.program import is_exported_program
 from mdtrain.model.deepmd_file import tf_conversion_caveats, write_dp
-from mdtrain.model.files import load_model_file
+from mdtrain.model.files import load_model_file, model_weights
 from mdtrain.outputs import KIND_DP, KIND_EXPORTED, KIND_FROZEN, Output, check_outputs
 
 log = logging.getLogger("mdtrain.freeze")
@@ -33,7 +34,11 @@ def run_freeze(args: argparse.Namespace) -> int:
         raise MDTrainError(f"checkpoint {checkpoint}: already a frozen (TorchScript) model")
     if is_exported_program(checkpoint):
         raise MDTrainError(f"checkpoint {checkpoint}: already an exported (.pt2) model")
-    state = load_model_file(checkpoint)
+    state = load_model_file(checkpoint, live=True)  # as stored
+    note = weights_note(checkpoint, state, args.live_weights)
+    if note:
+        log.info("%s", note)
+    state = model_weights(state, args.live_weights, f"checkpoint {checkpoint}")
     model = model_from_checkpoint(state, f"checkpoint {checkpoint}")
     if args.output.endswith(".dp"):
         write_dp(model, args.output, state.get("min_nbor_dist"))

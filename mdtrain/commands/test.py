@@ -52,7 +52,7 @@ def _expand(entries: list[str]) -> tuple[list[str], list[str]]:
 
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
-    [-d PREFIX] [--torchscript]``."""
+    [-d PREFIX] [--torchscript] [--live-weights]``."""
     model_path = model_file(args.model)
     named = [("--json", args.json, KIND_JSON), ("--parity", args.parity, KIND_PNG)]
     if args.detail_file:
@@ -62,7 +62,7 @@ def run_test(args: argparse.Namespace) -> int:
     check_outputs(outputs, inputs)  # before any model or system is read
     device = _device()
     keep_freed_memory()
-    model = load_model(model_path, device, scripted=args.torchscript)
+    model = load_model(model_path, device, scripted=args.torchscript, live=args.live_weights)
     type_map = list(model.type_map)
     kind = getattr(model, "label", None) or getattr(model, "kind", None)
     if kind and (args.detail_file or args.parity):

@@ -13,7 +13,10 @@ Modes, as DeePMD-kit 3.2 defines them (``change_out_bias``):
 The least squares are the training statistics' (`mdtrain.model.stats.compute_energy_bias`:
 DeePMD-kit's ``lstsq`` with the fitting's ``rcond``, types in ``atom_exclude_types``
 counted as absent); the std of the residuals becomes ``out_std`` in both fitted modes.
-The input file is never written: the result goes to a new file of the same kind.
+The input file is never written: the result goes to a new file of the same kind. A
+checkpoint of a run with ``training.enable_ema`` is evaluated with its averaged weights, the
+model it stands for, and written back with its live weights and their average: the bias is a
+buffer both share.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from mdtrain.infer.load import is_torchscript, load_model, model_from_checkpoint
 from mdtrain.infer.program import is_exported_program
 from mdtrain.memory import InferenceChunker
 from mdtrain.model.deepmd_file import is_dp_file, load_dp, write_dp
-from mdtrain.model.files import checkpoint_io_error, load_checkpoint
+from mdtrain.model.files import checkpoint_io_error, has_average, load_checkpoint, model_weights
 from mdtrain.model.stats import compute_energy_bias
 from mdtrain.neighbors.layout import layout_of
 
@@ -63,7 +66,8 @@ def read_model(path: str, device: torch.device | str = "cpu") -> tuple[torch.nn.
             "of the checkpoint it was frozen from and freeze again"
         )
     state = load_checkpoint(path, map_location="cpu")
-    return model_from_checkpoint(state, f"model {path}", device).eval(), state
+    used = model_weights(state, source=f"model {path}")  # an EMA run's: the average
+    return model_from_checkpoint(used, f"model {path}", device).eval(), state
 
 
 def write_model(model: torch.nn.Module, source: str, state: dict, output: str) -> None:
@@ -77,6 +81,11 @@ def write_model(model: torch.nn.Module, source: str, state: dict, output: str) -
         weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         if any(k.startswith("module.") for k in state["model_state"]):
             weights = {f"module.{k}": v for k, v in weights.items()}
+        if has_average(state):  # evaluated with the average: the live parameters kept
+            live = dict(model.named_parameters())
+            weights.update(
+                {k: state["model_state"][k] for k in weights if k.removeprefix("module.") in live}
+            )
         new["model_state"] = weights
         tmp = f"{output}.{os.getpid()}.tmp"
         try:

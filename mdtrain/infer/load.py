@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -30,7 +31,15 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.finite import check_weights
 from mdtrain.infer.program import is_exported_program, load_program
 from mdtrain.model.config import stored_model_config
-from mdtrain.model.files import is_torchscript, per_type_fitting_problem, weights_mismatch
+from mdtrain.model.files import (
+    has_average,
+    is_torchscript,
+    model_weights,
+    per_type_fitting_problem,
+    weights_mismatch,
+)
+
+log = logging.getLogger("mdtrain.load")
 
 #: The newest checkpoint of a training output folder (a link to ``model.ckpt-<step>.pt``).
 CHECKPOINT = "model.ckpt.pt"
@@ -94,10 +103,15 @@ def model_from_checkpoint(
 
 
 def load_model(
-    path: str | os.PathLike, device: str | torch.device = "cpu", scripted: bool = False
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    scripted: bool = False,
+    live: bool = False,
 ) -> torch.nn.Module:
     """The model stored in ``path`` (checkpoint or frozen), on ``device``, in eval mode; a
-    frozen one as its TorchScript module only with ``scripted`` (see the module docstring)."""
+    frozen one as its TorchScript module only with ``scripted`` (see the module docstring);
+    an EMA run's checkpoint with its averaged weights unless ``live``
+    (`mdtrain.model.files.model_weights`)."""
     from mdtrain.model.deepmd_file import is_dp_file, load_dp
     from mdtrain.model.files import load_checkpoint
 
@@ -122,7 +136,12 @@ def load_model(
             model = model.to(device)
     else:
         state = load_checkpoint(path, map_location="cpu")
-        model = model_from_checkpoint(state, f"model {path}", device)
+        note = weights_note(path, state, live)
+        if note:
+            log.info("%s", note)
+        model = model_from_checkpoint(
+            model_weights(state, live, f"model {path}"), f"model {path}", device
+        )
     check_weights(model, f"model {path}")
     return model.eval()
 
@@ -186,6 +205,15 @@ def _eager_from_frozen(
     if missing:
         raise MDTrainError(f"model {path}: the frozen weights lack {missing[0]!r}")
     return model
+
+
+def weights_note(path: str, state: dict, live: bool) -> str | None:
+    """The log line saying which weights of an EMA run's checkpoint a command uses."""
+    if not has_average(state):
+        return None
+    if live:
+        return f"{path}: the live weights of a run with a weight average (--live-weights)"
+    return f"{path}: the averaged weights (training.enable_ema; --live-weights for the live ones)"
 
 
 def read_frozen_metadata(path: str | os.PathLike) -> dict:

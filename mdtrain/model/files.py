@@ -23,6 +23,15 @@ from mdtrain.outputs import KIND_FROZEN, file_kind
 FORMAT = "mdtrain-checkpoint"
 VERSION = 1
 
+#: The weight average of a run with ``training.enable_ema``, in each of its regular
+#: checkpoints beside the live weights: ``{"decay": float, "model": {parameter: tensor}}``.
+EMA_KEY = "ema"
+#: True in a checkpoint whose ``model_state`` holds averaged weights (no optimiser state).
+AVERAGED = "averaged_weights"
+#: "live" in a checkpoint that carries an average but stands for its live weights (the best
+#: checkpoints that full validation ranked by the live weights).
+STANDS_FOR = "stands_for"
+
 
 def checkpoint_io_error(path: str, exc: OSError, action: str = "write") -> MDTrainError:
     """The one-line error for an I/O failure on checkpoint ``path`` (reading or writing)."""
@@ -130,10 +139,40 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
-def load_model_file(path: str | os.PathLike) -> dict:
+def has_average(state: dict) -> bool:
+    """Whether the checkpoint ``state`` stands for its weight average (see `model_weights`)."""
+    return bool((state.get(EMA_KEY) or {}).get("model")) and state.get(STANDS_FOR) != "live"
+
+
+def model_weights(state: dict, live: bool = False, source: str = "checkpoint") -> dict:
+    """The checkpoint as a model to use: a regular checkpoint of a run with
+    ``training.enable_ema`` keeps the live weights and their average, so that ``--restart``
+    continues both exactly, and stands for the average, the model the run was asked to
+    make. Its parameters are then replaced by the averaged ones (buffers, such as the
+    statistics and the energy bias, are the model's own) and it is marked `AVERAGED`;
+    ``live`` keeps the live weights. Any other checkpoint is returned as it is."""
+    if live or not has_average(state):
+        return state
+    weights = dict(state["model_state"])
+    prefix = "module." if any(k.startswith("module.") for k in weights) else ""
+    for name, tensor in state[EMA_KEY]["model"].items():
+        own = weights.get(prefix + name)
+        if not torch.is_tensor(own) or tuple(own.shape) != tuple(tensor.shape):
+            raise MDTrainError(f"{source}: its weight average ({EMA_KEY}) does not fit its weights")
+        weights[prefix + name] = tensor.to(own.dtype)
+    averaged = {k: v for k, v in state.items() if k not in (EMA_KEY, "optimizer_state")}
+    averaged["model_state"] = weights
+    averaged[AVERAGED] = True
+    return averaged
+
+
+def load_model_file(path: str | os.PathLike, live: bool = False) -> dict:
     """A checkpoint dict (at least ``model_config`` and ``model_state``) from an mdtrain
     checkpoint or a DeePMD-kit ``.dp`` model file: what ``--init-model``, ``--finetune`` and
-    ``freeze`` accept."""
+    ``freeze`` accept; an EMA run's checkpoint with its averaged weights unless ``live``
+    (`model_weights`)."""
     from mdtrain.model.deepmd_file import is_dp_file, load_dp
 
-    return load_dp(path) if is_dp_file(path) else load_checkpoint(path)
+    if is_dp_file(path):
+        return load_dp(path)
+    return model_weights(load_checkpoint(path), live, f"checkpoint {os.fspath(path)}")

@@ -16,7 +16,12 @@ loading never runs code)::
       "mixed_precision": str | None,     # "tf32"/"bf16"/"fp16" the run trained in; None: off
       "loss_scale": dict,                # "fp16" only: LossScaler.state_dict()
       "config": dict,                    # the full input after defaults
+      "ema": dict,                       # enable_ema: the weight average (mdtrain.train.ema)
+      "stands_for": "live",              # best.ckpt-* of an EMA run: its live weights
     }
+
+A checkpoint with ``"ema"`` stands for its averaged weights wherever a model is used
+(`mdtrain.model.files.model_weights`); ``--restart`` reads the live weights and the average.
 
 The learning curve is not part of it: ``lcurve.out`` is truncated to the resumed step instead.
 

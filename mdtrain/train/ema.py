@@ -7,8 +7,10 @@ ema_decay``), starting from the weights the training starts with. The average li
 the live weights: every regular checkpoint carries it (key ``"ema"``), so a restart continues
 both exactly, and every save also writes a checkpoint of the averaged weights under the
 prefix ``<save_ckpt stem>_ema<suffix>`` (``model_ema.ckpt-<step>.pt``, no optimiser state),
-which ``mdtrain freeze`` and ``mdtrain test`` take like any checkpoint. Buffers (statistics,
-energy bias) are the model's own.
+as DeePMD-kit writes it. A regular checkpoint of such a run stands for the average:
+``mdtrain freeze``, ``test`` and the other commands that use a model take its averaged weights
+(`mdtrain.model.files.model_weights`), ``--restart`` its live weights and the average.
+Buffers (statistics, energy bias) are the model's own.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from collections.abc import Iterator
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.model.files import EMA_KEY
 
 log = logging.getLogger("mdtrain")
 
-EMA_KEY = "ema"
+__all__ = ["EMA_KEY", "WeightAverage", "ema_prefix"]
 
 
 def ema_prefix(save_ckpt: str) -> str:

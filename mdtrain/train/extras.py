@@ -17,6 +17,7 @@ import torch
 from mdtrain import distributed as dist_rt
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker
+from mdtrain.model.files import AVERAGED, STANDS_FOR
 from mdtrain.train.bias import bias_text, refit_energy_bias
 from mdtrain.train.checkpoint import CheckpointManager, save_checkpoint
 from mdtrain.train.ema import EMA_KEY, WeightAverage, ema_prefix
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdtrain")
 
-AVERAGED = "averaged_weights"  # marks a checkpoint of the averaged weights
 RECORDS = "full_validation"
 
 
@@ -166,7 +166,11 @@ class RunExtras:
     def _save_best(self, path: str, flow: str, controller_state: dict) -> None:
         state = self.t.state_dict()
         state["controller_state"] = controller_state
-        save_checkpoint(path, self.averaged_state(state) if flow == "ema" else state)
+        if flow == "ema":
+            state = self.averaged_state(state)
+        elif self.ema is not None:  # ranked by its live weights: it stands for them
+            state[STANDS_FOR] = "live"
+        save_checkpoint(path, state)
 
     def _sums(self) -> torch.Tensor:
         """The error sums of every validation frame (this rank's share, then over ranks)."""
