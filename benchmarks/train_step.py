@@ -21,7 +21,7 @@ neighbour lists), the peak RSS, and the load average of the machine around the r
 (others' work inflates the times).
 
 ``--ensemble 1 4`` times a single model and a committee of 4 (``mdtrain train --ensemble 4``:
-one joint step of every member on the same batch, ``mdtrain.train.committee``) side by side:
+one joint step of every member on the same batch, ``mdtrain.train.loop``) side by side:
 each round runs every size once, in fresh processes, alternating, and the table gives each
 committee's median step time over the rounds and its ratio to the single model's median of
 the same round (``--repeat`` rounds). With ``--paired`` every size is built in one process
@@ -82,34 +82,28 @@ def _prepared(
 
 
 def _trainer(config: dict, data, runtime, size: int, out_dir: str, uncached: bool):
-    """A Trainer (size 1) or a committee's trainer (``mdtrain train --ensemble size``) with
+    """The Trainer of one model (size 1) or a committee (``mdtrain train --ensemble size``) with
     the statistics computed in memory, validation off, its batch preparation timed, and its
     neighbour-list cache filled with every training frame (unless ``uncached``). Returns the
     trainer, the times of its batches and of the uncached batches made to fill the cache."""
     import time
 
     from mdtrain.batching import make_batch
-    from mdtrain.model.backend import build_committee, build_model
+    from mdtrain.model.backend import build_models
+    from mdtrain.model.committee import members_of, share_statistics
     from mdtrain.model.stats import compute_or_load_stats
-    from mdtrain.train.committee import SHARED, CommitteeTrainer, member_config
+    from mdtrain.train.committee import SHARED, member_config
     from mdtrain.train.loop import Trainer
 
     members = [member_config(config, k, SHARED) for k in range(size)]
-    if size > 1:
-        model = build_committee([m["model"] for m in members])
-        first = model.members[0]
-    else:
-        model = first = build_model(config["model"])
+    model = build_models([m["model"] for m in members])
+    models = members_of(model)
     nbatch = int(config["model"].get("data_stat_nbatch", 10))
-    compute_or_load_stats(first, data.train, None, nbatch)
-    if size > 1:
-        model.share_statistics()  # computed once, as mdtrain train does
-        trainer = CommitteeTrainer(
-            config, model, members, data.train, data.valid, runtime, out_dir, SHARED
-        )
-    else:
-        trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
-    trainer.valid_sampler = None  # no validation inside the timing
+    compute_or_load_stats(models[0], data.train, None, nbatch)
+    share_statistics(models)  # computed once, as mdtrain train does
+    trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+    for member in trainer.members:
+        member.valid_sampler = None  # no validation inside the timing
     batch_times: list[float] = []
     make = trainer._batch
 

@@ -112,6 +112,14 @@ def test_no_private_names_from_other_modules(path):
     assert not private, f"{module_name(path)}: " + "; ".join(private)
 
 
+MAX_LINES = 400  # small modules with one job
+
+
+def test_no_module_is_over_400_lines():
+    long = {module_name(p): n for p in FILES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines, split by job: {long}"
+
+
 def test_every_layer_unit_exists():
     modules = {module_name(p) for p in FILES}
     missing = [u for u in RANK if not any(m == u or m.startswith(u + ".") for m in modules)]

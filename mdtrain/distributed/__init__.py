@@ -34,6 +34,7 @@ from mdtrain.distributed.collectives import (
     get_rank,
     get_world_size,
     is_main_process,
+    raise_together,
     run_on_main,
 )
 from mdtrain.distributed.device import select_device
@@ -63,6 +64,7 @@ __all__ = [
     "all_reduce_min",
     "all_reduce_sum",
     "any_rank",
+    "raise_together",
     "barrier",
     "broadcast_module",
     "broadcast_object",

@@ -135,6 +135,15 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
+def raise_together(error: BaseException | None, elsewhere: str) -> None:
+    """Every rank raises when one of them failed (a collective, on every rank): its own
+    ``error``, or an ``MDTrainError`` saying ``elsewhere`` on the ranks that did not fail."""
+    if any_rank(error is not None):
+        if error is not None:
+            raise error
+        raise MDTrainError(elsewhere)
+
+
 def all_ranks(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on all of them."""
     return not any_rank(not flag)

@@ -172,6 +172,19 @@ def build_committee(
     return Committee(members)
 
 
+def build_models(
+    model_configs: list[dict],
+    device: str | torch.device = "cpu",
+    mixed_precision: str | None = None,
+    backend: str | None = None,
+) -> torch.nn.Module:
+    """What a run of ``len(model_configs)`` models trains: the one model itself (a single
+    run), or their committee."""
+    if len(model_configs) == 1:
+        return build_model(model_configs[0], device, mixed_precision, backend)
+    return build_committee(model_configs, device, mixed_precision, backend)
+
+
 def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Module:
     """``model`` on ``device``: moved, or, for a backend that cannot run there (the compiled
     kernels take CPU tensors), rebuilt for the device with the same weights and mode."""

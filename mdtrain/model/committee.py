@@ -59,18 +59,32 @@ class Committee(nn.Module):
 
     def stats_shared(self) -> bool:
         """Whether every member has member 0's davg and dstd (exactly)."""
-        first = self.members[0].descriptor
-        return all(
-            torch.equal(m.descriptor.davg, first.davg)
-            and torch.equal(m.descriptor.dstd, first.dstd)
-            for m in self.members
-        )
+        return stats_shared(list(self.members))
 
-    @torch.no_grad()
     def share_statistics(self) -> None:
         """Copy member 0's davg/dstd and energy bias into every member (statistics depend on
         the data only, so they are computed once)."""
-        first = self.members[0]
-        for member in list(self.members)[1:]:
-            member.descriptor.set_stats(first.descriptor.davg, first.descriptor.dstd)
-            member.set_out_bias(first.out_bias, first.out_std)
+        share_statistics(list(self.members))
+
+
+def members_of(model: nn.Module) -> list[nn.Module]:
+    """A committee's members, or the one model (a single run is a committee of one)."""
+    return list(model.members) if isinstance(model, Committee) else [model]
+
+
+def stats_shared(models: list[nn.Module]) -> bool:
+    """Whether every model has the first one's davg and dstd (exactly)."""
+    first = models[0].descriptor
+    return all(
+        torch.equal(m.descriptor.davg, first.davg) and torch.equal(m.descriptor.dstd, first.dstd)
+        for m in models
+    )
+
+
+@torch.no_grad()
+def share_statistics(models: list[nn.Module]) -> None:
+    """Copy the first model's davg/dstd and energy bias into the others."""
+    first = models[0]
+    for member in models[1:]:
+        member.descriptor.set_stats(first.descriptor.davg, first.descriptor.dstd)
+        member.set_out_bias(first.out_bias, first.out_std)

@@ -45,22 +45,14 @@ class Display:
         return mean
 
     def line(self, step: int, lr, metrics, valid) -> str:
-        """One progress line; its time per step is the mean training-step time since the
-        last line (validation and checkpoints not included; the first line's includes the
-        warm-up)."""
-        per_step = self.take()
-        eta = per_step * (self.numb_steps - step)
-        parts = [f"step {step}/{self.numb_steps}"]
-        for key in self.keys:
-            if valid is not None:
-                parts.append(f"{key} {valid[key]:.3e} (trn {metrics[key]:.3e})")
-            else:
-                parts.append(f"{key} {metrics[key]:.3e}")
-        return self._finish(parts, lr, per_step, eta)
+        """One model's progress line (``members_line`` of one member)."""
+        return self.members_line(step, lr, [metrics], None if valid is None else [valid])
 
     def members_line(self, step: int, lr, metrics: list, valid: list | None) -> str:
-        """``line`` for a committee: each metric once, followed by every member's value in
-        member order (validation first, then training in brackets, as in ``line``)."""
+        """One progress line: each metric once, followed by every member's value in member
+        order (validation first, then training in brackets); its time per step is the mean
+        training-step time since the last line (validation and checkpoints not included; the
+        first line's includes the warm-up)."""
         per_step = self.take()
         eta = per_step * (self.numb_steps - step)
         parts = [f"step {step}/{self.numb_steps}"]

@@ -1,4 +1,4 @@
-"""What a `Trainer` does besides its steps when the input asks for it: the weight average
+"""What a run's `Member` does besides its steps when the input asks for it: the weight average
 (``training.enable_ema``, `mdtrain.train.ema`), full validation (``validating``,
 `mdtrain.train.full_validation`) and the bias refit after the last step
 (``training.change_bias_after_training``, `mdtrain.train.bias`). Each is off by default and
@@ -24,7 +24,7 @@ from mdtrain.train.ema import EMA_KEY, WeightAverage, ema_prefix
 from mdtrain.train.full_validation import FullValidator, frame_errors, start_step
 
 if TYPE_CHECKING:
-    from mdtrain.train.loop import Trainer
+    from mdtrain.train.member import Member
 
 log = logging.getLogger("mdtrain")
 
@@ -45,18 +45,18 @@ def refuse_averaged(state: dict) -> None:
 
 
 class RunExtras:
-    """The optional parts of one trainer's run (see the module docstring)."""
+    """The optional parts of one member's run (see the module docstring)."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.t = trainer
-        training = trainer.config["training"]
+    def __init__(self, member: Member) -> None:
+        self.t = member
+        training = member.config["training"]
         self.ema = None
         if training.get("enable_ema"):
-            self.ema = WeightAverage(trainer.model, float(training.get("ema_decay", 0.999)))
+            self.ema = WeightAverage(member.model, float(training.get("ema_decay", 0.999)))
             keep = training.get("ema_ckpt_keep") or int(training.get("max_ckpt_keep", 5))
             prefix = ema_prefix(training["save_ckpt"])
-            self.ema_ckpt = CheckpointManager(trainer.out_dir, prefix, int(keep), index=False)
-        self.section = trainer.config.get("validating") or {}
+            self.ema_ckpt = CheckpointManager(member.out_dir, prefix, int(keep), index=False)
+        self.section = member.config.get("validating") or {}
         self.flows: dict[str, FullValidator] | None = None  # built at the first use
         self.records: dict = {}
         self.restored = False
@@ -158,10 +158,7 @@ class RunExtras:
                 )
             except Exception as exc:  # noqa: BLE001 (re-raised below, after the vote)
                 error = exc
-            if dist_rt.any_rank(error is not None):
-                if error is not None:
-                    raise error
-                raise MDTrainError(f"rank 0 failed in the full validation of step {t.step}")
+            dist_rt.raise_together(error, f"rank 0 failed in the full validation of step {t.step}")
 
     def _save_best(self, path: str, flow: str, controller_state: dict) -> None:
         state = self.t.state_dict()

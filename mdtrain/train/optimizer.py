@@ -126,7 +126,11 @@ def step_together(optimizers: Sequence[torch.optim.Adam]) -> None:
     functional Adam. Adam updates every parameter on its own, so each parameter gets exactly
     the update of its own optimiser's step; one fused pass over all of them costs less than
     one per optimiser (and on a busy machine far less: each pass is a parallel region). Falls
-    back to the optimisers' own steps when their settings differ or a state is missing."""
+    back to the optimisers' own steps when their settings differ or a state is missing (and
+    one optimiser, a single run's, takes its own step)."""
+    if len(optimizers) == 1:
+        optimizers[0].step()
+        return
     groups = [g for opt in optimizers for g in opt.param_groups]
     first = groups[0]
     lists: tuple[list, list, list, list, list] = ([], [], [], [], [])

@@ -34,7 +34,7 @@ from mdtrain.neighbors.stat import (
     neighbor_stat_result,
 )
 from mdtrain.neighbors.stat_file import check_neighbor_stat_matches, load_neighbor_stat
-from mdtrain.train.loop import make_sampler
+from mdtrain.train.sampler import make_sampler
 
 log = logging.getLogger("mdtrain")
 

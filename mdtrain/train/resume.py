@@ -31,6 +31,12 @@ def member_dir(out_dir: str, k: int) -> str:
     return os.path.join(out_dir, f"{MEMBER_PREFIX}{k}")
 
 
+def member_dirs(out_dir: str, size: int) -> list[str]:
+    """Where each model of a run of ``size`` writes: a single run in ``out_dir`` itself, a
+    committee's members in ``member-k/``."""
+    return [out_dir] if size == 1 else [member_dir(out_dir, k) for k in range(size)]
+
+
 def members_on_disk(out_dir: str) -> list[int]:
     """The indices of the ``member-k/`` folders in ``out_dir`` (a committee's), sorted."""
     try:
@@ -186,7 +192,10 @@ def _newest_intact(out_dir: str, managers: list[CheckpointManager], steps: list[
 
 def member_checkpoints(path: str, size: int) -> list[str]:
     """Every member's checkpoint of the same step as ``path``, a checkpoint inside some
-    ``member-k/`` folder of a committee's output directory (member 0's first)."""
+    ``member-k/`` folder of a committee's output directory (member 0's first); a single
+    run's is ``path`` itself."""
+    if size == 1:
+        return [path]
     parts = os.path.normpath(path).split(os.sep)
     at = next((i for i in range(len(parts) - 2, -1, -1) if _MEMBER_DIR.fullmatch(parts[i])), None)
     if at is None:

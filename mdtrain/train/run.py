@@ -22,19 +22,14 @@ from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.config.model_kind import standard_only
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
-from mdtrain.model.backend import build_committee, build_model
+from mdtrain.model.backend import build_models
+from mdtrain.model.committee import members_of, share_statistics
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.files import load_checkpoint, load_model_file, weights_mismatch
 from mdtrain.model.stat_file import read_stat_file
 from mdtrain.neighbors.sel import parse_sel
-from mdtrain.train.committee import (
-    PER_MEMBER,
-    SHARED,
-    CommitteeTrainer,
-    ensemble_size,
-    member_config,
-)
+from mdtrain.train.committee import PER_MEMBER, SHARED, ensemble_size, member_config
 from mdtrain.train.ensemble_budget import check_ensemble
 from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
 from mdtrain.train.loop import Trainer, seed_everything
@@ -51,7 +46,7 @@ from mdtrain.train.prepare import (
     stat_mode,
     validate_datasets,
 )
-from mdtrain.train.resume import check_layout, member_checkpoints, member_dir, resolve_restart
+from mdtrain.train.resume import check_layout, member_checkpoints, resolve_restart
 from mdtrain.train.signals import PreemptionHandler
 from mdtrain.train.workdir import (
     check_run_outputs,
@@ -200,10 +195,7 @@ def _train(request: TrainRequest, preemption: PreemptionHandler) -> None:
         dist_rt.run_on_main(_prepare_outputs, request, config, ensemble)  # before any work
         # everything up to the statistics checks the input; nothing in out_dir changes before
         restart, init_model = _resolve_restart(request, training, out_dir, ensemble)
-        if ensemble > 1:
-            dist_rt.run_on_main(
-                check_ensemble, ensemble, config, request.input_path, runtime.device
-            )
+        dist_rt.run_on_main(check_ensemble, ensemble, config, request.input_path, runtime.device)
         created = dist_rt.run_on_main(make_output_dirs, out_dir, ensemble)
         try:
             _run(request, preemption, config, runtime, ensemble, precision_source, restart,
@@ -224,7 +216,7 @@ def _run(
     if runtime.is_main:
         for message in (*one_sided_terms(config["loss"]), *inert_settings(config["model"])):
             log.warning("%s", message)
-    if restart and ensemble > 1:  # a committee continues from member 0's of that step
+    if restart:  # a committee continues from member 0's of that step
         restart = member_checkpoints(restart, ensemble)[0]
     finetune = init_model if init_model and request.finetune else None
     init_model = None if finetune else init_model
@@ -269,19 +261,15 @@ def _run(
             "training.seed is not set: drew %d (written to out.json; set it to repeat "
             "this run)", training["seed"],
         )  # fmt: skip
-    if ensemble > 1:
-        config = _committee_seeds(config)
+    config = _committee_seeds(config, ensemble)
     seed_everything(int(training["seed"]))
     keep_freed_memory()
     precision = mode_of(training.get("mixed_precision"))
-    sampling, members = None, [config]
-    if ensemble > 1:
-        sampling = _committee_sampling(state if restart else None, init_model or finetune, ensemble)
-        members = [member_config(config, k, sampling) for k in range(ensemble)]
-        model = build_committee([m["model"] for m in members], runtime.device, precision)
-        first = model.members[0]
-    else:
-        model = first = build_model(config["model"], runtime.device, precision)
+    sampling = _committee_sampling(state if restart else None, init_model or finetune, ensemble)
+    members = [member_config(config, k, sampling) for k in range(ensemble)]
+    model = build_models([m["model"] for m in members], runtime.device, precision)
+    models = members_of(model)
+    first = models[0]
     if init_model:
         _load_weights(first, state, init_model)
     elif finetune:
@@ -290,48 +278,35 @@ def _run(
     elif not restart:
         nbatch = int(config["model"].get("data_stat_nbatch", 10))
         model_statistics(first, data.train, stat_file, nbatch, stat_mode(config), collected)
-    if ensemble > 1 and not restart:
-        _share_start(model, same_weights=bool(init_model or finetune))
+    if not restart:
+        _share_start(models, same_weights=bool(init_model or finetune))
     dist_rt.broadcast_module(model)
     # every frame's neighbour counts checked against the stat file's, and sel if strict
     from_file = not (restart or request.skip_neighbor_stat)
     limit = neighbor_limit(config, request.input_path, request.neighbor_stat_file, from_file)
     cache = NeighborListCache(limit=limit)
-    if ensemble > 1:
-        trainer = CommitteeTrainer(
-            config, model, members, data.train, data.valid, runtime, out_dir, sampling, cache
-        )
-        for member in trainer.members:
-            member.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
-        if restart:
-            paths = member_checkpoints(restart, ensemble)
-            trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
-            log.info("continuing the committee from %s at step %d", restart, trainer.step)
-        else:
-            trainer.check_statistics()
-    else:
-        trainer = Trainer(
-            config, model, data.train, data.valid, runtime, out_dir, nlist_cache=cache
-        )
-        trainer.checkpoint_extra["min_nbor_dist"] = min_nbor_dist
-        if restart:
-            trainer.load_state_dict(state)
-            log.info("continuing from %s at step %d", restart, trainer.step)
+    trainer = Trainer(
+        config, model, data.train, data.valid, runtime, out_dir, cache, sampling,
+        {"min_nbor_dist": min_nbor_dist},
+    )  # fmt: skip
+    if restart:
+        paths = member_checkpoints(restart, ensemble)
+        trainer.load_state_dicts([state] + [load_checkpoint(p) for p in paths[1:]])
+        whom = "" if ensemble == 1 else "the committee "
+        log.info("continuing %sfrom %s at step %d", whom, restart, trainer.step)
     if runtime.is_main:
         dump_config(config, output_path(out_dir, "out.json"))
-        if ensemble > 1:
-            for k, member in enumerate(members):
-                dump_config(member, output_path(member_dir(out_dir, k), "out.json"))
+        for member in trainer.members:  # each member's input, a single run's
+            if member.out_dir != out_dir:
+                dump_config(member.config, output_path(member.out_dir, "out.json"))
         with contextlib.suppress(FileNotFoundError):  # a marker of an earlier, shorter run
             os.remove(_finished_marker(out_dir))
     nparams = sum(p.numel() for p in first.parameters())
-    if ensemble > 1:
-        log.info(
-            "committee of %d models (%s sampling), %d parameters each; training for %d "
-            "steps", ensemble, sampling, nparams, trainer.numb_steps,
-        )  # fmt: skip
-    else:
-        log.info("model: %d parameters; training for %d steps", nparams, trainer.numb_steps)
+    log.info(
+        "%s: %d parameters%s; training for %d steps",
+        "model" if ensemble == 1 else f"committee of {ensemble} models ({sampling} sampling)",
+        nparams, "" if ensemble == 1 else " each", trainer.numb_steps,
+    )  # fmt: skip
     result = trainer.run(append_lcurve=bool(restart), preemption=preemption.install())
     if result.preempted:
         log.info(
@@ -349,12 +324,13 @@ def _random_seed() -> int:
     return secrets.randbits(31)
 
 
-def _committee_seeds(config: dict) -> dict:
-    """``config`` with a model seed for every null one: one base seed drawn (the same on every
-    rank) and logged; member k uses base + k (it is written to out.json)."""
+def _committee_seeds(config: dict, size: int) -> dict:
+    """``config`` with a model seed for every null one in a committee: one base seed drawn
+    (the same on every rank) and logged; member k uses base + k (it is written to out.json).
+    A single run keeps its null seeds."""
     model = config["model"]
     missing = [s for s in ("descriptor", "fitting_net") if model[s].get("seed") is None]
-    if not missing:
+    if not missing or size == 1:
         return config
     config = copy.deepcopy(config)
     base = dist_rt.run_on_main(_random_seed)
@@ -369,7 +345,10 @@ def _committee_seeds(config: dict) -> dict:
 
 def _committee_sampling(restart_state: dict | None, start_model: str | None, size: int) -> str:
     """How the members draw their frames: from the checkpoint being continued, else
-    "per-member" when they all start from one model's weights, "shared" otherwise."""
+    "per-member" when they all start from one model's weights, "shared" otherwise (a single
+    run: "shared", its one member is the input's run)."""
+    if size == 1:
+        return SHARED
     if restart_state is not None:
         saved = restart_state.get("committee")
         if not saved:
@@ -382,14 +361,14 @@ def _committee_sampling(restart_state: dict | None, start_model: str | None, siz
     return PER_MEMBER if start_model else SHARED
 
 
-def _share_start(committee, same_weights: bool) -> None:
+def _share_start(models: list, same_weights: bool) -> None:
     """Member 0's statistics (or, starting from one model, all its weights) in every member."""
     if same_weights:
-        state = committee.members[0].state_dict()
-        for member in list(committee.members)[1:]:
+        state = models[0].state_dict()
+        for member in models[1:]:
             member.load_state_dict(state)
     else:
-        committee.share_statistics()
+        share_statistics(models)
 
 
 def _write_marker(path: str, step: int) -> None:

@@ -34,10 +34,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mdtrain.errors import MDTrainError
+
+if TYPE_CHECKING:
+    from mdtrain.data import System
+    from mdtrain.distributed import Runtime
 
 _STATE_VERSION = 1
 
@@ -305,3 +310,21 @@ def _plain(obj):
     if isinstance(obj, np.generic):
         return obj.item()
     return obj
+
+
+def make_sampler(
+    systems: list[System], data_cfg: dict, seed: int, rt: Runtime | int, section: str
+) -> TrainingSampler:
+    """The sampler of one data section; ``rt`` a runtime or a world size (for checks only)."""
+    rank, world = (0, rt) if isinstance(rt, int) else (rt.rank, rt.world_size)
+    natoms = [s.natoms for s in systems]
+    nframes = [s.nframes for s in systems]
+    sources = [s.source for s in systems]  # a mixed-type system gives several
+    spec = data_cfg["batch_size"]
+    sizes = batch_sizes(spec, natoms, f"training.{section}.batch_size", sources, nframes)
+    nbatch = batches_per_epoch(nframes, sizes, world)
+    probs = system_probs(
+        nbatch, data_cfg.get("sys_probs"), data_cfg.get("auto_prob", "prob_sys_size"),
+        f"training.{section}", sources,
+    )  # fmt: skip
+    return TrainingSampler(nframes, sizes, probs, seed, rank, world)

@@ -1,6 +1,8 @@
-"""The loop around the training steps, shared by one model (``loop.Trainer``) and a
-committee (``committee.CommitteeTrainer``): display, validation, full validation, lcurve.out
-rows, checkpoints and preemption. Every rank takes every decision (stop, save) together."""
+"""The loop around the training steps: display, validation, full validation, lcurve.out
+rows, checkpoints and preemption, for every model of a run (one, or a committee's members).
+Every rank takes every decision (stop, save) together. The steps themselves are
+``loop.Trainer``'s.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,7 +21,11 @@ from mdtrain.train.display import Display
 from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, TensorLoss
 from mdtrain.train.lr import Schedule
+from mdtrain.train.precision import mixed_precision
 from mdtrain.train.signals import PreemptionHandler
+
+if TYPE_CHECKING:
+    from mdtrain.train.member import Member
 
 log = logging.getLogger("mdtrain")
 
@@ -32,14 +38,13 @@ class TrainResult:
 
 
 class TrainingLoop:
-    """The loop around the steps: display, validation, lcurve.out rows, checkpoints and
-    preemption, the same for one model (`Trainer`) and a committee
-    (``mdtrain.train.committee``). A subclass sets ``config``, ``model``, ``rt``, ``loss``,
-    ``numb_steps``, ``step``, ``disp_freq`` and ``save_freq`` and provides the step, the
-    validation, the checkpoints and the reports."""
+    """The loop around the steps (``loop.Trainer`` sets the attributes below and takes the
+    steps and the validation): each model of the run (``members``) writes its own
+    lcurve.out rows and checkpoints; the progress line shows every member's values."""
 
     config: dict
     model: torch.nn.Module
+    members: list[Member]
     rt: Runtime
     loss: EnergyLoss | TensorLoss
     lr: Schedule
@@ -47,36 +52,47 @@ class TrainingLoop:
     step: int
     disp_freq: int
     save_freq: int
+    precision: str | None
 
-    def train_step(self, lr: float) -> Any:
+    def train_step(self, lr: float) -> list[dict[str, float]]:
         raise NotImplementedError
 
-    def validate(self, lr: float) -> Any:
-        raise NotImplementedError
-
-    def save(self) -> str | None:
+    def validate(self, lr: float) -> list[dict[str, float]] | None:
         raise NotImplementedError
 
     def precision_applied(self) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
+        """The mixed-precision setting in force inside the block (``run`` trains in it)."""
+        return mixed_precision(
+            self.precision, self.members[0].model, self.rt.device, self.rt.is_main
+        )
+
+    def save(self) -> str | None:
+        """Every member's checkpoint of this step (member 0's path returned)."""
+        return [member.save() for member in self.members][0]
 
     def validate_fully(self) -> None:
-        """The ``validating`` section's full validation, when due at ``self.step``."""
+        """Each member's full validation (``validating``), when due at ``self.step``."""
+        for member in self.members:
+            member.extras.validate_fully()
 
     def finish(self, first_step: int) -> str | None:
-        """After the last step (``first_step``: where this run started); a path when a
-        checkpoint was written again."""
-        return None
+        """After the last step (``first_step``: where this run started): each member's bias
+        refit (``change_bias_after_training``); member 0's path when it wrote a checkpoint
+        again."""
+        return [member.extras.finish(first_step) for member in self.members][0]
 
-    def _open_lcurves(self, keys: list[str], append: bool) -> list[LcurveWriter]:
-        """This rank's lcurve.out writers (rank 0 only), continuing at ``self.step``."""
-        raise NotImplementedError
+    def _open_lcurves(self, keys: list[str], append: bool) -> list[LcurveWriter | None]:
+        """Each member's lcurve.out writer (rank 0 only), continuing at ``self.step``."""
+        return [member.open_lcurve(keys, append) for member in self.members]
 
     def _report(
-        self, writers: list[LcurveWriter], display: Display, lr: float, metrics, valid
+        self, writers: list[LcurveWriter | None], display: Display, lr: float, metrics, valid
     ) -> None:
         """The lcurve.out rows and the progress line of a display step."""
-        raise NotImplementedError
+        for k, writer in enumerate(writers):
+            if writer is not None:
+                writer.write(self.step, lr, metrics[k], None if valid is None else valid[k])
+        log.info(display.members_line(self.step, lr, metrics, valid))
 
     def run(
         self, append_lcurve: bool = False, preemption: PreemptionHandler | None = None
@@ -133,7 +149,8 @@ class TrainingLoop:
             raise
         finally:
             for writer in writers:
-                writer.close()
+                if writer is not None:
+                    writer.close()
         return TrainResult(self.step, preempted, last_saved)
 
     def _timeout_s(self) -> float:

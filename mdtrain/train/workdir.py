@@ -13,7 +13,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.outputs import KIND_INPUT, KIND_LCURVE, KIND_STAT, Output, check_outputs
 from mdtrain.train.checkpoint import CheckpointManager
 from mdtrain.train.prepare import output_path
-from mdtrain.train.resume import member_dir
+from mdtrain.train.resume import member_dirs
 
 
 def run_inputs(
@@ -47,7 +47,7 @@ def check_run_outputs(
         Output("output directory", out_dir, directory=True),
         Output("out.json", output_path(out_dir, "out.json"), KIND_INPUT, create=True),
     ]
-    for where in [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]:
+    for where in member_dirs(out_dir, ensemble):
         ckpt_dir = os.path.dirname(output_path(where, training["save_ckpt"])) or where
         outputs += [
             Output("output directory", where, directory=True),
@@ -69,8 +69,9 @@ def _check_start_model(
     out_dir: str, training: dict, ensemble: int, inputs: list[tuple[str, str]]
 ) -> None:
     """``--init-model``/``--finetune`` is not one of the checkpoints this run writes over."""
-    wheres = [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]
-    managers = [CheckpointManager(w, training["save_ckpt"], 1) for w in wheres]
+    managers = [
+        CheckpointManager(w, training["save_ckpt"], 1) for w in member_dirs(out_dir, ensemble)
+    ]
     for option, path in inputs:
         if option in ("--init-model", "--finetune") and any(m.owns(path) for m in managers):
             raise MDTrainError(
@@ -82,9 +83,8 @@ def _check_start_model(
 def make_output_dirs(out_dir: str, ensemble: int) -> list[str]:
     """Make the output directory (and a committee's ``member-k/``); returns the folders
     that did not exist before, parents first."""
-    wanted = [out_dir] if ensemble == 1 else [member_dir(out_dir, k) for k in range(ensemble)]
     created: list[str] = []
-    for where in wanted:
+    for where in member_dirs(out_dir, ensemble):
         missing, current = [], os.path.abspath(where)
         while not os.path.exists(current):
             missing.append(current)
