@@ -151,8 +151,9 @@ class Trainer(TrainingLoop):
         self.check_statistics()
 
     def check_statistics(self) -> None:
-        """The shared environment needs every member's davg/dstd equal."""
-        if not stats_shared([m.model for m in self.members]):
+        """The shared environment needs every member's davg/dstd equal (one model: nothing to
+        compare, and a combined model has no single descriptor)."""
+        if len(self.members) > 1 and not stats_shared([m.model for m in self.members]):
             raise MDTrainError("committee members have different davg/dstd statistics")
 
     # ----------------------------------------------------------------- one step

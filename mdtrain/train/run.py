@@ -328,9 +328,11 @@ def _committee_seeds(config: dict, size: int) -> dict:
     """``config`` with a model seed for every null one in a committee: one base seed drawn
     (the same on every rank) and logged; member k uses base + k (it is written to out.json).
     A single run keeps its null seeds."""
+    if size == 1:
+        return config
     model = config["model"]
     missing = [s for s in ("descriptor", "fitting_net") if model[s].get("seed") is None]
-    if not missing or size == 1:
+    if not missing:
         return config
     config = copy.deepcopy(config)
     base = dist_rt.run_on_main(_random_seed)
