@@ -27,7 +27,7 @@ from mdtrain.model.files import EMA_KEY
 
 log = logging.getLogger("mdtrain")
 
-__all__ = ["EMA_KEY", "WeightAverage", "ema_prefix"]
+__all__ = ["EMA_KEY", "WeightAverage", "ema_prefix", "warn_short_average"]
 
 
 def ema_prefix(save_ckpt: str) -> str:
@@ -37,6 +37,23 @@ def ema_prefix(save_ckpt: str) -> str:
     stem, dot, suffix = tail.rpartition(".")
     name = f"{stem}_ema.{suffix}" if dot and stem else f"{tail}_ema"
     return os.path.join(head, name)
+
+
+def warn_short_average(training: dict, numb_steps: int) -> None:
+    """Warn before the first step when the average will still hold much of the starting
+    weights at the end (``ema_decay ** numb_steps`` over 1 %): freeze and test deploy it, and on
+    a short run it is a much worse model than the live weights."""
+    if not training.get("enable_ema"):
+        return
+    decay = float(training.get("ema_decay", 0.999))
+    left = decay ** max(int(numb_steps), 0)
+    if left > 0.01:
+        log.warning(
+            "training.enable_ema: after %d steps the average still holds %.1f %% of the "
+            "starting weights (ema_decay %g), and freeze and test use the average "
+            "(--live-weights for the live ones); raise numb_steps or lower ema_decay",
+            numb_steps, 100 * left, decay,
+        )  # fmt: skip
 
 
 class WeightAverage:

@@ -35,6 +35,7 @@ from mdtrain.model.committee import members_of, stats_shared
 from mdtrain.neighbors.layout import layout_of
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.committee import SHARED, committee_tag, member_config
+from mdtrain.train.ema import warn_short_average
 from mdtrain.train.loss import ErrorAccumulator, check_labels, merge_metrics
 from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.member import Member
@@ -104,6 +105,7 @@ class Trainer(TrainingLoop):
         ]  # fmt: skip
         first = self.members[0]
         self.numb_steps, self.lr, self.loss = first.numb_steps, first.lr, first.loss
+        warn_short_average(training, self.numb_steps)
         # members that draw the same frames, evaluated by one forward
         self.groups = [list(range(size))] if sampling == SHARED else [[k] for k in range(size)]
         self.params = [p for m in self.members for p in m.params]

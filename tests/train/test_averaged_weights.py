@@ -6,6 +6,7 @@ and DeePMD-kit's ``model_ema.ckpt-*`` files are still written."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -150,3 +151,19 @@ def test_init_model_starts_from_the_average(ema_run, tmp_path):
     averaged = load_checkpoint(out / "model_ema.ckpt-6.pt")["model_state"]
     names = load_checkpoint(out / "model.ckpt-6.pt")["ema"]["model"]
     assert all(torch.equal(started[k], averaged[k]) for k in names)
+
+
+def test_a_short_average_is_warned_before_the_first_step(caplog):
+    """0.999 ** 2000 leaves 13.5 % of the starting weights in the average that freeze and test
+    deploy: warned; 10,000 steps leave 0.005 %: not; no EMA: never."""
+    from mdtrain.train.ema import warn_short_average
+
+    with caplog.at_level(logging.WARNING, logger="mdtrain"):
+        warn_short_average({"enable_ema": True}, 2000)
+    assert "13.5 % of the starting weights" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mdtrain"):
+        warn_short_average({"enable_ema": True}, 10_000)
+        warn_short_average({"enable_ema": False}, 10)
+        warn_short_average({"enable_ema": True, "ema_decay": 0.5}, 10)
+    assert caplog.text == ""
