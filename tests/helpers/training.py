@@ -108,15 +108,16 @@ def lcurve_rows(path: str | os.PathLike) -> np.ndarray:
     return np.loadtxt(path, ndmin=2)
 
 
-def full_validation_reference(checkpoint, system_path) -> dict[str, float]:
+def full_validation_reference(checkpoint, system_path, live: bool = True) -> dict[str, float]:
     """What ``val.log`` should show for a checkpoint on one system, computed with numpy: MAE
     and RMSE in meV of the energy per atom, the force components and the stress (minus the
-    virial over the cell volume)."""
+    virial over the cell volume). Full validation evaluates the live weights unless
+    ``ema_full_validation``; an EMA run's checkpoint otherwise stands for its average."""
     from mdtrain.data import open_system
     from mdtrain.infer.load import load_model
     from mdtrain.infer.test import evaluate_system
 
-    model = load_model(checkpoint)
+    model = load_model(checkpoint, live=live)
     system = open_system(str(system_path), ["O", "H"])
     res = evaluate_system(model, system, system.nframes)
     n = system.natoms
