@@ -143,7 +143,7 @@ class ResidualLayer(nn.Module):
         return y
 
 
-def _hidden_layers(
+def hidden_layers(
     n_in: int,
     neuron: list[int],
     activation: str,
@@ -151,6 +151,8 @@ def _hidden_layers(
     dtype: torch.dtype,
     seed: int | None,
 ) -> list[ResidualLayer]:
+    """The residual hidden layers of an embedding or fitting net, layer i seeded
+    ``child_seed(seed, i)``."""
     layers = []
     for i, n_out in enumerate(neuron):
         layers.append(
@@ -172,7 +174,7 @@ class EmbeddingNet(nn.Module):
         seed: int | None,
     ) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_hidden_layers(1, neuron, activation, resnet_dt, dtype, seed))
+        self.layers = nn.ModuleList(hidden_layers(1, neuron, activation, resnet_dt, dtype, seed))
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:
@@ -200,7 +202,7 @@ class FittingNet(nn.Module):
         seed: int | None,
     ) -> None:
         super().__init__()
-        hidden = _hidden_layers(n_in, neuron, activation, resnet_dt, dtype, seed)
+        hidden = hidden_layers(n_in, neuron, activation, resnet_dt, dtype, seed)
         last = neuron[-1] if neuron else n_in
         out = ResidualLayer(last, 1, "linear", False, False, dtype, child_seed(seed, len(neuron)))
         self.layers = nn.ModuleList([*hidden, out])

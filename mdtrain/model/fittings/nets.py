@@ -10,7 +10,7 @@ set from the descriptor: `mdtrain.config.shares_fitting_net`) one net serves eve
 import torch
 from torch import Tensor, nn
 
-from mdtrain.model.network import ResidualLayer, child_seed
+from mdtrain.model.network import ResidualLayer, child_seed, hidden_layers
 
 
 class OutputNet(nn.Module):
@@ -28,13 +28,10 @@ class OutputNet(nn.Module):
         seed: int | None,
     ) -> None:
         super().__init__()
-        sizes = [n_in, *neuron]
-        layers = [
-            ResidualLayer(a, b, activation, True, resnet_dt, dtype, child_seed(seed, i))
-            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))
-        ]
+        layers = hidden_layers(n_in, neuron, activation, resnet_dt, dtype, seed)
         out_seed = child_seed(seed, len(neuron))
-        layers.append(ResidualLayer(sizes[-1], n_out, "linear", False, False, dtype, out_seed))
+        last = neuron[-1] if neuron else n_in
+        layers.append(ResidualLayer(last, n_out, "linear", False, False, dtype, out_seed))
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x: Tensor) -> Tensor:
