@@ -17,6 +17,7 @@ from mdtrain.data import System, expand_systems, open_systems
 from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
+from mdtrain.infer.detail_output import write_output_details
 from mdtrain.infer.load import load_model, model_file
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
 from mdtrain.memory import InferenceChunker, keep_freed_memory
@@ -64,9 +65,10 @@ def run_test(args: argparse.Namespace) -> int:
     keep_freed_memory()
     model = load_model(model_path, device, scripted=args.torchscript, live=args.live_weights)
     type_map = list(model.type_map)
-    kind = getattr(model, "label", None) or getattr(model, "kind", None)
+    kind = getattr(model, "label", None)  # a tensor model's
     if kind and (args.detail_file or args.parity):
         raise MDTrainError(f"model {args.model}: -d/--parity are not written for {kind} models yet")
+    own_output = getattr(model, "output", None) is not None  # DOS, property
     outputs = output_labels(json.loads(getattr(model, "model_config_json", "") or "{}"))
     systems, labels = [], []
     for path, name in zip(*_expand(args.system), strict=True):
@@ -93,7 +95,9 @@ def run_test(args: argparse.Namespace) -> int:
     for k, (system, n) in enumerate(zip(systems, counts)):
         name = f"model {model_path}"
         result = evaluate_system(model, system, n, device, chunker, advance, name)
-        if args.detail_file:  # DeePMD-kit's files: the first system starts them
+        if args.detail_file and own_output:  # DeePMD-kit's: one file per frame
+            write_output_details(args.detail_file, result, system, labels[k], group=k)
+        elif args.detail_file:  # DeePMD-kit's files: the first system starts them
             write_details(args.detail_file, result, system, labels[k], append=k > 0)
         errors = result.errors()
         total.merge(errors)

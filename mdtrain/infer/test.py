@@ -207,7 +207,8 @@ def format_table(title: str, summary: dict) -> str:
 
 
 def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
-    """Predicted-vs-reference scatter plots: energy/atom, force components, virial/atom."""
+    """Predicted-vs-reference scatter plots: energy/atom, force components, virial/atom; for
+    a DOS or property model its frame and atomic values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,10 +218,15 @@ def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
         ("energy", "energy per atom (eV/atom)", True),
         ("force", "force components (eV/Å)", False),
         ("virial", "virial per atom (eV/atom)", True),
+        # DOS and property models: every value of every frame (and atom)
+        ("dos", "DOS values", False),
+        ("atom_dos", "atomic DOS values", False),
+        ("property", "property values", False),
+        ("atom_property", "atomic property values", False),
     ]
     panels = [p for p in panels if any(p[0] in r.label for r in results)]
     if not panels:
-        raise MDTrainError(f"--parity {path}: the systems have no energy, force or virial labels")
+        raise MDTrainError(f"--parity {path}: the systems have no labels of the model's outputs")
     rng = np.random.default_rng(seed)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
     legend = len(results) <= 8

@@ -204,6 +204,8 @@ def as_reference(model: EnergyModel) -> EnergyModel:
         )
     if type(model) is EnergyModel and compute_mode(model) is None:
         return model
+    if isinstance(model, (InvariantModel, TensorModel)):
+        return model  # these run the reference model only
     reference = EnergyModel(model.get_model_config())
     reference.load_state_dict(model.state_dict())
     return reference.to(next(model.buffers()).device).train(model.training)

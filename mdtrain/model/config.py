@@ -12,7 +12,11 @@ from typing import Any
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.registry import descriptor_class
-from mdtrain.model.fittings.config import TENSOR_TYPES, normalize_tensor_fitting
+from mdtrain.model.fittings.config import (
+    TENSOR_TYPES,
+    check_param_keys,
+    normalize_tensor_fitting,
+)
 from mdtrain.model.fittings.invariant_config import INVARIANT_TYPES, normalize_invariant_fitting
 
 FITTING_DEFAULTS: dict[str, Any] = {
@@ -90,25 +94,6 @@ def inert_settings(model_config: dict) -> list[str]:
             f"dstd floor stays {default:g}, as in DeePMD-kit)"
         ]
     return []
-
-
-def _check_params(fit: dict, where: str) -> None:
-    """numb_fparam/numb_aparam are counts; default_fparam has numb_fparam values."""
-    for key in ("numb_fparam", "numb_aparam"):
-        value = fit[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise MDTrainError(f"{where}/{key}: {value!r} must be a non-negative integer")
-    default = fit["default_fparam"]
-    if default is None:
-        return
-    if not isinstance(default, list) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in default
-    ):
-        raise MDTrainError(f"{where}/default_fparam: {default!r} must be a list of numbers")
-    if len(default) != fit["numb_fparam"]:
-        raise MDTrainError(
-            f"{where}/default_fparam: {len(default)} values but numb_fparam is {fit['numb_fparam']}"
-        )
 
 
 def stored_model_config(model_config: dict) -> dict:
@@ -200,7 +185,7 @@ def normalize_model_config(model_config: dict) -> dict:
     _store_activation(fit)
     if fit["type"] == "ener":
         _check_off(fit, "fitting_net", "model/fitting_net")
-        _check_params(fit, "model/fitting_net")
+        check_param_keys(fit, "model/fitting_net")
     _check_off(cfg, "model", "model")
     cfg["descriptor"] = desc
     cfg["fitting_net"] = fit

@@ -27,6 +27,8 @@ from mdtrain.model.deepmd_nets import (
     fitting_net_dict,
     fitting_networks,
     network_layers,
+    param_stats_in,
+    param_stats_out,
     precision_in,
     to_numpy,
 )
@@ -72,7 +74,7 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
             # compression (dp compress) keeps the fitting's bias and drops the model's out_bias
             "bias_atom_e": to_numpy(model.out_bias, torch.float64).reshape(ntypes, 1),
             "case_embd": None,
-            **_param_stats_out(fit),
+            **param_stats_out(fit),
         },
         "type_map": type_map,
         "tot_ener_zero": False,
@@ -100,32 +102,6 @@ def model_to_deepmd(model: torch.nn.Module) -> dict:
             "out_std": np.ones((1, ntypes, 1)),
         },
     }
-
-
-def _param_stats_out(fit: torch.nn.Module) -> dict:
-    """The fitting's fparam/aparam statistics as DeePMD-kit stores them (None when absent)."""
-    out = {}
-    for name in ("fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std"):
-        value = getattr(fit, name, None)
-        out[name] = None if value is None else to_numpy(value, fit.dtype)
-    return out
-
-
-def _param_stats_in(r: Reader, f: dict, counts: dict[str, int], state: dict) -> None:
-    """The fparam/aparam statistics of a DeePMD fitting dict into ``state``."""
-    variables = f.get("@variables") or {}
-    for kind, count in counts.items():
-        if count == 0:
-            continue
-        for stat, fill in (("avg", 0.0), ("inv_std", 1.0)):
-            key = f"{kind}_{stat}"
-            value = variables.get(key)
-            value = np.full(count, fill) if value is None else np.asarray(value, np.float64)
-            if value.size != count:
-                raise r.fail(
-                    f"model/fitting/@variables/{key}", f"{value.size} values, expected {count}"
-                )
-            state[f"fitting.{key}"] = torch.from_numpy(value.reshape(count).copy())
 
 
 def model_def_script(model: torch.nn.Module) -> dict:
@@ -168,7 +144,7 @@ def _fitting_in(r: Reader, f: dict, ntypes: int, state: dict) -> tuple[dict, np.
         raise r.fail(f"{where}/type", f"fitting {kind!r} is not supported (mdtrain reads ener)")
     r.off(f, "dim_case_embd", where, "a case embedding (multi-task)", allowed=(0, None))
     counts = {k: int(f.get(f"numb_{k}") or 0) for k in ("fparam", "aparam")}
-    _param_stats_in(r, f, counts, state)
+    param_stats_in(r, f, counts, state)
     for key, what in (
         ("layer_name", "shared fitting layers"),
         ("spin", "a spin model"),

@@ -186,3 +186,32 @@ def precision_in(r: Reader, value: Any, where: str) -> str:
     if value not in PRECISIONS:
         raise r.fail(f"{where}/precision", f"{value!r} is not supported by mdtrain")
     return PRECISIONS[value]
+
+
+def param_stats_out(fit: torch.nn.Module) -> dict:
+    """The fitting's fparam/aparam statistics as DeePMD-kit stores them (None when absent)."""
+    out = {}
+    for name in ("fparam_avg", "fparam_inv_std", "aparam_avg", "aparam_inv_std"):
+        value = getattr(fit, name, None)
+        out[name] = None if value is None else to_numpy(value, fit.dtype)
+    return out
+
+
+def param_stats_in(
+    r: Reader, f: dict, counts: dict[str, int], state: dict, prefix: str = "fitting"
+) -> None:
+    """The fparam/aparam statistics of a DeePMD fitting dict into ``state`` (under
+    ``<prefix>.``)."""
+    variables = f.get("@variables") or {}
+    for kind, count in counts.items():
+        if count == 0:
+            continue
+        for stat, fill in (("avg", 0.0), ("inv_std", 1.0)):
+            key = f"{kind}_{stat}"
+            value = variables.get(key)
+            value = np.full(count, fill) if value is None else np.asarray(value, np.float64)
+            if value.size != count:
+                raise r.fail(
+                    f"model/fitting/@variables/{key}", f"{value.size} values, expected {count}"
+                )
+            state[f"{prefix}.{key}"] = torch.from_numpy(value.reshape(count).copy())

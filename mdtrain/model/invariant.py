@@ -16,8 +16,6 @@ Outputs, float64: ``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k), ``<name>`` 
 ``property_name`` (the label files' names).
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 
@@ -47,6 +45,9 @@ def build_invariant_fitting(
         fit["seed"],
         exclude,
         mixed_types,
+        int(fit["numb_fparam"]),
+        int(fit["numb_aparam"]),
+        fit["default_fparam"],
     )
     for p in nets.parameters():
         p.requires_grad_(bool(fit["trainable"]))
@@ -79,10 +80,18 @@ class InvariantModel(OutputModel):
             shares_fitting_net(cfg["descriptor"]),
         )
 
-    def atomic_output(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
-        """Atomic outputs (nf, N, k) float64 from pair vectors."""
+    def atomic_output(
+        self,
+        diff: Tensor,
+        nlist: Tensor,
+        atype: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
+    ) -> Tensor:
+        """Atomic outputs (nf, N, k) float64 from pair vectors (and the frame and atomic
+        parameters of a model that takes them)."""
         d = self.descriptor(diff, nlist, atype)
-        out = self.fitting(d, atype).to(torch.float64)
+        out = self.fitting(d, atype, fparam, aparam).to(torch.float64)
         if self.kind == "property":
             index = atype if self.distinguish_types else torch.zeros_like(atype)
             out = out * self.out_std[index] + self.out_bias[index]
@@ -91,11 +100,20 @@ class InvariantModel(OutputModel):
         return out * self.atom_keep[atype].view(1, -1, 1)
 
     def forward(
-        self, coord: Tensor, atype: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
+        self,
+        coord: Tensor,
+        atype: Tensor,
+        box: Tensor | None,
+        nlist: Tensor,
+        shift: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``atom_<name>`` (nf, N, k) and ``<name>`` (nf, k); arguments as
-        `EnergyModel.forward`'s."""
-        atomic = self.atomic_output(self.pairs(coord, box, nlist, shift), nlist, atype)
+        `EnergyModel.forward`'s (``fparam`` (nf, numb_fparam), ``aparam`` (nf, N,
+        numb_aparam) for a model with frame or atomic parameters)."""
+        diff = self.pairs(coord, box, nlist, shift)
+        atomic = self.atomic_output(diff, nlist, atype, fparam, aparam)
         total = atomic.sum(dim=1)
         if self.intensive:
             total = total / self.atom_keep[atype].sum()

@@ -5,8 +5,6 @@ them, the excluded types, and the pair vectors of a batch (`mdtrain.model.conser
 evaluated as they are (no derivatives).
 """
 
-from __future__ import annotations
-
 import copy
 import json
 

@@ -282,7 +282,7 @@ class Trainer(TrainingLoop):
                     chunker = InferenceChunker(whole, whole, self.rt.device)
                     for parts in chunker.run_all(
                         lambda start, stop, g=group, s=system, f=frames: self._errors(
-                            g, s, f[start:stop], lr
+                            g, s, f[start:stop], lr, len(f)
                         ),
                         len(frames), system.natoms, system.path,
                     ):  # fmt: skip
@@ -294,18 +294,25 @@ class Trainer(TrainingLoop):
         return [ErrorAccumulator.from_tensor(s, extra).rmse() for s in sums]
 
     def _errors(
-        self, group: list[int], system: System, frames: np.ndarray, lr: float
+        self, group: list[int], system: System, frames: np.ndarray, lr: float, whole: int
     ) -> list[ErrorAccumulator]:
-        """The validation errors of the group's members on some frames of one system."""
+        """The validation errors of the group's members on some frames of one system, a chunk
+        of a batch of ``whole`` frames. The loss counted per frame is the square of the loss's
+        ``rmse`` metric at the chunk's weight (its mean loss, or for a sum over frames the
+        chunk's share of the batch's sum): chunks then add up to the whole batch."""
         batch = self._batch(system, frames)
         out = []
         for k, pred in zip(group, self._forward(group, batch.inputs()), strict=True):
             loss_of = self.members[k].loss
-            loss, metrics = loss_of(
-                {key: v.detach() for key, v in pred.items()}, batch.labels, batch.natoms, lr
+            _, metrics = loss_of(
+                {key: v.detach() for key, v in pred.items()},
+                batch.labels,
+                batch.natoms,
+                lr,
+                weight=len(frames) / whole,
             )
             acc = ErrorAccumulator(extra=loss_of.loss_metric_keys())
-            acc.add(pred, batch.labels, batch.natoms, loss=loss, metrics=metrics)
+            acc.add(pred, batch.labels, batch.natoms, loss=metrics["rmse"] ** 2, metrics=metrics)
             out.append(acc)
         return out
 

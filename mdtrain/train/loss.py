@@ -224,17 +224,18 @@ class EnergyLoss:
 
 
 def make_loss(
-    loss: Mapping, start_lr: float, model: torch.nn.Module
+    loss: Mapping, start_lr: float, model: torch.nn.Module, ranks: int = 1
 ) -> EnergyLoss | TensorLoss | DOSLoss | PropertyLoss:
     """The loss of the ``loss`` section: ``tensor`` for a dipole or polar ``model`` (its label
-    names the tensor), ``dos`` and ``property`` for those models, ``ener`` otherwise."""
+    names the tensor), ``dos`` and ``property`` for those models, ``ener`` otherwise;
+    ``ranks``: the training's world size (`PropertyLoss` scales its sums by it)."""
     kind = getattr(model, "kind", None)
     if loss.get("type") in ("dos", "property"):
         if kind != loss["type"]:
             raise MDTrainError(f"loss.type: {loss['type']!r} needs a {loss['type']} model")
         if kind == "dos":
             return DOSLoss.from_config(loss, start_lr)
-        return PropertyLoss.from_config(loss, model)
+        return PropertyLoss.from_config(loss, model, ranks)
     if loss.get("type") == "tensor":
         label = getattr(model, "label", None)
         if label is None:

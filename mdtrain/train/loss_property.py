@@ -15,6 +15,15 @@ micro-batch contributes its own sum (unweighted), so micro-batches add up to the
 exactly; ``rmse`` and ``mape`` are weighted like the other losses' means (``rmse`` of a batch
 split on out-of-memory is then the weighted mean of the micro-batches' roots, not the root of
 the whole).
+
+Over ranks (``ranks`` > 1): the trainer averages the ranks' gradients, which suits a mean over
+frames but would halve a sum over the global batch on 2 ranks. So a summed loss is the rank's
+sum times ``ranks``, and the averaged gradient is that of the sum over the global batch: one
+rank with batch 2b and two with b each take the same step (DeePMD-kit's DDP averages the
+ranks' own sums, so its step shrinks with the number of ranks; docs/deepmd-differences.md).
+``mape`` is a mean and needs no factor; ``rmse``'s root of a mean over the global batch would
+need the other ranks' errors before the backward, so it stays the ranks' mean of their roots
+(not rank-exact, as in DeePMD-kit).
 """
 
 from __future__ import annotations
@@ -41,8 +50,10 @@ class PropertyLoss:
         loss_func: str = "smooth_mae",
         metric: list[str] | None = None,
         beta: float = 1.0,
+        ranks: int = 1,
     ) -> None:
-        """``stats()``: the model's ``(out_bias[0], out_std[0])`` at the time of the call."""
+        """``stats()``: the model's ``(out_bias[0], out_std[0])`` at the time of the call;
+        ``ranks``: the training's world size (a summed loss is scaled by it)."""
         if loss_func not in LOSS_FUNCS:
             raise MDTrainError(f"loss.loss_func: {loss_func!r} is not one of {LOSS_FUNCS}")
         metric = ["mae"] if metric is None else list(metric)
@@ -53,11 +64,12 @@ class PropertyLoss:
             raise MDTrainError(f"loss.beta: {beta!r} must be > 0")
         self.label, self.intensive, self.stats = label, bool(intensive), stats
         self.loss_func, self.metric, self.beta = loss_func, metric, float(beta)
+        self.ranks = int(ranks)
 
     @classmethod
-    def from_config(cls, loss: Mapping, model: torch.nn.Module) -> PropertyLoss:
+    def from_config(cls, loss: Mapping, model: torch.nn.Module, ranks: int = 1) -> PropertyLoss:
         """From the ``loss`` section and the property ``model`` (its name, ``intensive`` and
-        output statistics)."""
+        output statistics), trained on ``ranks`` ranks."""
         return cls(
             model.output,
             model.intensive,
@@ -65,6 +77,7 @@ class PropertyLoss:
             loss.get("loss_func", "smooth_mae"),
             loss.get("metric", ["mae"]),
             float(loss.get("beta", 1.0)),
+            ranks,
         )
 
     def metric_keys(self) -> list[str]:
@@ -95,18 +108,20 @@ class PropertyLoss:
         a, b = (y - bias) / std, (p - bias) / std
         func = self.loss_func
         if func == "smooth_mae":
-            loss = F.smooth_l1_loss(a, b, reduction="sum", beta=self.beta)
+            loss = F.smooth_l1_loss(a, b, reduction="sum", beta=self.beta) * self.ranks
         elif func == "mae":
-            loss = F.l1_loss(a, b, reduction="sum")
+            loss = F.l1_loss(a, b, reduction="sum") * self.ranks
         elif func == "mse":
-            loss = F.mse_loss(a, b, reduction="sum")
+            loss = F.mse_loss(a, b, reduction="sum") * self.ranks
         elif func == "rmse":
             loss = F.mse_loss(a, b, reduction="mean").sqrt()
         else:
             loss = ((y - p) / (y + 1e-3)).abs().mean()
         metrics = {name: self._metric(name, y, p.detach()) for name in self.metric}
         if "rmse" not in metrics:
-            metrics["rmse"] = loss.detach().sqrt()
+            # merge_metrics adds weight * rmse^2 over micro-batches: a sum's share is loss/weight
+            share = loss.detach() / weight if func in _SUMMED else loss.detach()
+            metrics["rmse"] = share.sqrt()
         return loss if func in _SUMMED else loss * weight, metrics
 
     def _metric(self, name: str, y: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ class Member:
             self.numb_valid = int(vcfg.get("numb_btch", 1))
         self.numb_steps = run_length(training, self.sampler)
         self.lr = make_schedule(lr_cfg, self.numb_steps)
-        self.loss = make_loss(config["loss"], lr_cfg["start_lr"], model)
+        self.loss = make_loss(config["loss"], lr_cfg["start_lr"], model, self.rt.world_size)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         self.optimizer = build_optimizer(  # sharded over ranks with training.zero_stage 1

@@ -68,11 +68,18 @@ def output_model(kind: str, numb_dos: int = 8, intensive: bool = True) -> dict:
 
 
 def make_output_project(
-    root: str | os.PathLike, kind: str, numb_steps: int = 40, numb_dos: int = 8
+    root: str | os.PathLike,
+    kind: str,
+    numb_steps: int = 40,
+    numb_dos: int = 8,
+    numb_fparam: int = 0,
+    numb_aparam: int = 0,
 ) -> Path:
     """A DOS or property project of water-like systems: for DOS a system with frame labels
     only, one with atomic ones only (as DeePMD-kit's example) and a validation system with
-    both; for a property three systems with both; and ``input.json``."""
+    both; for a property three systems with both; and ``input.json``. With ``numb_fparam``
+    / ``numb_aparam`` every system also has random ``fparam.npy`` / ``aparam.npy`` (the
+    labels do not depend on them) and the model takes them."""
     root = Path(root)
     parts = output_model(kind, numb_dos)
     for name, seed in (("global", 1), ("atomic", 2), ("valid", 3)):
@@ -83,8 +90,15 @@ def make_output_project(
             labels = {k: labels[k] for k in keep}
         else:
             labels = property_labels(coords, types, 6.0, "band_prop", True)
+        rng = np.random.default_rng(seed + 100)
+        nf, natoms = coords.shape[0], len(types)
+        if numb_fparam:
+            labels["fparam"] = rng.normal(1.0, 0.5, size=(nf, numb_fparam))
+        if numb_aparam:
+            labels["aparam"] = rng.normal(-1.0, 2.0, size=(nf, natoms * numb_aparam))
         write_npy_system(root / "data" / name, coords, types, ["O", "H"], boxes, extra=labels)
     config = tiny_config(numb_steps=numb_steps, disp_freq=numb_steps // 2, save_freq=numb_steps)
+    parts["fitting_net"].update(numb_fparam=numb_fparam, numb_aparam=numb_aparam)
     config["model"]["fitting_net"] = parts["fitting_net"]
     config["loss"] = parts["loss"]
     config["learning_rate"] = {"type": "exp", "start_lr": 1e-2, "stop_lr": 1e-3, "decay_steps": 10}

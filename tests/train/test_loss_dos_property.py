@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mdtrain.errors import MDTrainError
+from mdtrain.train.loss import merge_metrics
 from mdtrain.train.loss_dos import DOSLoss
 from mdtrain.train.loss_property import PropertyLoss
 
@@ -127,13 +128,37 @@ def test_property_sums_over_micro_batches():
     p, y = rng.normal(size=(NF, 2)), rng.normal(size=(NF, 2))
     stats = lambda: (torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))  # noqa: E731
     loss = PropertyLoss("gap", False, stats)
-    whole = float(loss({"gap": torch.from_numpy(p)}, {"gap": torch.from_numpy(y)}, N)[0])
-    parts = sum(
-        float(loss({"gap": torch.from_numpy(p[r])}, {"gap": torch.from_numpy(y[r])}, N, 0, w)[0])
+    whole, shown = loss({"gap": torch.from_numpy(p)}, {"gap": torch.from_numpy(y)}, N)
+    split = [
+        (loss({"gap": torch.from_numpy(p[r])}, {"gap": torch.from_numpy(y[r])}, N, 0, w), w)
         for r, w in ((slice(0, 2), 2 / 3), (slice(2, 3), 1 / 3))
-    )
-    assert parts == pytest.approx(whole, rel=1e-12)
+    ]
+    assert sum(float(value) for (value, _), _ in split) == pytest.approx(float(whole), rel=1e-12)
+    merged = merge_metrics([(metrics, w) for (_, metrics), w in split])
+    assert merged["rmse"] == pytest.approx(float(shown["rmse"]), rel=1e-12)  # root of the sum
     assert loss.metric_keys() == ["mae", "rmse"] and loss.loss_metric_keys() == ["mae"]
+
+
+@pytest.mark.parametrize("func", ["smooth_mae", "mae", "mse", "rmse", "mape"])
+def test_property_loss_on_two_ranks_is_the_global_batch_sum(func):
+    """A summed loss on 2 ranks (batch b each) is scaled by 2, so the ranks' averaged
+    gradient, (g1 + g2) / 2, is that of one rank's sum over the 2b frames; a mean needs no
+    factor."""
+    rng = np.random.default_rng(5)
+    p = torch.from_numpy(rng.normal(size=(4, 2))).requires_grad_(True)
+    y = torch.from_numpy(rng.normal(size=(4, 2)))
+    stats = lambda: (torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))  # noqa: E731
+    one, two = (
+        PropertyLoss("gap", True, stats, func),
+        PropertyLoss("gap", True, stats, func, ranks=2),
+    )
+    (g_one,) = torch.autograd.grad(one({"gap": p}, {"gap": y}, N)[0], p)
+    halves = [two({"gap": p[r]}, {"gap": y[r]}, N)[0] for r in (slice(0, 2), slice(2, 4))]
+    (g_two,) = torch.autograd.grad(sum(halves) / 2, p)
+    if func == "rmse":  # the mean of the halves' roots: not the root of the whole
+        assert not torch.allclose(g_one, g_two)
+    else:
+        torch.testing.assert_close(g_two, g_one, rtol=1e-12, atol=0)
 
 
 def test_property_loss_refuses_unknown_options():

@@ -35,11 +35,16 @@ _OFF = {"numb_fparam": 0, "numb_aparam": 0, "default_fparam": None, "dim_case_em
 
 
 def fill_fitting(
-    fit: dict, defaults: dict, extra: tuple[str, ...] = (), where: str = "model/fitting_net"
+    fit: dict,
+    defaults: dict,
+    extra: tuple[str, ...] = (),
+    where: str = "model/fitting_net",
+    params: bool = False,
 ) -> dict:
     """A copy of a ``fitting_net`` section with its aliases resolved and ``defaults`` filled;
     a key neither there nor in ``extra``, or a frame/atomic-parameter key away from its "off"
-    value, is one line naming it."""
+    value, is one line naming it. With ``params`` (the DOS and property fittings) the
+    frame/atomic-parameter keys may be on, checked by `check_param_keys`."""
     out = dict(fit)
     for alias, name in _ALIASES.items():
         if alias in out and name in defaults:
@@ -51,10 +56,33 @@ def fill_fitting(
     unknown = sorted(set(out) - {"type", *defaults, *extra})
     if unknown:
         raise MDTrainError(f"{where}/{unknown[0]}: not a key of a {out.get('type')} fitting")
+    if params:
+        check_param_keys(out, where)
     for key, off in _OFF.items():
+        if params and key != "dim_case_embd":
+            continue
         if out[key] != off:
             raise MDTrainError(f"{where}/{key}: {out[key]!r} is not supported by mdtrain")
     return out
+
+
+def check_param_keys(fit: dict, where: str) -> None:
+    """numb_fparam/numb_aparam are counts; default_fparam has numb_fparam values."""
+    for key in ("numb_fparam", "numb_aparam"):
+        value = fit[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MDTrainError(f"{where}/{key}: {value!r} must be a non-negative integer")
+    default = fit["default_fparam"]
+    if default is None:
+        return
+    if not isinstance(default, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in default
+    ):
+        raise MDTrainError(f"{where}/default_fparam: {default!r} must be a list of numbers")
+    if len(default) != fit["numb_fparam"]:
+        raise MDTrainError(
+            f"{where}/default_fparam: {len(default)} values but numb_fparam is {fit['numb_fparam']}"
+        )
 
 
 def normalize_tensor_fitting(fit: dict, ntypes: int, where: str = "model/fitting_net") -> dict:

@@ -24,6 +24,8 @@ from mdtrain.model.deepmd_nets import (
     fitting_net_dict,
     fitting_networks,
     network_layers,
+    param_stats_in,
+    param_stats_out,
     precision_in,
     to_numpy,
 )
@@ -45,7 +47,8 @@ def general_fitting_dict(
 ) -> dict:
     """The keys every DeePMD-kit fitting dict (its ``GeneralFitting.serialize``) has, for the
     `TypeFittingNets` ``nets`` of section ``fcfg`` (``act``: the activation under DeePMD-kit's
-    name); no frame or atomic parameters; one net per type, or one for all (``mixed_types``)."""
+    name), with its frame and atomic parameters' counts and statistics; one net per type, or
+    one for all (``mixed_types``)."""
     ntypes = nets.ntypes
     networks = []
     for net in nets.networks:
@@ -58,13 +61,13 @@ def general_fitting_dict(
         "type": fcfg["type"],
         "var_name": var_name,
         "ntypes": ntypes,
-        "dim_descrpt": nets.dim_in,
+        "dim_descrpt": nets.dim_descrpt,
         "neuron": [int(n) for n in fcfg["neuron"]],
         "resnet_dt": bool(fcfg["resnet_dt"]),
-        "numb_fparam": 0,
-        "numb_aparam": 0,
+        "numb_fparam": nets.numb_fparam,
+        "numb_aparam": nets.numb_aparam,
         "dim_case_embd": 0,
-        "default_fparam": None,
+        "default_fparam": fcfg.get("default_fparam"),
         "rcond": fcfg.get("rcond"),
         "activation_function": act,
         "precision": PRECISION_NAMES[nets.dtype],
@@ -74,10 +77,7 @@ def general_fitting_dict(
         "@variables": {
             "bias_atom_e": to_numpy(nets.bias_atom_e),
             "case_embd": None,
-            "fparam_avg": None,
-            "fparam_inv_std": None,
-            "aparam_avg": None,
-            "aparam_inv_std": None,
+            **param_stats_out(nets),
         },
         "type_map": list(type_map),
         "tot_ener_zero": False,
@@ -89,14 +89,23 @@ def general_fitting_dict(
 
 
 def read_general_fitting(
-    r: Reader, f: dict, ntypes: int, prefix: str, state: dict[str, torch.Tensor]
+    r: Reader,
+    f: dict,
+    ntypes: int,
+    prefix: str,
+    state: dict[str, torch.Tensor],
+    params: bool = False,
 ) -> dict[str, Any]:
     """The common part of a ``fitting_net`` section from DeePMD-kit's fitting dict ``f``
     (what mdtrain cannot run refused by name); the nets' parameters go into ``state`` under
-    ``<prefix>.networks.*``, ``bias_atom_e`` (ntypes, outputs) under ``<prefix>.bias_atom_e``."""
+    ``<prefix>.networks.*``, ``bias_atom_e`` (ntypes, outputs) under ``<prefix>.bias_atom_e``.
+    With ``params`` (the DOS and property fittings) frame and atomic parameters are read:
+    their counts and ``default_fparam`` into the section, their statistics into ``state``."""
     where = "model/fitting"
+    counts = {k: int(f.get(f"numb_{k}") or 0) for k in ("fparam", "aparam")}
     for key, (what, allowed) in UNSUPPORTED.items():
-        r.off(f, key, where, what, allowed=allowed)
+        if not (params and key in ("numb_fparam", "numb_aparam")):
+            r.off(f, key, where, what, allowed=allowed)
     networks = fitting_networks(r, f, ntypes, where)
     for t, net in enumerate(networks):
         network_layers(r, net, f"{where}/nets/networks/{t}", f"{prefix}.networks.{t}", state)
@@ -104,7 +113,7 @@ def read_general_fitting(
     bias = r.array(variables, "bias_atom_e", where).astype(np.float64)
     state[f"{prefix}.bias_atom_e"] = torch.from_numpy(bias.reshape(ntypes, -1).copy())
     act = activation_in(r, f.get("activation_function", "tanh"), where)
-    return {
+    section = {
         "type": f.get("type"),
         "neuron": [int(n) for n in r.get(f, "neuron", where)],
         "activation_function": "linear" if act == "none" else act,
@@ -112,6 +121,14 @@ def read_general_fitting(
         "precision": precision_in(r, f.get("precision", "float64"), where),
         "seed": None,
     }
+    if params:
+        param_stats_in(r, f, counts, state, prefix)
+        section.update(
+            numb_fparam=counts["fparam"],
+            numb_aparam=counts["aparam"],
+            default_fparam=f.get("default_fparam"),
+        )
+    return section
 
 
 def fitting_to_deepmd(fitting: torch.nn.Module, fcfg: dict, type_map: list[str], act: str) -> dict:

@@ -1,7 +1,7 @@
 """The ``fitting_net`` section of a DOS or property model: DeePMD-kit 3.2's keys and defaults
 (``deepmd/utils/argcheck.py``: ``fitting_dos``, ``fitting_property``), checked with one-line
-errors naming the JSON path. Frame and atomic parameters and case embeddings are accepted at
-their "off" values only.
+errors naming the JSON path. Frame and atomic parameters (``numb_fparam``, ``numb_aparam``,
+``default_fparam``) as for the energy fitting; case embeddings at their "off" value only.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def normalize_invariant_fitting(fit: dict, where: str = "model/fitting_net") -> 
     if kind not in INVARIANT_TYPES:
         raise MDTrainError(f"{where}/type: {kind!r} is not one of {INVARIANT_TYPES}")
     extra = ("property_name",) if kind == "property" else ()
-    out = fill_fitting(fit, DEFAULTS[kind], extra, where)
+    out = fill_fitting(fit, DEFAULTS[kind], extra, where, params=True)
     if not isinstance(out["trainable"], bool):
         raise MDTrainError(f"{where}/trainable: only true/false is supported")
     for key in ("intensive", "distinguish_types"):

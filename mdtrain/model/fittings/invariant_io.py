@@ -5,7 +5,9 @@ both ``InvarFitting``) ``serialize`` writes: the common fitting keys
 (`mdtrain.model.fittings.deepmd_io.general_fitting_dict`: per-type ``FittingNetwork``s of
 ``dim_out`` outputs, ``numb_dos`` / ``task_dim``, ``bias_atom_e`` (ntypes, dim_out)), and
 for a property ``property_name`` (as ``var_name``), ``task_dim``, ``intensive`` and
-``distinguish_types``. What mdtrain cannot run is refused by name.
+``distinguish_types``; frame and atomic parameters (``numb_fparam``, ``numb_aparam``,
+``default_fparam`` and their statistics) both ways. What mdtrain cannot run is refused by
+name.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def invariant_fitting_from_deepmd(
     kind = f.get("type")
     if kind not in _VERSIONS:
         raise r.fail(f"{where}/type", f"{kind!r} is not a dos or property fitting")
-    section = read_general_fitting(r, f, ntypes, "fitting", state)
+    section = read_general_fitting(r, f, ntypes, "fitting", state, params=True)
     width = int(r.get(f, "dim_out", where))
     if state["fitting.bias_atom_e"].shape != (ntypes, width):
         raise r.fail(f"{where}/@variables/bias_atom_e", f"not of shape ({ntypes}, {width})")

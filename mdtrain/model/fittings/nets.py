@@ -10,6 +10,7 @@ set from the descriptor: `mdtrain.config.shares_fitting_net`) one net serves eve
 import torch
 from torch import Tensor, nn
 
+from mdtrain.model.fittings.params import ParamFitting
 from mdtrain.model.network import ResidualLayer, child_seed, hidden_layers
 
 
@@ -40,13 +41,14 @@ class OutputNet(nn.Module):
         return x
 
 
-class TypeFittingNets(nn.Module):
+class TypeFittingNets(ParamFitting):
     """One `OutputNet` per atom type (``mixed_types``: one for all, ``networks[0]``); buffer
-    ``bias_atom_e`` (ntypes, n_out) float64."""
+    ``bias_atom_e`` (ntypes, n_out) float64. Frame and atomic parameters (`ParamFitting`:
+    ``numb_fparam``, ``numb_aparam``) are appended to the descriptor rows, as DeePMD-kit's
+    DOS and property fittings take them; ``dim_in`` counts them, ``dim_descrpt`` not."""
 
     ntypes: int
     mixed_types: bool
-    dim_in: int
     n_out: int
 
     def __init__(
@@ -61,15 +63,25 @@ class TypeFittingNets(nn.Module):
         seed: int | None = None,
         exclude_types: list[int] | None = None,
         mixed_types: bool = False,
+        numb_fparam: int = 0,
+        numb_aparam: int = 0,
+        default_fparam: list[float] | None = None,
     ) -> None:
         super().__init__()
-        self.ntypes, self.dim_in, self.n_out = ntypes, dim_in, n_out
+        self.ntypes, self.n_out = ntypes, n_out
+        self.init_params(dim_in, numb_fparam, numb_aparam, default_fparam)
         self.mixed_types = bool(mixed_types)
         self.dtype = dtype
         self.networks = nn.ModuleList(
             [
                 OutputNet(
-                    dim_in, n_out, list(neuron), activation, resnet_dt, dtype, child_seed(seed, t)
+                    self.dim_in,
+                    n_out,
+                    list(neuron),
+                    activation,
+                    resnet_dt,
+                    dtype,
+                    child_seed(seed, t),
                 )
                 for t in range(1 if self.mixed_types else ntypes)
             ]
@@ -80,10 +92,17 @@ class TypeFittingNets(nn.Module):
             keep[int(t)] = 0.0
         self.register_buffer("type_keep", keep, persistent=False)
 
-    def forward(self, descriptor: Tensor, atype: Tensor) -> Tensor:
-        """(nf, N, n_out) in the fitting dtype from D (nf, N, dim_in)."""
+    def forward(
+        self,
+        descriptor: Tensor,
+        atype: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
+    ) -> Tensor:
+        """(nf, N, n_out) in the fitting dtype from D (nf, N, dim_descrpt) and the
+        parameters."""
         nf, natoms = descriptor.shape[0], descriptor.shape[1]
-        x = descriptor.to(self.dtype)
+        x = self.with_params(descriptor, fparam, aparam).to(self.dtype)
         out = torch.zeros(nf, natoms, self.n_out, dtype=self.dtype, device=descriptor.device)
         if self.mixed_types:
             for net in self.networks:  # the one net (TorchScript indexes no ModuleList)
