@@ -9,6 +9,7 @@ import logging
 import os
 
 from mdtrain.data import expand_systems, open_system
+from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.change_bias import (
     default_output,
@@ -17,6 +18,7 @@ from mdtrain.infer.change_bias import (
     read_model,
     write_model,
 )
+from mdtrain.infer.change_output_bias import fit_output_bias, set_output_bias
 from mdtrain.outputs import Output, check_outputs, file_kind
 
 log = logging.getLogger("mdtrain.change_bias")
@@ -43,6 +45,8 @@ def run_change_bias(args: argparse.Namespace) -> int:
     if args.numb_batch < 0:
         raise MDTrainError(f"-n/--numb-batch must be >= 0, got {args.numb_batch}")
     model, state = read_model(args.model)
+    if getattr(model, "output", None) is not None:  # a DOS or property model
+        return _change_output_bias(args, model, state, output)
     if not hasattr(model, "set_out_bias"):
         raise MDTrainError(
             f"model {args.model}: a frozen model without its model_config; change the bias "
@@ -60,6 +64,33 @@ def run_change_bias(args: argparse.Namespace) -> int:
     new = model.out_bias.detach().cpu().numpy()
     for name, before, after in zip(model.type_map, old, new, strict=True):
         print(f"{name}: {before:.10g} -> {after:.10g}")
+    write_model(model, args.model, state, output)
+    log.info("saved the model with the changed bias to %s", output)
+    return 0
+
+
+def _change_output_bias(args: argparse.Namespace, model, state: dict, output: str) -> int:
+    """``change-bias`` of a DOS or property model (`mdtrain.infer.change_output_bias`)."""
+    if args.bias_value is not None:
+        raise MDTrainError(
+            f"-b/--bias-value: only an energy model's bias can be given (model {args.model} "
+            f"is a {model.kind} model; use -m change or -m set)"
+        )
+    if not hasattr(model, "get_model_config"):
+        raise MDTrainError(
+            f"model {args.model}: a frozen model without its model_config; change the bias "
+            "of its checkpoint instead"
+        )
+    labels = output_labels(model.get_model_config())
+    systems = [open_system(p, list(model.type_map), labels) for p in _system_paths(args)]
+    counts = [min(args.numb_batch or s.nframes, s.nframes) for s in systems]
+    old = model.out_bias.detach().cpu().numpy().copy()
+    bias, std = fit_output_bias(model, systems, counts, args.mode)
+    set_output_bias(model, bias, std)
+    log.info("fitted on %d frames of %d system(s)", sum(counts), len(systems))
+    for name, before, after in zip(model.type_map, old, bias, strict=True):
+        print(f"{name}: {model.output} bias (mean of {before.size} values) "
+              f"{before.mean():.10g} -> {after.mean():.10g}")  # fmt: skip
     write_model(model, args.model, state, output)
     log.info("saved the model with the changed bias to %s", output)
     return 0

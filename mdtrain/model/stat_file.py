@@ -3,7 +3,9 @@ make a cached entry valid. ``stats/`` computes the numbers; this module only sto
 
 Layout: ``/<type_map joined by spaces>/<sha1 of the descriptor settings>/{r_0, a_0, r_1, ...}`` (the
 descriptor's ``stat_groups`` per type)
-and ``/<type_map>/bias_atom_energy``, ``std_atom_energy`` (ntypes, 1). The hash covers every
+and ``/<type_map>/bias_atom_energy``, ``std_atom_energy`` (ntypes, 1); a DOS or property
+model's ``/<type_map>/<sha1 of its output settings>/bias_atom_<name>``, ``std_atom_<name>``
+(ntypes, values per atom; DeePMD-kit's names, ``<name>`` ``dos`` or the ``property_name``). The hash covers every
 setting that changes the numbers (the descriptor's ``stat_settings``: type, rcut, rcut_smth,
 sel, exclusions, env_protection), at full
 precision, so a changed setting never reuses stale entries. The root attribute ``DATA_ATTR``
@@ -26,6 +28,21 @@ from mdtrain.errors import MDTrainError
 def descriptor_stat_hash(model) -> str:
     """sha1 of every descriptor setting the env-matrix sums depend on."""
     settings = model.descriptor.stat_settings()
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def output_stat_hash(model) -> str:
+    """sha1 of every setting a DOS or property model's output statistics depend on (its
+    output, width, ``intensive``, ``distinguish_types``, excluded types and ``rcond``)."""
+    fit = model.get_model_config()["fitting_net"]
+    settings = {
+        "output": model.output,
+        "width": int(model.width),
+        "intensive": bool(model.intensive),
+        "distinguish_types": bool(model.distinguish_types),
+        "excluded": [int(t) for t in model.excluded],
+        "rcond": fit.get("rcond"),
+    }
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

@@ -30,6 +30,7 @@ from mdtrain.model.stat_file import (
     DATA_ATTR,
     data_summary,
     descriptor_stat_hash,
+    output_stat_hash,
     read_stat_file_and_attrs,
     write_stat_file,
 )
@@ -180,9 +181,16 @@ def _model_stats(
         davg, dstd = desc.stats_from_items(found)
         desc.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
     if own_output:  # every rank takes every sampled frame: the same statistics everywhere
-        rcond = model.get_model_config()["fitting_net"].get("rcond")
-        plan_all = my_stat_plan(systems, nbatch, batch_size)
-        bias, std = output_stats(model, systems, plan_all, rcond)
+        okey = f"{root}/{output_stat_hash(model)}"
+        obkey, oskey = f"{okey}/bias_atom_{model.output}", f"{okey}/std_atom_{model.output}"
+        if obkey in stored and oskey in stored:
+            bias, std = stored[obkey], stored[oskey]
+            log.info("%s output statistics loaded from %s", model.output, stat_file)
+        else:
+            rcond = model.get_model_config()["fitting_net"].get("rcond")
+            plan_all = my_stat_plan(systems, nbatch, batch_size)
+            bias, std = output_stats(model, systems, plan_all, rcond)
+            new[obkey], new[oskey] = bias, std
         model.out_bias.copy_(torch.from_numpy(bias))
         model.out_std.copy_(torch.from_numpy(std))
         if report:

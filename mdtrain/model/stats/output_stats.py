@@ -17,18 +17,25 @@ types that have none (NaN left where neither has any, then zero, as DeePMD-kit's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 
 def output_stats(
-    model, systems: Sequence[Any], plan: list[tuple[int, int, int]], rcond: float | None = None
+    model,
+    systems: Sequence[Any],
+    plan: list[tuple[int, int, int]],
+    rcond: float | None = None,
+    predict: Callable[[int, list[int]], dict[str, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(out_bias, out_std)`` (ntypes, k) float64 of ``model`` (an `InvariantModel`) over the
     frames of ``plan`` ((system, start, stop) rows); zeros and ones when no frame has a
-    label."""
+    label. With ``predict(system index, frames)`` (the model's outputs ``<name>`` (nf, k) and
+    ``atom_<name>`` (nf, N, k) on those frames) the statistics are those of the labels minus
+    the predictions: the shift of ``change-bias -m change`` (DeePMD-kit's
+    ``change-by-statistic``)."""
     ntypes, width, name = model.ntypes, model.width, model.output
     keep = model.atom_keep.cpu().numpy()
     atomic: list[list[np.ndarray]] = [[] for _ in range(ntypes)]
@@ -40,6 +47,9 @@ def output_stats(
     for index, frames in spans.items():
         system = systems[index]
         data = system.frames(frames, labels=(name, f"atom_{name}"), positions=False)
+        if predict is not None:
+            pred = predict(index, frames)
+            data = {k: v - pred[k].reshape(v.shape) for k, v in data.items() if k in pred}
         if f"atom_{name}" in data:
             values = data[f"atom_{name}"].reshape(len(frames), system.natoms, width)
             for t in range(ntypes):
