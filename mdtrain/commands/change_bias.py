@@ -18,7 +18,7 @@ from mdtrain.infer.change_bias import (
     read_model,
     write_model,
 )
-from mdtrain.infer.change_output_bias import fit_output_bias, set_output_bias
+from mdtrain.infer.change_output_bias import fit_output_bias
 from mdtrain.outputs import Output, check_outputs, file_kind
 
 log = logging.getLogger("mdtrain.change_bias")
@@ -47,6 +47,11 @@ def run_change_bias(args: argparse.Namespace) -> int:
     model, state = read_model(args.model)
     if getattr(model, "output", None) is not None:  # a DOS or property model
         return _change_output_bias(args, model, state, output)
+    if getattr(model, "label", None) is not None:  # a dipole or polar model
+        raise MDTrainError(
+            f"model {args.model}: change-bias changes energy, DOS and property models, not a "
+            f"{model.kind} model"
+        )
     if not hasattr(model, "set_out_bias"):
         raise MDTrainError(
             f"model {args.model}: a frozen model without its model_config; change the bias "
@@ -86,7 +91,7 @@ def _change_output_bias(args: argparse.Namespace, model, state: dict, output: st
     counts = [min(args.numb_batch or s.nframes, s.nframes) for s in systems]
     old = model.out_bias.detach().cpu().numpy().copy()
     bias, std = fit_output_bias(model, systems, counts, args.mode)
-    set_output_bias(model, bias, std)
+    model.set_out_bias(bias, std)
     log.info("fitted on %d frames of %d system(s)", sum(counts), len(systems))
     for name, before, after in zip(model.type_map, old, bias, strict=True):
         print(f"{name}: {model.output} bias (mean of {before.size} values) "

@@ -64,9 +64,3 @@ def fit_output_bias(
     if mode == "change":
         bias = model.out_bias.detach().cpu().numpy() + bias
     return bias, std
-
-
-def set_output_bias(model: torch.nn.Module, bias: np.ndarray, std: np.ndarray) -> None:
-    """Install ``(out_bias, out_std)`` in the model's buffers."""
-    model.out_bias.copy_(torch.as_tensor(bias, dtype=model.out_bias.dtype))
-    model.out_std.copy_(torch.as_tensor(std, dtype=model.out_std.dtype))

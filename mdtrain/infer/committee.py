@@ -54,12 +54,20 @@ def expand_models(paths: list[str | os.PathLike]) -> list[str]:
 
 
 def check_committee(models: list[torch.nn.Module], names: list[str]) -> None:
-    """One-line errors for fewer than two models or differing type maps (``names`` label
-    the models in them); a warning for members with identical weights."""
+    """One-line errors for fewer than two models, models without forces (DOS, property,
+    dipole, polar) or differing type maps (``names`` label the models in them); a warning for
+    members with identical weights."""
     if len(models) < 2:
         raise MDTrainError(
             f"a committee needs at least two models, got {len(models)} ({' '.join(names)})"
         )
+    for name, model in zip(names, models):
+        kind = getattr(model, "kind", None)
+        if getattr(model, "output", None) is not None or getattr(model, "label", None):
+            raise MDTrainError(
+                f"model {name}: a {kind} model has no energies or forces, and the committee's "
+                "deviation is that of forces, energies and virials (DeePMD-kit's model-devi)"
+            )
     type_map = list(models[0].type_map)
     for name, model in zip(names[1:], models[1:]):
         if list(model.type_map) != type_map:

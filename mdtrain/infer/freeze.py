@@ -61,6 +61,12 @@ def export_model(
     model: torch.nn.Module, output: str | os.PathLike, extra: dict | None = None
 ) -> None:
     """Save ``export_program(model)`` with its metadata as ``output`` (``.pt2``)."""
+    kind = getattr(model, "kind", None)
+    if getattr(model, "output", None) is not None or getattr(model, "label", None):
+        raise MDTrainError(
+            f"freeze: a {kind} model is not exported to .pt2 (energy models are); "
+            "freeze it to .pth or .dp"
+        )
     output = _check_directory(output)
     program = export_program(model)
     metadata = _metadata(model, "mdtrain-exported", extra)

@@ -44,6 +44,16 @@ class OutputModel(nn.Module):
         self.register_buffer("atom_keep", keep, persistent=False)
         self.backend = "reference"
 
+    @torch.no_grad()
+    def set_out_bias(self, bias, std=None) -> None:
+        """Install ``out_bias`` (ntypes, values per atom) and, optionally, ``out_std`` (a
+        committee's members take the first one's)."""
+        self.out_bias.copy_(torch.as_tensor(bias, dtype=torch.float64).reshape(self.out_bias.shape))
+        if std is not None:
+            self.out_std.copy_(
+                torch.as_tensor(std, dtype=torch.float64).reshape(self.out_std.shape)
+            )
+
     def get_model_config(self) -> dict:
         """The normalised ``model`` section; the class built from it rebuilds this model."""
         return copy.deepcopy(self._config)
