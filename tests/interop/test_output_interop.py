@@ -69,14 +69,14 @@ def test_dp_test_prints_the_figures_of_mdtrain_test(
 @pytest.mark.parametrize("kind", ["dos", "property"])
 def test_parameters_and_detail_files_agree_with_dp_test(deepmd_pt, tmp_path, monkeypatch, kind):
     """A model with frame and atomic parameters (``numb_fparam`` 2, ``numb_aparam`` 1):
-    ``dp --pt test -d`` on the converted ``.dp`` prints mdtrain's figures and writes the
-    per-frame detail files ``mdtrain test -d`` writes, to 1e-10."""
+    ``dp --pt test -a -d`` on the converted ``.dp`` prints mdtrain's figures and writes the
+    per-frame detail files (frame and atomic values) ``mdtrain test -d`` writes, to 1e-10."""
     inp = make_output_project(tmp_path, kind, numb_steps=10, numb_fparam=2, numb_aparam=1)
     monkeypatch.chdir(tmp_path)
     assert main(["train", str(inp), "-o", "out"]) == 0
     assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "model.dp"]) == 0
     deepmd_pt.dp_cmd(["convert-backend", "model.dp", "model.pth"], tmp_path)
-    dp_args = ["--pt", "test", "-m", "model.pth", "-s", "data/valid", "-d", "dp/detail.txt"]
+    dp_args = ["--pt", "test", "-m", "model.pth", "-s", "data/valid", "-d", "dp/detail.txt", "-a"]
     (tmp_path / "dp").mkdir()
     dp_test = deepmd_pt.dp_cmd(dp_args, tmp_path)
     args = ["test", "-m", "model.dp", "-s", "data/valid", "-d", "md/detail.txt"]
@@ -87,9 +87,9 @@ def test_parameters_and_detail_files_agree_with_dp_test(deepmd_pt, tmp_path, mon
         theirs = re.findall(rf"{re.escape(line)}\s*:\s*(\S+)", dp_test)
         assert theirs, f"no {line!r} in dp test's output"
         assert ours[key] == pytest.approx(float(theirs[-1]), rel=1e-6)
-    suffix = "dos" if kind == "dos" else "property"
-    theirs = sorted(p.name for p in (tmp_path / "dp").glob(f"detail.{suffix}.out.*"))
-    assert len(theirs) == 6
+    suffixes = ("dos", "ados") if kind == "dos" else ("property", "aproperty")
+    theirs = sorted(p.name for s in suffixes for p in (tmp_path / "dp").glob(f"detail.{s}.out.*"))
+    assert len(theirs) == 12  # 6 frames, frame and atomic values (dp test -a)
     for name in theirs:
         a, b = tmp_path / "dp" / name, tmp_path / "md" / name
         assert a.read_text().splitlines()[0] == b.read_text().splitlines()[0]
