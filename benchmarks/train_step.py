@@ -120,11 +120,12 @@ def _trainer(config: dict, data, runtime, size: int, out_dir: str, uncached: boo
     fresh_times: list[float] = []
     if cache is not None:
         # steady state of a long run: every training frame has been drawn before
-        d = config["model"]["descriptor"]
+        # the trainer's own lists (a type-mixed or hybrid descriptor's layout and sel)
+        rcut, sel, layout = trainer.lists
         for system in data.train:
             for frame in range(system.nframes):
                 t0 = time.perf_counter()
-                make_batch(system, [frame], d["rcut"], d["sel"], "cpu", cache)
+                make_batch(system, [frame], rcut, sel, "cpu", cache, layout, trainer.param_spec)
                 fresh_times.append(time.perf_counter() - t0)
     model.train()
     return trainer, batch_times, fresh_times
@@ -181,7 +182,7 @@ def measure(
         "steps": steps,
         "warmup": warmup,
         "natoms": natoms,
-        "sel": list(config["model"]["descriptor"]["sel"]),
+        "sel": list(trainer.lists[1]),
         "batch_size": training["training_data"]["batch_size"],
         "uncached": uncached,
         "ensemble": ensemble,

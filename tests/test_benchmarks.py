@@ -170,3 +170,34 @@ def test_descriptor_speed_input_and_slopes(tmp_path):
     (w2, c2), (w4, c4) = run["marks"][2], run["marks"][4]
     assert 0.15 < w4 - w2 < 30.0 and 0.0 <= c4 - c2 < 0.15  # asleep: wall time, little CPU
     assert speed.cpu_seconds(os.getpid()) > 0.0
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [
+        {"type": "se_atten", "sel": 24, "rcut": 4.0, "rcut_smth": 0.5, "neuron": [4, 8],
+         "axis_neuron": 4, "attn": 8, "attn_layer": 1, "seed": 1},
+        {"type": "hybrid", "list": [
+            {"type": "se_e2_a", "sel": [8, 16], "rcut": 3.0, "rcut_smth": 0.5,
+             "neuron": [4, 8], "axis_neuron": 4, "seed": 1},
+            {"type": "se_e2_r", "sel": [10, 20], "rcut": 4.0, "rcut_smth": 0.5,
+             "neuron": [4, 8], "seed": 1},
+        ]},
+    ],
+    ids=["se_atten", "hybrid"],
+)  # fmt: skip
+def test_train_step_times_type_mixed_and_hybrid_descriptors(tmp_path, descriptor):
+    """benchmarks/train_step.py fills its neighbour-list cache with the trainer's own lists: an
+    integer ``sel`` (type-mixed) and a hybrid's members no longer break it."""
+    inp = make_project(tmp_path, numb_steps=1)
+    config = json.loads(inp.read_text())
+    config["model"]["descriptor"] = descriptor
+    inp.write_text(json.dumps(config))
+    out = tmp_path / "step.json"
+    cmd = [sys.executable, str(BENCHMARKS / "train_step.py"), str(inp), "--precision", "float64"]
+    cmd += ["--threads", "1", "--steps", "1", "--warmup", "1", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (result,) = json.loads(out.read_text())
+    assert result["wall_s_per_step"] > 0 and result["batch_uncached_s"] > 0
+    assert sum(result["sel"]) >= 24  # the largest list (the hybrid's union)
