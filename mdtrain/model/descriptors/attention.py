@@ -9,6 +9,8 @@ slots are zeroed, ``attn_dotr`` multiplies by the cosines ``r̂_i·r̂_j``; the 
 projection of ``A v`` is added to ``G`` and layer-normalised.
 """
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -92,6 +94,12 @@ class GatedAttentionLayer(nn.Module):
         residual = g if out_bias is None else g + out_bias
         return self.norm(torch.bmm(weights, vw.view(nb, nnei, width)) + residual)
 
+    def idle(self, g: Tensor) -> Tensor:
+        """The layer on slots whose row of weights is 0 (empty queries): ``norm(g + b_out)``,
+        bit for bit what `forward` gives them (its ``A (v W_out)`` row is exactly 0)."""
+        out_bias = self.out_proj.bias
+        return self.norm(g if out_bias is None else g + out_bias)
+
     def to_deepmd(self, nnei: int, ln_eps: float, trainable_ln: bool, precision: str) -> dict:
         """DeePMD-kit's layer dict; ``precision`` the configured name ("default" stays)."""
         common = {
@@ -143,8 +151,63 @@ def _inverse_norm(x: Tensor) -> Tensor:
     return 1.0 / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=1e-12)
 
 
+class AttentionStack(nn.ModuleList):
+    """The ``attn_layer`` layers (a ModuleList: DeePMD-kit's and the checkpoints' parameter
+    names ``attention.K.…``), run together by `forward` with the empty slots left out."""
+
+    smooth: bool
+    dotr: bool
+
+    def __init__(self, layers: list[GatedAttentionLayer], smooth: bool, dotr: bool) -> None:
+        super().__init__(layers)
+        self.smooth, self.dotr = bool(smooth), bool(dotr)
+
+    def forward(self, g: Tensor, mask: Tensor, sw: Tensor, r_hat: Tensor) -> Tensor:
+        """The layers on ``g`` (B, nnei, M), the empty slots left out of the products.
+
+        An empty slot (mask False: padding or an excluded pair) never weighs in a real row:
+        its own row of weights is 0, so it only goes through ``norm(g + b_out)`` per layer
+        (`GatedAttentionLayer.idle`); as a key it has the logit −1e30 (not smooth: no share
+        of the softmax) or exactly −20 (smooth: its switch zeroes its ``q·k``), which adds
+        ``exp(−20 − max)`` to every row's denominator. So the slots are ordered real first
+        (stable), the products run on the first ``K`` (the most real slots of any centre),
+        and the ``nnei − K`` empty ones after them are idle; when smooth, one of these stays
+        in the window as the key standing for all of them, its logit raised by
+        ``log(nnei − K)``. The logits cost ``K²`` instead of ``nnei²``; the result, in the
+        slots' own order, is the full stack's to rounding (tests/model/test_attention.py)."""
+        nnei = g.shape[1]
+        real = int(mask.sum(dim=1).max()) if mask.shape[0] > 0 else 0
+        window = real + 1 if self.smooth else real
+        if window >= nnei:  # nothing to leave out
+            inputs = attention_inputs(mask, sw, r_hat, self.smooth, self.dotr, 0)
+            for layer in self:
+                g = layer(g, inputs[0], inputs[1], inputs[2])
+            return g
+        window = max(window, 1)
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True)[1]  # real slots first
+        head, tail = order[:, :window], order[:, window:]
+        folded = nnei - real if self.smooth else 0
+        inputs = attention_inputs(
+            mask.gather(1, head), sw.gather(1, head), _rows(r_hat, head), self.smooth,
+            self.dotr, folded,
+        )  # fmt: skip
+        active, idle = _rows(g, head), _rows(g, tail)
+        for layer in self:
+            active = layer(active, inputs[0], inputs[1], inputs[2])
+            idle = layer.idle(idle)
+        inverse = torch.empty_like(order).scatter_(
+            1, order, torch.arange(nnei, device=order.device).expand_as(order)
+        )
+        return _rows(torch.cat([active, idle], dim=1), inverse)
+
+
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[b, index[b, j]]`` for (B, n, C) ``x`` and (B, m) ``index``."""
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
 def attention_inputs(
-    mask: Tensor, sw: Tensor, r_hat: Tensor, smooth: bool, dotr: bool
+    mask: Tensor, sw: Tensor, r_hat: Tensor, smooth: bool, dotr: bool, folded: int = 0
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(bias, gate, sw)`` of `GatedAttentionLayer.forward` from the slots' mask (B, nnei)
     bool, switch (B, nnei) and unit directions (B, nnei, 3). Smooth: the logits
@@ -152,11 +215,17 @@ def attention_inputs(
     bias ``20·s_i·s_j − 20``, and the weights are multiplied by ``s_i·s_j``; otherwise
     empty keys get a bias of −1e30 (a finite floor, not −inf: a centre without neighbours
     keeps finite values and gradients) and the switch is 1. The weights of a row of an
-    empty slot are 0, and times ``r̂_i·r̂_j`` when ``dotr``."""
+    empty slot are 0, and times ``r̂_i·r̂_j`` when ``dotr``. ``folded`` (smooth only): the
+    last slot, empty, stands for that many empty keys left out (`AttentionStack`): its logit, −20,
+    is raised by ``log(folded)``."""
     gate = mask.unsqueeze(2).to(sw.dtype)
     if smooth:
         pair_sw = sw.unsqueeze(2) * sw.unsqueeze(1)
         bias = 20.0 * pair_sw - 20.0  # 20: DeePMD-kit's attnw_shift
+        if folded > 1:  # (a product with the scalar: TorchScript would store it as float32)
+            width = sw.shape[1]
+            last = torch.arange(width, device=sw.device) == width - 1
+            bias = bias + last.to(sw.dtype) * math.log(folded)
         gate = gate * pair_sw
         column = sw.unsqueeze(2)
     else:

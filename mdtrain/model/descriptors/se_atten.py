@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.attention import GatedAttentionLayer, attention_inputs
+from mdtrain.model.descriptors.attention import AttentionStack, GatedAttentionLayer
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
 from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
@@ -174,7 +174,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
             if self.strip
             else None
         )
-        self.attention = nn.ModuleList(
+        layers = [
             GatedAttentionLayer(
                 self.ng,
                 attn,
@@ -190,7 +190,8 @@ class DescriptorSeAtten(MixedTypesDescriptor):
                 trainable,
             )  # fmt: skip
             for k in range(int(attn_layer))
-        )
+        ]
+        self.attention = AttentionStack(layers, self.smooth, self.attn_dotr)
         gain = torch.normal(0.0, 0.1, (max(lmax - 1, 0),), generator=_gen(seed, 4))
         self.degree_gain = nn.Parameter(gain.to(self.dtype), trainable) if lmax > 1 else None
 
@@ -253,9 +254,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         mask2, sw2 = valid.reshape(-1, nnei), sw.reshape(-1, nnei)
         if len(self.attention):
             r_hat = unit_rows(rr[..., 1:4]).reshape(-1, nnei, 3)
-            inputs = attention_inputs(mask2, sw2, r_hat, self.smooth, self.attn_dotr)
-            for layer in self.attention:
-                g = layer(g, inputs[0], inputs[1], inputs[2])
+            g = self.attention(g, mask2, sw2, r_hat)
         basis = rr.reshape(-1, nnei, 4)
         if self.lmax > 1:
             basis = moment_basis(
