@@ -342,3 +342,22 @@ def test_registry_form_of_the_deepmd_dict(variant: str) -> None:
     assert out["type_map"] == out["type_embedding"]["type_map"] == ["A", "B", "C"]
     with pytest.raises(MDTrainError, match="^model.dp: .*use_econf_tebd"):
         cls.from_deepmd(Reader("model.dp"), {**data, "use_econf_tebd": True}, {})
+
+
+def test_switch_rounds_as_deepmd_near_the_cut_off() -> None:
+    """Within 1e-4 Å of rcut the switch is ~1e-15 of cancellation, and non-smooth se_atten's
+    attention direction is proportional to it: the type-mixed descriptors compute it in
+    DeePMD-kit's order of operations (a transcription of compute_smooth_weight), bit for bit."""
+    from mdtrain.model.descriptors.mixed_base import switch
+
+    def deepmd_order(distance, rmin, rmax):
+        uu = (torch.clamp(distance, min=rmin, max=rmax) - rmin) / (rmax - rmin)
+        uu2 = uu * uu
+        return uu2 * uu * (-6 * uu2 + 15 * uu - 10) + 1
+
+    gen = torch.Generator().manual_seed(2)
+    r = torch.cat([0.5 + 5.5 * torch.rand(5000, generator=gen, dtype=torch.float64),
+                   6.0 - 1e-4 * torch.rand(5000, generator=gen, dtype=torch.float64)])  # fmt: skip
+    ours = switch(r, 0.5, 6.0)
+    assert torch.equal(ours, deepmd_order(r, 0.5, 6.0))
+    assert (ours[5000:] != 10 * ((6.0 - r[5000:]) / 5.5) ** 3).any()  # rounding is at stake

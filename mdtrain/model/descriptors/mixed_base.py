@@ -10,9 +10,20 @@ import torch
 from torch import Tensor, nn
 
 from mdtrain.errors import MDTrainError
-from mdtrain.model.descriptors.base import Descriptor, smooth_weight
+from mdtrain.model.descriptors.base import Descriptor
 from mdtrain.model.descriptors.layers import DenseNet, as_numpy, load
 from mdtrain.model.network import dtype_of
+
+
+def switch(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
+    """`base.smooth_weight` with DeePMD-kit's order of operations (``u²·u·(−6u² + 15u − 10)
+    + 1``). Within about 5e-5 Å of rcut the switch is ~1e-15, a cancellation whose last
+    digits are rounding, and without ``smooth_type_embedding`` se_atten's attention
+    direction is proportional to it (docs/type-embedding-descriptors.md): the same order
+    gives the same rounding."""
+    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / (rcut - rcut_smth)
+    u2 = u * u
+    return u2 * u * (-6.0 * u2 + 15.0 * u - 10.0) + 1.0
 
 
 def env_rows(diff: Tensor, mask: Tensor, rcut_smth: float, rcut: float, protection: float):
@@ -20,7 +31,7 @@ def env_rows(diff: Tensor, mask: Tensor, rcut_smth: float, rcut: float, protecti
     far = torch.full_like(diff, 2.0 * rcut)
     diff = torch.where(mask.unsqueeze(-1), diff, far)  # r > 0: finite gradients
     r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-    w = smooth_weight(r, rcut_smth, rcut) * mask.unsqueeze(-1).to(diff.dtype)
+    w = switch(r, rcut_smth, rcut) * mask.unsqueeze(-1).to(diff.dtype)
     inv = w / (r + protection)
     return torch.cat([inv, diff * (inv / (r + protection))], dim=-1), w
 
