@@ -40,8 +40,8 @@ from mdtrain.train.loss import ErrorAccumulator, check_labels, merge_metrics
 from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.member import Member
 from mdtrain.train.optimizer import step_together
-from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, coming
 from mdtrain.train.precision import check_networks, committee_problem, mode_of
+from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, coming
 from mdtrain.train.resume import member_dirs
 from mdtrain.train.sampler import make_sampler
 from mdtrain.train.training_loop import TrainingLoop
@@ -96,7 +96,9 @@ class Trainer(TrainingLoop):
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
         # the coming batches' lists, built while the step computes (``prefetch.py``)
         self.prefetch_depth = int(training.get("nlist_prefetch", DEFAULT_DEPTH))
-        self.prefetch = ListPrefetcher(self.nlist_cache, self.lists) if self.prefetch_depth else None
+        self.prefetch = (
+            ListPrefetcher(self.nlist_cache, self.lists) if self.prefetch_depth else None
+        )
         self.nlist_cache.ahead = self.prefetch
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])

@@ -161,14 +161,22 @@ def test_a_run_with_prefetch_equals_one_without_and_restarts_exactly(tmp_path, m
     assert used and used[-1] > 0  # the steps took lists built ahead
     off, on = tmp_path / "off", tmp_path / "on"
     assert (on / "lcurve.out").read_bytes() == (off / "lcurve.out").read_bytes()
-    assert max_param_diff(load_params(on / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt")) == 0
+    assert (
+        max_param_diff(load_params(on / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt"))
+        == 0
+    )
     # interrupted after step 4 and continued, with lists built ahead: the same run again
     part = tmp_path / "part"
     assert _train(_with(inp, nlist_prefetch=2), part) == 0
     (part / "model.ckpt-8.pt").unlink()  # as if killed right after the save of step 4
-    assert _train(_with(inp, nlist_prefetch=2), part, "--restart", str(part / "model.ckpt-4.pt")) == 0
+    assert (
+        _train(_with(inp, nlist_prefetch=2), part, "--restart", str(part / "model.ckpt-4.pt")) == 0
+    )
     assert (part / "lcurve.out").read_bytes() == (off / "lcurve.out").read_bytes()
-    assert max_param_diff(load_params(part / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt")) == 0
+    assert (
+        max_param_diff(load_params(part / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt"))
+        == 0
+    )
     assert not _threads()
 
 

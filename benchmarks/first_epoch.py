@@ -1,0 +1,127 @@
+"""The cost of a first-epoch training step as a user meets it: whole ``mdtrain train``
+processes of the same input for two step counts, the per-step slope between them.
+
+    python benchmarks/first_epoch.py path/to/water [--steps 100 300] [--repeat 2]
+        [--prefetch 0 2] [--threads 1] [--precision float64] [--deepmd-env VENV] [--json FILE]
+
+The argument is a directory holding a DeePMD ``input.json`` and its systems (the water-2000
+protocol's). Each run takes that input as it is (validation, display, the last checkpoint)
+with ``numb_steps`` set, ``stat_file`` dropped (statistics are recomputed by every run: a
+cost of the start, not of a step) and, for mdtrain, ``training.nlist_prefetch`` set to each
+``--prefetch`` value (0: every list built in the step; 2: the default, built ahead by a
+thread). With fewer training frames than the larger step count, every step between the two
+counts draws frames whose neighbour lists were never built (the first epoch; the water set
+has 320). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
+lists at every step).
+
+Every run is a fresh process with ``OMP_NUM_THREADS`` (and DeePMD-kit's thread variables) set
+to ``--threads``, in a temporary directory; the variants alternate for ``--repeat`` rounds, so
+that all see the same load. For each run: wall and CPU time (user + system of the process
+and its threads, from ``wait4``); per round the slope ``(T(n2) - T(n1)) / (n2 - n1)`` of
+wall and CPU time; the table gives the median of the rounds and their range, and the load
+average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from neighbor_stat import mdtrain_command, run_child  # noqa: E402
+from suite_runs import MDTRAIN_ONLY, thread_env  # noqa: E402
+
+
+def run_input(config: dict, base: str, steps: int, precision: str, prefetch: int | None) -> dict:
+    """The input of one run: ``steps`` steps, absolute system paths, no stat file; mdtrain's
+    ``nlist_prefetch`` when given, DeePMD-kit's copy (``prefetch`` None) without mdtrain's
+    own keys."""
+    config = json.loads(json.dumps(config))
+    for section in ("descriptor", "fitting_net"):
+        config["model"][section]["precision"] = precision
+    training = config["training"]
+    training.pop("stat_file", None)
+    training["numb_steps"] = steps
+    for name in ("training_data", "validation_data"):
+        data = training.get(name)
+        if data is not None:
+            systems = data["systems"]
+            paths = [systems] if isinstance(systems, str) else systems
+            data["systems"] = [p if os.path.isabs(p) else os.path.join(base, p) for p in paths]
+    if prefetch is None:
+        for key in MDTRAIN_ONLY:
+            training.pop(key, None)
+    else:
+        training["nlist_prefetch"] = prefetch
+    return config
+
+
+def one_run(command: list[str], config: dict, env: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="first-epoch-") as directory:
+        with open(os.path.join(directory, "input.json"), "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=1)
+        done = run_child(command, env, directory)
+    return {"wall_s": done.wall_s, "cpu_s": done.cpu_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", help="directory holding input.json and its systems")
+    parser.add_argument("--steps", type=int, nargs=2, default=[100, 300])
+    parser.add_argument("--repeat", type=int, default=2, help="rounds (default 2)")
+    parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="float64", choices=["float64", "float32"])
+    parser.add_argument("--deepmd-env", help="a virtual environment with DeePMD-kit's dp")
+    parser.add_argument("--json", help="also write every run's figures to this file")
+    args = parser.parse_args()
+    base = os.path.abspath(args.data)
+    with open(os.path.join(base, "input.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    env = thread_env(args.threads)
+    variants: dict[str, tuple[list[str], int | None]] = {
+        f"mdtrain nlist_prefetch={p}": ([*mdtrain_command(), "train", "input.json"], p)
+        for p in args.prefetch
+    }
+    if args.deepmd_env:
+        dp = os.path.join(args.deepmd_env, "bin", "dp")
+        variants["DeePMD-kit dp --pt train"] = ([dp, "--pt", "train", "input.json"], None)
+    n1, n2 = args.steps
+    load = [os.getloadavg()[0]]
+    rounds: dict[str, list[dict]] = {name: [] for name in variants}
+    for r in range(args.repeat):
+        for name, (command, prefetch) in variants.items():  # alternating: the same load
+            runs = {}
+            for n in (n1, n2):
+                runs[n] = one_run(
+                    command, run_input(config, base, n, args.precision, prefetch), env
+                )
+            slope = {k: (runs[n2][k] - runs[n1][k]) / (n2 - n1) for k in ("wall_s", "cpu_s")}
+            rounds[name].append({"runs": {str(n): v for n, v in runs.items()}, "slope": slope})
+            print(f"round {r + 1} {name}: {slope['wall_s'] * 1e3:.1f} ms/step wall, "
+                  f"{slope['cpu_s'] * 1e3:.1f} ms/step CPU", file=sys.stderr, flush=True)  # fmt: skip
+    load.append(os.getloadavg()[0])
+    print(f"{base}: {args.precision}, {args.threads} thread(s), slope between {n1} and {n2} "
+          f"steps, {args.repeat} alternating rounds, load average {load[0]:.1f} / {load[1]:.1f}")  # fmt: skip
+    print("| variant | wall ms/step (range) | CPU ms/step (range) | whole run of "
+          f"{n2} steps, wall s |")  # fmt: skip
+    print("| --- | --- | --- | --- |")
+    for name, res in rounds.items():
+        cells = []
+        for key in ("wall_s", "cpu_s"):
+            values = [x["slope"][key] * 1e3 for x in res]
+            cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})")
+        whole = statistics.median(x["runs"][str(n2)]["wall_s"] for x in res)
+        print(f"| {name} | {cells[0]} | {cells[1]} | {whole:.1f} |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"load": load, "args": vars(args), "rounds": rounds}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
