@@ -112,9 +112,12 @@ def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) ->
                 )
                 if step >= warmup:
                     times[depth].append(spent)
-        for trainer in trainers:
-            if trainer.prefetch is not None:
-                trainer.prefetch.close()
+        taken = {}
+        for depth, trainer in zip(depths, trainers, strict=True):
+            ahead = trainer.prefetch
+            taken[depth] = (0 if ahead is None else ahead.used, trainer.nlist_cache.misses)
+            if ahead is not None:
+                ahead.close()
     out = {}
     for depth, rows in times.items():
         a = np.array(rows)
@@ -122,6 +125,8 @@ def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) ->
             "wall_s": float(np.median(a[:, 0])),
             "process_cpu_s": float(np.median(a[:, 1])),
             "thread_cpu_s": float(np.median(a[:, 2])),
+            "lists_built_ahead": taken[depth][0],
+            "lists_built": taken[depth][1],
         }
     return out
 
@@ -151,11 +156,12 @@ def main() -> None:
         )  # fmt: skip
         print(f"{args.paired_steps} first-epoch steps in turn, load {load:.1f} / "
               f"{os.getloadavg()[0]:.1f} (medians, ms per step)")  # fmt: skip
-        print("| nlist_prefetch | wall | process CPU | training thread CPU |")
-        print("| --- | --- | --- | --- |")
+        print("| nlist_prefetch | wall | process CPU | training thread CPU | lists built ahead |")
+        print("| --- | --- | --- | --- | --- |")
         for depth, r in res.items():
             print(f"| {depth} | {r['wall_s'] * 1e3:.1f} | {r['process_cpu_s'] * 1e3:.1f} | "
-                  f"{r['thread_cpu_s'] * 1e3:.1f} |")  # fmt: skip
+                  f"{r['thread_cpu_s'] * 1e3:.1f} | {r['lists_built_ahead']} of "
+                  f"{r['lists_built']} |")  # fmt: skip
         return
     base = os.path.abspath(args.data)
     with open(os.path.join(base, "input.json"), encoding="utf-8") as handle:
