@@ -19,7 +19,10 @@ from collections.abc import Callable
 from neighbor_stat import ChildFailed, ChildRun
 
 # training keys of mdtrain's schema that DeePMD-kit 3.2's strict input check rejects
-MDTRAIN_ONLY = ("distributed", "neighbor_stat_file", "strict_sel", "restart", "batch_controller")
+MDTRAIN_ONLY = (
+    "distributed", "neighbor_stat_file", "strict_sel", "restart", "batch_controller",
+    "nlist_prefetch",
+)  # fmt: skip
 DP_STEP = re.compile(r"Batch\s+(\d+): total wall time")
 MDTRAIN_STEP = re.compile(r"^INFO step (\d+)/\d+")
 Runner = Callable[[], dict]

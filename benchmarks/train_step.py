@@ -116,6 +116,7 @@ def _trainer(config: dict, data, runtime, size: int, out_dir: str, uncached: boo
     trainer._batch = timed_batch
     if uncached:
         trainer.nlist_cache = None
+        trainer.prefetch = None  # every list built in the step, as before lists were built ahead
     cache = getattr(trainer, "nlist_cache", None)
     fresh_times: list[float] = []
     if cache is not None:

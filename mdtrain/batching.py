@@ -78,6 +78,8 @@ class NeighborListCache:
 
     Holds at most ``max_bytes``; once full, further frames are simply not kept (training
     draws frames at random, so any kept frame is as likely to come back as another).
+    ``ahead``: where lists built in advance wait (training's ``ListPrefetcher``): on a miss,
+    its ``take(key)`` gives them, or None and the list is built here.
     """
 
     def __init__(self, max_bytes: int = 1 << 30, limit: NeighborLimit | None = None) -> None:
@@ -87,6 +89,16 @@ class NeighborListCache:
         self.hits = 0
         self.misses = 0
         self._lists: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.ahead = None
+
+    @staticmethod
+    def key(system: System, frame: int, layout: ListLayout, rcut: float, sel: list[int]) -> tuple:
+        """What identifies one frame's lists."""
+        return (system.path, int(frame), layout.name, float(rcut), tuple(int(s) for s in sel))
+
+    def holds(self, key: tuple) -> bool:
+        """Whether the lists of ``key`` are kept."""
+        return key in self._lists
 
     def __len__(self) -> int:
         return len(self._lists)
@@ -102,13 +114,16 @@ class NeighborListCache:
         layout: ListLayout = PER_TYPE,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(nlist, shift)`` of one frame as ``layout.build`` returns them (int64)."""
-        key = (system.path, int(frame), layout.name, float(rcut), tuple(int(s) for s in sel))
+        key = self.key(system, frame, layout, rcut, sel)
         kept = self._lists.get(key)
         if kept is not None:
             self.hits += 1
             return kept[0].astype(np.int64), kept[1].astype(np.int64)
         self.misses += 1
-        nlist, shift, counts = layout.build(coord, box, system.atype, rcut, sel)
+        built = None if self.ahead is None else self.ahead.take(key)
+        if built is None:
+            built = layout.build(coord, box, system.atype, rcut, sel)
+        nlist, shift, counts = built
         if self.limit is not None:
             self.limit.check(counts, system.path, int(frame))
         small = nlist.astype(np.int32)

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.neighbors.nlist import Pairs, neighbor_pairs
+from mdtrain.neighbors.nlist import Pairs, neighbor_pairs, pair_order
 
 
 def mixed_nlist_from_pairs(
     pairs: Pairs, natoms: int, sel: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(nlist, shift, counts)`` from a frame's full pair list; see `build_mixed_nlist`."""
-    s = pairs.shift
-    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], pairs.j, pairs.dist, pairs.i))
-    ci, cj, cs = pairs.i[order], pairs.j[order], s[order]
+    order = pair_order(pairs, pairs.i)
+    ci, cj, cs = pairs.i[order], pairs.j[order], pairs.shift[order]
     counts = np.bincount(ci, minlength=natoms)
     start = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rank = np.arange(len(ci)) - start[ci]

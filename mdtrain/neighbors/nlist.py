@@ -276,6 +276,27 @@ def neighbor_pairs(coord: np.ndarray, box: np.ndarray | None, rcut: float) -> Pa
     return _search(rcut).pairs(coord, box)
 
 
+def pair_order(pairs: Pairs, group: np.ndarray) -> np.ndarray:
+    """The order of ``pairs`` by ``group`` (a non-negative integer per pair: the centre, or
+    the centre and the neighbour's type), then distance, ties broken by neighbour index and
+    image shift, so that a list's layout does not depend on the library's internal order.
+
+    The same order as one ``np.lexsort`` of all those keys, found faster: by distance, then
+    a stable sort by group (a radix sort when the groups fit 16 bits); only where two pairs
+    of one group lie at exactly the same distance (a perfect lattice) is the full sort run.
+    """
+    if len(group) == 0:
+        return np.zeros(0, dtype=np.int64)
+    small = group.astype(np.int16) if int(group.max()) < 2**15 else group
+    by_dist = np.argsort(pairs.dist)
+    order = by_dist[np.argsort(small[by_dist], kind="stable")]
+    g, d = group[order], pairs.dist[order]
+    if np.any((g[1:] == g[:-1]) & (d[1:] == d[:-1])):
+        s = pairs.shift
+        return np.lexsort((s[:, 2], s[:, 1], s[:, 0], pairs.j, pairs.dist, group))
+    return order
+
+
 def build_nlist(
     coord: np.ndarray,
     box: np.ndarray | None,
@@ -296,10 +317,7 @@ def build_nlist(
     nnei = int(sum(sel))
     pairs = neighbor_pairs(coord, box, rcut)
     jtype = atype[pairs.j]
-    # Sort by (centre, neighbour type, distance); ties broken by neighbour index and image shift
-    # so that the layout does not depend on the library's internal order.
-    s = pairs.shift
-    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], pairs.j, pairs.dist, jtype, pairs.i))
+    order = pair_order(pairs, pairs.i * ntypes + jtype)
     ci, cj, ct, cs = pairs.i[order], pairs.j[order], jtype[order], pairs.shift[order]
     group = ci * ntypes + ct
     counts = np.bincount(group, minlength=natoms * ntypes).reshape(natoms, ntypes)

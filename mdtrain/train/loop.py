@@ -41,6 +41,7 @@ from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.member import Member
 from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import check_networks, committee_problem, mode_of
+from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, coming
 from mdtrain.train.resume import member_dirs
 from mdtrain.train.sampler import make_sampler
 from mdtrain.train.training_loop import TrainingLoop
@@ -93,6 +94,12 @@ class Trainer(TrainingLoop):
         self.lists = (float(models[0].rcut), list(models[0].sel), layout_of(models[0]))
         # frames come back many times: search once
         self.nlist_cache = NeighborListCache() if nlist_cache is None else nlist_cache
+        # the coming batches' lists, built while the step computes (``prefetch.py``)
+        self.prefetch_depth = int(training.get("nlist_prefetch", DEFAULT_DEPTH))
+        self.prefetch = (
+            ListPrefetcher(self.nlist_cache, self.lists) if self.prefetch_depth else None
+        )
+        self.nlist_cache.ahead = self.prefetch
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
@@ -186,6 +193,11 @@ class Trainer(TrainingLoop):
         their metrics in member order."""
         growth = self.controller.suggest_growth()
         draws = [m.sampler.next_batch(growth) for m in self.members]
+        if self.prefetch is not None:
+            depth = min(self.prefetch_depth, self.numb_steps - self.step - 1)
+            samplers = [self.members[group[0]].sampler for group in self.groups]
+            current = [draws[group[0]] for group in self.groups]
+            self.prefetch.plan(coming(self.train_systems, samplers, current, depth, growth))
         for member in self.members:
             for group in member.optimizer.param_groups:
                 group["lr"] = lr

@@ -32,6 +32,7 @@ exactly once.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -254,6 +255,14 @@ class TrainingSampler:
         frames = self._take(system, self.world_size * b)
         self.step += 1
         return system, frames[self.rank * b : (self.rank + 1) * b]
+
+    def peek(self, count: int, scale: int = 1) -> list[tuple[int, np.ndarray]]:
+        """The next ``count`` draws of `next_batch` (at ``scale``), this sampler unchanged:
+        they are drawn from a copy (the permutations, never modified, are shared)."""
+        ahead = copy.copy(self)
+        ahead._rng = copy.deepcopy(self._rng)
+        ahead._epoch, ahead._pos, ahead._perm = list(self._epoch), list(self._pos), list(self._perm)
+        return [ahead.next_batch(scale) for _ in range(count)]
 
     def __iter__(self) -> TrainingSampler:
         return self

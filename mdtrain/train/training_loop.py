@@ -22,6 +22,7 @@ from mdtrain.train.lcurve import LcurveWriter
 from mdtrain.train.loss import EnergyLoss, TensorLoss
 from mdtrain.train.lr import Schedule
 from mdtrain.train.precision import mixed_precision
+from mdtrain.train.prefetch import ListPrefetcher
 from mdtrain.train.signals import PreemptionHandler
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class TrainingLoop:
     disp_freq: int
     save_freq: int
     precision: str | None
+    prefetch: ListPrefetcher | None = None
 
     def train_step(self, lr: float) -> list[dict[str, float]]:
         raise NotImplementedError
@@ -148,6 +150,8 @@ class TrainingLoop:
                 ) from exc
             raise
         finally:
+            if self.prefetch is not None:
+                self.prefetch.close()  # its thread ends with the loop, on an error too
             for writer in writers:
                 if writer is not None:
                     writer.close()

@@ -1,0 +1,212 @@
+"""The cost of a first-epoch training step as a user meets it: whole ``mdtrain train``
+processes of the same input for two step counts, the per-step slope between them.
+
+    python benchmarks/first_epoch.py path/to/water [--steps 100 300] [--repeat 2]
+        [--prefetch 0 2] [--baseline SRC] [--threads 1] [--precision float64]
+        [--deepmd-env VENV] [--json FILE]
+
+The argument is a directory holding a DeePMD ``input.json`` and its systems (the water-2000
+protocol's). Each run takes that input as it is (validation, display, the last checkpoint)
+with ``numb_steps`` set, ``stat_file`` dropped (statistics are recomputed by every run: a
+cost of the start, not of a step) and, for mdtrain, ``training.nlist_prefetch`` set to each
+``--prefetch`` value (0: every list built in the step; 2: the default, built ahead by a
+thread). ``--baseline SRC`` adds mdtrain imported from another source tree (``PYTHONPATH=SRC``,
+e.g. the main checkout before a change), its input without ``nlist_prefetch``. With fewer training frames than the larger step count, every step between the two
+counts draws frames whose neighbour lists were never built (the first epoch; the water set
+has 320). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
+lists at every step).
+
+Every run is a fresh process with ``OMP_NUM_THREADS`` (and DeePMD-kit's thread variables) set
+to ``--threads``, in a temporary directory; the variants alternate for ``--repeat`` rounds, so
+that all see the same load. For each run: wall and CPU time (user + system of the process
+and its threads, from ``wait4``); per round the slope ``(T(n2) - T(n1)) / (n2 - n1)`` of
+wall and CPU time; the table gives the median of the rounds and their range, and the load
+average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from neighbor_stat import mdtrain_command, run_child  # noqa: E402
+from suite_runs import MDTRAIN_ONLY, thread_env  # noqa: E402
+
+
+def run_input(config: dict, base: str, steps: int, precision: str, prefetch: int | None) -> dict:
+    """The input of one run: ``steps`` steps, absolute system paths, no stat file; mdtrain's
+    ``nlist_prefetch`` when given (-1: not written), DeePMD-kit's copy (``prefetch`` None)
+    without mdtrain's own keys."""
+    config = json.loads(json.dumps(config))
+    for section in ("descriptor", "fitting_net"):
+        config["model"][section]["precision"] = precision
+    training = config["training"]
+    training.pop("stat_file", None)
+    training["numb_steps"] = steps
+    for name in ("training_data", "validation_data"):
+        data = training.get(name)
+        if data is not None:
+            systems = data["systems"]
+            paths = [systems] if isinstance(systems, str) else systems
+            data["systems"] = [p if os.path.isabs(p) else os.path.join(base, p) for p in paths]
+    if prefetch is None:
+        for key in MDTRAIN_ONLY:
+            training.pop(key, None)
+    elif prefetch >= 0:
+        training["nlist_prefetch"] = prefetch
+    return config
+
+
+def one_run(command: list[str], config: dict, env: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="first-epoch-") as directory:
+        with open(os.path.join(directory, "input.json"), "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=1)
+        done = run_child(command, env, directory)
+    return {"wall_s": done.wall_s, "cpu_s": done.cpu_s}
+
+
+def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) -> dict:
+    """In one process: a trainer per ``nlist_prefetch`` value, every one on the same frames
+    (the same seed), their first-epoch steps taken in turn; per step the wall time, the
+    process CPU time and the training thread's own CPU time (``time.thread_time``: what the
+    step costs the thread that trains, the lists built ahead excluded)."""
+    import time
+
+    import numpy as np
+    from train_step import _prepared
+
+    from mdtrain.model.backend import build_models
+    from mdtrain.model.stats import compute_or_load_stats
+    from mdtrain.train.loop import Trainer
+
+    config, data, runtime = _prepared(input_path, "float64", steps, warmup, 1, None)
+    trainers = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        for depth in depths:
+            config["training"]["nlist_prefetch"] = depth
+            model = build_models([config["model"]])
+            nbatch = int(config["model"].get("data_stat_nbatch", 10))
+            compute_or_load_stats(model, data.train, None, nbatch)
+            trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
+            for member in trainer.members:
+                member.valid_sampler = None
+            model.train()
+            trainers.append(trainer)
+        times: dict[int, list[tuple[float, float, float]]] = {d: [] for d in depths}
+        for step in range(warmup + steps):
+            lr = trainers[0].lr.value(step)
+            for depth, trainer in zip(depths, trainers, strict=True):
+                w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
+                trainer.train_step(lr)
+                trainer.step += 1
+                spent = (
+                    time.perf_counter() - w0,
+                    time.process_time() - c0,
+                    time.thread_time() - t0,
+                )
+                if step >= warmup:
+                    times[depth].append(spent)
+        taken = {}
+        for depth, trainer in zip(depths, trainers, strict=True):
+            ahead = trainer.prefetch
+            taken[depth] = (0 if ahead is None else ahead.used, trainer.nlist_cache.misses)
+            if ahead is not None:
+                ahead.close()
+    out = {}
+    for depth, rows in times.items():
+        a = np.array(rows)
+        out[str(depth)] = {
+            "wall_s": float(np.median(a[:, 0])),
+            "process_cpu_s": float(np.median(a[:, 1])),
+            "thread_cpu_s": float(np.median(a[:, 2])),
+            "lists_built_ahead": taken[depth][0],
+            "lists_built": taken[depth][1],
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", help="directory holding input.json and its systems")
+    parser.add_argument("--steps", type=int, nargs=2, default=[100, 300])
+    parser.add_argument("--repeat", type=int, default=2, help="rounds (default 2)")
+    parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--baseline", help="also mdtrain from this source tree (PYTHONPATH)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="float64", choices=["float64", "float32"])
+    parser.add_argument("--deepmd-env", help="a virtual environment with DeePMD-kit's dp")
+    parser.add_argument("--json", help="also write every run's figures to this file")
+    parser.add_argument(
+        "--paired-steps", type=int, metavar="N",
+        help="instead: N first-epoch steps of a trainer per --prefetch value in one process, "
+        "taken in turn (after 10 warm-up steps), float64, 1 thread",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.paired_steps:
+        load = os.getloadavg()[0]
+        res = paired_steps(
+            os.path.join(os.path.abspath(args.data), "input.json"), args.paired_steps, 10,
+            args.prefetch,
+        )  # fmt: skip
+        print(f"{args.paired_steps} first-epoch steps in turn, load {load:.1f} / "
+              f"{os.getloadavg()[0]:.1f} (medians, ms per step)")  # fmt: skip
+        print("| nlist_prefetch | wall | process CPU | training thread CPU | lists built ahead |")
+        print("| --- | --- | --- | --- | --- |")
+        for depth, r in res.items():
+            print(f"| {depth} | {r['wall_s'] * 1e3:.1f} | {r['process_cpu_s'] * 1e3:.1f} | "
+                  f"{r['thread_cpu_s'] * 1e3:.1f} | {r['lists_built_ahead']} of "
+                  f"{r['lists_built']} |")  # fmt: skip
+        return
+    base = os.path.abspath(args.data)
+    with open(os.path.join(base, "input.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    env = thread_env(args.threads)
+    mdtrain = [*mdtrain_command(), "train", "input.json"]
+    variants: dict[str, tuple[list[str], int | None, dict[str, str]]] = {}
+    if args.baseline:
+        other = {**env, "PYTHONPATH": os.path.abspath(args.baseline)}
+        variants[f"mdtrain from {args.baseline}"] = (mdtrain, -1, other)
+    for p in args.prefetch:
+        variants[f"mdtrain nlist_prefetch={p}"] = (mdtrain, p, env)
+    if args.deepmd_env:
+        dp = os.path.join(args.deepmd_env, "bin", "dp")
+        variants["DeePMD-kit dp --pt train"] = ([dp, "--pt", "train", "input.json"], None, env)
+    n1, n2 = args.steps
+    load = [os.getloadavg()[0]]
+    rounds: dict[str, list[dict]] = {name: [] for name in variants}
+    for r in range(args.repeat):
+        for name, (command, prefetch, child_env) in variants.items():  # alternating
+            runs = {}
+            for n in (n1, n2):
+                given = run_input(config, base, n, args.precision, prefetch)
+                runs[n] = one_run(command, given, child_env)
+            slope = {k: (runs[n2][k] - runs[n1][k]) / (n2 - n1) for k in ("wall_s", "cpu_s")}
+            rounds[name].append({"runs": {str(n): v for n, v in runs.items()}, "slope": slope})
+            print(f"round {r + 1} {name}: {slope['wall_s'] * 1e3:.1f} ms/step wall, "
+                  f"{slope['cpu_s'] * 1e3:.1f} ms/step CPU", file=sys.stderr, flush=True)  # fmt: skip
+    load.append(os.getloadavg()[0])
+    print(f"{base}: {args.precision}, {args.threads} thread(s), slope between {n1} and {n2} "
+          f"steps, {args.repeat} alternating rounds, load average {load[0]:.1f} / {load[1]:.1f}")  # fmt: skip
+    print("| variant | wall ms/step (range) | CPU ms/step (range) | whole run of "
+          f"{n2} steps, wall s |")  # fmt: skip
+    print("| --- | --- | --- | --- |")
+    for name, res in rounds.items():
+        cells = []
+        for key in ("wall_s", "cpu_s"):
+            values = [x["slope"][key] * 1e3 for x in res]
+            cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})")
+        whole = statistics.median(x["runs"][str(n2)]["wall_s"] for x in res)
+        print(f"| {name} | {cells[0]} | {cells[1]} | {whole:.1f} |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"load": load, "args": vars(args), "rounds": rounds}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

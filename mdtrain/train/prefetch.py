@@ -1,0 +1,173 @@
+"""The neighbour lists of the coming batches, built in a background thread while the current
+step computes, so that a first-epoch step (every frame new, every list searched) costs what a
+later one costs (every list from the cache).
+
+Nothing the run computes changes. The samplers are only peeked at (`TrainingSampler.peek`
+draws from a copy), so the batches, their order, the checkpoints and restarts are those of a
+run without prefetching. The step still asks the neighbour-list cache for every frame
+(`NeighborListCache.get`); on a miss the cache takes the list built here, waiting for one
+being built, and builds it itself as before when it is not there (a guess that missed: a
+batch grown by the batch controller, a restart). The lists are ``layout.build``'s of the same
+frame either way, and the cache checks the neighbour counts in the step, so a frame with too
+many neighbours fails at the same step with the same message; a frame whose search fails
+here is simply searched again in the step, which raises as before.
+
+A thread, not a process: the search (vesin through ctypes) and numpy's sorts release the
+interpreter lock, and so do the step's torch operations. The frames' positions are read on
+the calling thread (`plan`), so the data stores see one thread only. Memory is bounded: the
+thread holds the lists of the batches last planned (the current one and ``depth`` ahead);
+anything else is dropped at the next `plan`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from mdtrain.batching import NeighborListCache
+from mdtrain.data import System
+from mdtrain.neighbors.layout import ListLayout
+from mdtrain.train.sampler import TrainingSampler
+
+DEFAULT_DEPTH = 2  # batches ahead: one is enough in a steady run, two absorb a slow frame
+
+_Built = tuple[np.ndarray, np.ndarray, np.ndarray]  # nlist, shift, counts as layout.build
+
+
+class ListPrefetcher:
+    """Builds the neighbour lists of planned frames in one daemon thread, for ``cache``.
+
+    ``lists``: the models' ``(rcut, sel, layout)``. Call `plan` once a step with the batches
+    to come (the current one first), `close` at the end (`plan` starts the thread again)."""
+
+    def __init__(self, cache: NeighborListCache, lists: tuple[float, list[int], ListLayout]):
+        self.cache = cache
+        self.rcut, self.sel, self.layout = float(lists[0]), list(lists[1]), lists[2]
+        self._cond = threading.Condition()
+        self._queue: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (coord, box, atype)
+        self._ready: dict[tuple, _Built | None] = {}  # None: failed here, the step retries
+        self._wanted: set[tuple] = set()
+        self._busy: tuple | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.searched = 0  # frames searched here, lists built or not (tests, benchmarks)
+        self.built = 0  # lists built here
+        self.used = 0  # of them, taken by the step
+
+    def _key(self, system: System, frame: int) -> tuple:
+        return self.cache.key(system, frame, self.layout, self.rcut, self.sel)
+
+    def plan(self, batches: Iterable[tuple[System, np.ndarray]]) -> None:
+        """The frames of ``batches`` (in the order the steps will take them) not yet in the
+        cache are built next; what an earlier plan wanted and this one does not is dropped."""
+        order: OrderedDict[tuple, tuple[System, int]] = OrderedDict()
+        for system, frames in batches:
+            for frame in np.asarray(frames, dtype=np.int64).tolist():
+                key = self._key(system, frame)
+                if key not in order and not self.cache.holds(key):
+                    order[key] = (system, frame)
+        with self._cond:
+            self._wanted = set(order)
+            for stale in [k for k in self._queue if k not in order]:
+                del self._queue[stale]
+            for stale in [k for k in self._ready if k not in order]:
+                del self._ready[stale]
+            known = set(self._queue) | set(self._ready) | {self._busy}
+        new = [(key, *where) for key, where in order.items() if key not in known]
+        jobs = self._read(new)  # on this thread: the data stores see one thread only
+        with self._cond:
+            for key, job in jobs:
+                if key in self._wanted:
+                    self._queue[key] = job
+            self._cond.notify_all()
+        if jobs and (self._thread is None or not self._thread.is_alive()):
+            self._start()
+
+    @staticmethod
+    def _read(new: list[tuple[tuple, System, int]]) -> list[tuple[tuple, tuple]]:
+        """Positions and cells of the new frames, one read per system."""
+        jobs = []
+        by_system: dict[int, list[tuple[tuple, System, int]]] = {}
+        for item in new:
+            by_system.setdefault(id(item[1]), []).append(item)
+        for items in by_system.values():
+            system = items[0][1]
+            frames = system.frames([frame for _, _, frame in items], labels=())
+            boxes = frames.get("box")
+            for n, (key, _, _) in enumerate(items):
+                box = None if boxes is None else boxes[n]
+                jobs.append((key, (frames["coord"][n], box, system.atype)))
+        return jobs
+
+    def take(self, key: tuple) -> _Built | None:
+        """The lists of ``key`` built here (waiting while they are being built), or None
+        when they are not: the caller builds them itself."""
+        with self._cond:
+            if self._queue.pop(key, None) is not None:
+                return None  # not started: building it now beats waiting behind others
+            while self._busy == key:
+                self._cond.wait()
+            built = self._ready.pop(key, None)
+            if built is not None:
+                self.used += 1
+            return built
+
+    def pending(self) -> int:
+        """Frames planned and not yet taken (queued, being built, or built)."""
+        with self._cond:
+            return len(self._queue) + len(self._ready) + (self._busy is not None)
+
+    def _start(self) -> None:
+        self._stop = False
+        self._thread = threading.Thread(target=self._work, name="mdtrain-nlist", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                key, (coord, box, atype) = self._queue.popitem(last=False)
+                self._busy = key
+            try:
+                built: _Built | None = self.layout.build(coord, box, atype, self.rcut, self.sel)
+            except Exception:  # noqa: BLE001 - the step searches again and reports it
+                built = None
+            with self._cond:
+                self._busy = None
+                self.searched += 1
+                if key in self._wanted:
+                    self._ready[key] = built
+                    self.built += built is not None
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread (after the frame it is building) and drop everything planned."""
+        with self._cond:
+            self._stop = True
+            self._queue.clear()
+            self._ready.clear()
+            self._wanted = set()
+            self._cond.notify_all()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+
+def coming(
+    systems: list[System],
+    samplers: list[TrainingSampler],
+    current: list[tuple[int, np.ndarray]],
+    depth: int,
+    scale: int = 1,
+) -> list[tuple[System, np.ndarray]]:
+    """The batches of this step (``current``: each sampler's draw) and of the ``depth`` steps
+    after it, step by step, as ``(system, frames)``; ``scale``: the batch controller's."""
+    ahead = [sampler.peek(max(0, depth), scale) for sampler in samplers]
+    steps = [current, *zip(*ahead)]
+    return [(systems[index], frames) for step in steps for index, frames in step]

@@ -1,0 +1,206 @@
+"""Neighbour lists built ahead in a background thread (`mdtrain.train.prefetch`): the same
+lists, the same batches in the same order, exact restarts, bounded memory, no thread left."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mdtrain.batching import NeighborListCache, make_batch
+from mdtrain.cli import main
+from mdtrain.data import open_system
+from mdtrain.neighbors.layout import MIXED, PER_TYPE
+from mdtrain.train import prefetch as prefetch_module
+from mdtrain.train.prefetch import ListPrefetcher, coming
+from mdtrain.train.sampler import TrainingSampler
+from tests.helpers.datagen import water_labeled, write_npy_system
+from tests.helpers.training import load_params, make_project, max_param_diff
+
+RCUT, SEL = 4.0, [12, 24]
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prefetch") / "sys"
+    write_npy_system(path, **water_labeled(10, 8, 6.0, 5))
+    return open_system(str(path), ["O", "H"])
+
+
+def _wait(prefetcher: ListPrefetcher, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while prefetcher.searched < count:
+        assert time.monotonic() < deadline, "the prefetch thread built nothing"
+        time.sleep(0.005)
+
+
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "mdtrain-nlist"]
+
+
+def test_peek_gives_the_next_draws_and_leaves_the_sampler_as_it_was():
+    sampler = TrainingSampler([5, 3], [2, 1], [0.5, 0.5], seed=3)
+    for _ in range(4):
+        sampler.next_batch()
+    before = sampler.state_dict()
+    peeked = sampler.peek(9, scale=2)  # across several epochs of both systems
+    assert sampler.state_dict() == before
+    for index, frames in peeked:
+        got = sampler.next_batch(2)
+        assert got[0] == index and np.array_equal(got[1], frames)
+
+
+def test_coming_lists_this_step_then_each_step_ahead_for_every_sampler(system):
+    samplers = [TrainingSampler([10], [2], [1.0], seed=s) for s in (1, 2)]  # per-member draws
+    current = [s.next_batch() for s in samplers]
+    ahead = [s.peek(2) for s in samplers]
+    got = coming([system], samplers, current, 2)
+    expected = [current[0], current[1], ahead[0][0], ahead[1][0], ahead[0][1], ahead[1][1]]
+    assert [f.tolist() for _, f in got] == [f.tolist() for _, f in expected]
+    assert all(s is system for s, _ in got)
+
+
+@pytest.mark.parametrize("layout", [PER_TYPE, MIXED], ids=lambda x: x.name)
+def test_prefetched_lists_equal_the_lists_built_in_the_step(system, layout):
+    cache = NeighborListCache()
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, layout))
+    cache.ahead = prefetcher
+    try:
+        prefetcher.plan([(system, np.array([3, 7])), (system, np.array([1]))])
+        _wait(prefetcher, 3)
+        batch = make_batch(system, [3, 7, 1], RCUT, SEL, cache=cache, layout=layout)
+        plain = make_batch(system, [3, 7, 1], RCUT, SEL, layout=layout)
+    finally:
+        prefetcher.close()
+    assert prefetcher.used == 3 and cache.misses == 3 and len(cache) == 3
+    assert np.array_equal(batch.nlist.numpy(), plain.nlist.numpy())
+    assert np.array_equal(batch.shift.numpy(), plain.shift.numpy())
+
+
+def test_frames_not_planned_or_already_kept_are_built_in_the_step(system):
+    cache = NeighborListCache()
+    make_batch(system, [0], RCUT, SEL, cache=cache)  # kept: nothing to build ahead
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, PER_TYPE))
+    cache.ahead = prefetcher
+    try:
+        prefetcher.plan([(system, np.array([0]))])
+        assert prefetcher.pending() == 0
+        batch = make_batch(system, [5], RCUT, SEL, cache=cache)  # a guess that missed
+    finally:
+        prefetcher.close()
+    plain = make_batch(system, [5], RCUT, SEL)
+    assert prefetcher.used == 0
+    assert np.array_equal(batch.nlist.numpy(), plain.nlist.numpy())
+
+
+def test_memory_is_bounded_by_the_last_plan(system):
+    cache = NeighborListCache()
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, PER_TYPE))
+    try:
+        prefetcher.plan([(system, np.array([f])) for f in range(6)])
+        _wait(prefetcher, 2)
+        prefetcher.plan([(system, np.array([8]))])  # the others are no longer wanted
+        assert prefetcher.pending() <= 2  # frame 8, and at most one being built
+        _wait(prefetcher, prefetcher.searched + 1)
+        assert prefetcher.pending() == 1
+    finally:
+        prefetcher.close()
+    assert prefetcher.pending() == 0 and not _threads()
+
+
+def test_a_search_that_fails_in_the_thread_is_done_again_in_the_step(system):
+    class FailsInThread:
+        name = "per_type"
+
+        def build(self, *args):
+            if threading.current_thread().name == "mdtrain-nlist":
+                raise ValueError("neighbour search failed")
+            return PER_TYPE.build(*args)
+
+    cache = NeighborListCache()
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, FailsInThread()))
+    cache.ahead = prefetcher
+    try:
+        prefetcher.plan([(system, np.array([2]))])
+        _wait(prefetcher, 1)  # tried, and failed
+        batch = make_batch(system, [2], RCUT, SEL, cache=cache, layout=FailsInThread())
+    finally:
+        prefetcher.close()
+    assert prefetcher.used == 0 and prefetcher.built == 0
+    assert np.array_equal(batch.nlist.numpy(), make_batch(system, [2], RCUT, SEL).nlist.numpy())
+
+
+def _train(inp, out, *extra) -> int:
+    return main(["train", str(inp), "-o", str(out), *extra])
+
+
+def _with(inp, **training):
+    config = json.loads(inp.read_text())
+    config["training"].update(training)
+    path = inp.parent / f"input-{'-'.join(f'{k}{v}' for k, v in training.items())}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_run_with_prefetch_equals_one_without_and_restarts_exactly(tmp_path, monkeypatch):
+    inp = make_project(tmp_path, numb_steps=8, save_freq=4, disp_freq=1)
+    used: list[int] = []
+    close = ListPrefetcher.close
+
+    def counting_close(self):
+        used.append(self.used)
+        close(self)
+
+    monkeypatch.setattr(prefetch_module.ListPrefetcher, "close", counting_close)
+    assert _train(_with(inp, nlist_prefetch=0), tmp_path / "off") == 0
+    assert used == []
+    assert _train(_with(inp, nlist_prefetch=2), tmp_path / "on") == 0
+    assert used and used[-1] > 0  # the steps took lists built ahead
+    off, on = tmp_path / "off", tmp_path / "on"
+    assert (on / "lcurve.out").read_bytes() == (off / "lcurve.out").read_bytes()
+    assert (
+        max_param_diff(load_params(on / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt"))
+        == 0
+    )
+    # interrupted after step 4 and continued, with lists built ahead: the same run again
+    part = tmp_path / "part"
+    assert _train(_with(inp, nlist_prefetch=2), part) == 0
+    (part / "model.ckpt-8.pt").unlink()  # as if killed right after the save of step 4
+    assert (
+        _train(_with(inp, nlist_prefetch=2), part, "--restart", str(part / "model.ckpt-4.pt")) == 0
+    )
+    assert (part / "lcurve.out").read_bytes() == (off / "lcurve.out").read_bytes()
+    assert (
+        max_param_diff(load_params(part / "model.ckpt-8.pt"), load_params(off / "model.ckpt-8.pt"))
+        == 0
+    )
+    assert not _threads()
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_error_in_a_step_leaves_no_thread(tmp_path, monkeypatch, error):
+    """Ctrl-C (the command returns 130) or any failure of a step ends the thread."""
+    from mdtrain.train.loop import Trainer
+
+    inp = make_project(tmp_path, numb_steps=8)
+    apply = Trainer.apply_gradients
+    calls = []
+
+    def failing(self):
+        calls.append(self.prefetch.pending())
+        if len(calls) == 3:
+            assert _threads()  # it was running
+            raise error("stop")
+        apply(self)
+
+    monkeypatch.setattr(Trainer, "apply_gradients", failing)
+    if error is KeyboardInterrupt:
+        assert _train(inp, tmp_path / "out") == 130
+    else:
+        with pytest.raises(error):
+            _train(inp, tmp_path / "out")
+    assert not _threads()
+    assert max(calls) <= 3 * 2  # this step's batch and two ahead, batch size 2
