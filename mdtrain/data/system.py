@@ -86,15 +86,19 @@ class System:
             raise MDTrainError(f"system {self.path}: type.raw is missing")
         if own_types.size == 0:
             raise MDTrainError(f"system {self.path}: type.raw is empty")
-        if own_types.min() < 0:
+        # as a list: a few dozen atoms cost less in Python than numpy's calls (thousands of
+        # small systems open in a start-up)
+        own = own_types.tolist()
+        if min(own) < 0:
             raise MDTrainError(f"system {self.path}: type.raw holds a negative type")
         self._own_types = own_types
         self._own_map = store.type_map()
-        self.natoms = int(own_types.size)
-        model_types, self.elements = self._remap(own_types)
-        self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
-        self.atype = model_types[self.atom_order]
-        self._reorder = bool((self.atom_order != np.arange(self.natoms)).any())
+        self.natoms = len(own)
+        model_types, self.elements = self._remap(own)
+        order = sorted(range(self.natoms), key=model_types.__getitem__)  # stable, as DeePMD
+        self.atom_order = np.array(order, dtype=np.int64)
+        self.atype = np.array([model_types[i] for i in order], dtype=np.int64)
+        self._reorder = order != list(range(self.natoms))
         self.periodic = not store.nopbc()
         self._widths: dict[str, int] = {}
         self._reshaped: set[tuple[str, str]] = set()  # (set, array) read as (nframes, -1)
@@ -117,9 +121,9 @@ class System:
 
     # -- types ------------------------------------------------------------------------------
 
-    def _remap(self, own: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    def _remap(self, own: list[int]) -> tuple[list[int], list[str]]:
         """Model types of the atoms (file order) and the names of the system's own types."""
-        ntypes_own = int(own.max()) + 1
+        ntypes_own = max(own) + 1
         own_map = self._own_map
         if own_map is not None and len(own_map) < ntypes_own:
             raise MDTrainError(
@@ -138,17 +142,18 @@ class System:
                 if model_map
                 else [f"type_{t}" for t in range(ntypes_own)]
             )
-            return own.astype(np.int64), elements
+            return own, elements
         if model_map is None:
-            return own.astype(np.int64), list(own_map)
+            return own, list(own_map)
         index = {name: t for t, name in reversed(list(enumerate(model_map)))}  # first wins
-        lookup = np.array([index.get(name, -1) for name in own_map], dtype=np.int64)
-        if (lookup < 0).any() and (lookup[own] < 0).any():
-            missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
+        lookup = [index.get(name, -1) for name in own_map]
+        model_types = [lookup[t] for t in own]
+        if min(model_types) < 0:
+            missing = sorted({own_map[t] for t in own if lookup[t] < 0})
             raise MDTrainError(
                 f"system {self.path}: element {', '.join(missing)} is not in type_map {model_map}"
             )
-        return lookup[own], list(own_map)
+        return model_types, list(own_map)
 
     # -- layout checks ----------------------------------------------------------------------
 
@@ -160,10 +165,11 @@ class System:
         if header is None:
             return None
         shape, dtype = header
-        size = math.prod(shape)
-        if name in PARAMS and nframes and shape[:1] != (nframes,) and size % nframes == 0:
-            shape = (nframes, size // nframes)
-            self._reshaped.add((set_name, name))
+        if name in PARAMS and nframes and shape[:1] != (nframes,):
+            size = math.prod(shape)
+            if size % nframes == 0:
+                shape = (nframes, size // nframes)
+                self._reshaped.add((set_name, name))
         if dtype.kind not in "fiu":
             where = self._store.where(set_name, name + ".npy")
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")

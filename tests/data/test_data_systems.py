@@ -297,6 +297,41 @@ def test_directory_expansion(tmp_path, water_data):
     assert len(again) == 3
 
 
+def _walk_reference(top: str) -> list[str]:
+    """The systems below ``top`` as os.walk finds them, a realpath per folder."""
+    found, visited = [], set()
+    for root, dirs, files in os.walk(top, followlinks=True):
+        if os.path.realpath(root) in visited:
+            dirs[:] = []
+            continue
+        visited.add(os.path.realpath(root))
+        if "type.raw" in files:
+            found.append(os.path.normpath(root))
+        dirs[:] = [d for d in dirs if not d.startswith("set.")]
+    return sorted(found)
+
+
+def test_directory_expansion_follows_links_once(tmp_path):
+    root = tmp_path / "root"
+    for name in ("a/s1", "a/s1/inner", "b/s2", "c"):  # a system may hold another
+        (root / name / "set.000").mkdir(parents=True)
+        (root / name / "type.raw").write_text("0\n")
+    (root / "b" / "s2" / "set.000" / "type.raw").write_text("0\n")  # inside a set: not one
+    (root / "a" / "loop").symlink_to(root)  # a cycle
+    (root / "z_again").symlink_to(root / "b")  # the same systems under a second name
+    (root / "a" / "y_link").symlink_to(root / "c")
+    (root / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "outside" / "s3").mkdir(parents=True)
+    (tmp_path / "outside" / "s3" / "type.raw").write_text("0\n")
+    (root / "out").symlink_to(tmp_path / "outside")
+    found = expand_systems(str(root))
+    assert found == _walk_reference(str(root))
+    assert len(found) == 5 and str(root / "out" / "s3") in found
+    linked = tmp_path / "linked_root"
+    linked.symlink_to(root)
+    assert expand_systems(str(linked)) == _walk_reference(str(linked))
+
+
 def test_hdf5_expansion(tmp_path, water_data):
     h5 = tmp_path / "data.h5"
     for group in ("train/w2", "train/w1", "valid/w3"):
