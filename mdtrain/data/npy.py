@@ -245,9 +245,11 @@ class NpyStore:
         header, data = found
         self._headers[(set_name, name)] = header  # the memory map needs it again
         if data is not None:
+            previous = self._kept.get((set_name, name))
             self._kept[(set_name, name)] = data
-            self._kept_bytes += data.nbytes
-            _kept_total += data.nbytes
+            grown = data.nbytes - (0 if previous is None else previous.nbytes)
+            self._kept_bytes += grown
+            _kept_total += grown
         return header.shape, header.dtype
 
     def array(self, set_name: str, name: str) -> np.ndarray:

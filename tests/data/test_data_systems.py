@@ -196,6 +196,35 @@ def test_frame_count_comes_from_the_header(tmp_path, water_data):
         system.frames([0])
 
 
+def test_positions_only_defers_the_label_files(tmp_path, water_data, water_system, water_h5):
+    from mdtrain.data import open_all
+
+    for path in (water_system, water_h5):
+        full, quick = open_all([path], ["H", "O"]), open_all([path], ["H", "O"], positions_only=True)
+        assert quick[0]._labels is None  # not read yet
+        assert (quick[0].nframes, quick[0].sets) == (full[0].nframes, full[0].sets)
+        assert np.array_equal(quick[0].atype, full[0].atype)
+        rows = np.arange(full[0].nframes)
+        _same_frames(quick[0].frames(rows, labels=()), full[0].frames(rows, labels=()))
+        assert quick[0]._labels is None  # positions never ask for them
+        assert quick[0].fingerprint() == full[0].fingerprint()
+        assert quick[0].labels == full[0].labels == {"energy", "force", "virial"}
+        _same_frames(quick[0].frames(rows), full[0].frames(rows))
+    # a label file that does not fit: reported when the labels are first asked, as at opening
+    bad = write_npy_system(tmp_path / "bad", **water_data)
+    np.save(bad + "/set.000/virial.npy", np.zeros((5, 9)))
+    with pytest.raises(MDTrainError, match="virial.npy: 5 frames but coord.npy has 6") as full:
+        open_system(bad)
+    quick = open_all([bad], positions_only=True)[0]
+    assert quick.frames([0], labels=())["coord"].shape == (1, 24, 3)
+    with pytest.raises(MDTrainError) as late:
+        quick.has("energy")
+    assert str(late.value) == str(full.value)
+    np.save(bad + "/set.000/box.npy", np.zeros((5, 9)))  # the cells are checked at opening
+    with pytest.raises(MDTrainError, match="box.npy: 5 frames but coord.npy has 6"):
+        open_all([bad], positions_only=True)
+
+
 def test_system_pickles_without_its_data(water_system, water_h5):
     for path in (water_system, water_h5):
         system = open_system(path, ["O", "H"])
