@@ -561,6 +561,38 @@ def test_validate_system_reports_bad_frames(tmp_path, water_data):
     assert len(problems) == 3 and all(system.path in p for p in problems)
 
 
+def test_clean_systems_agrees_with_validate_system(tmp_path, water_data, monkeypatch):
+    from mdtrain.data import validate
+    from mdtrain.data.validate import clean_systems
+
+    def bad(key, index, value):
+        data = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in water_data.items()}
+        data[key][index] = value
+        return data
+
+    variants = [
+        water_data,
+        bad("coords", (4, 0, 0), np.nan),
+        bad("force", (1, 3, 2), np.inf),
+        bad("energy", (5,), np.nan),
+        bad("boxes", (2, 2), 0.0),  # a singular cell
+        water_data,
+    ]
+    systems = [
+        open_system(write_npy_system(tmp_path / f"s{k}", set_size=4, **data))
+        for k, data in enumerate(variants)
+    ]
+    truncated = write_npy_system(tmp_path / "short", **water_data)  # a read that fails
+    with open(truncated + "/set.000/virial.npy", "r+b") as handle:
+        handle.truncate(os.path.getsize(truncated + "/set.000/virial.npy") - 8)
+    systems.append(open_system(truncated))
+    expected = [True, False, False, False, False, True, False]
+    assert clean_systems(systems) == expected
+    assert [not validate_system(s) for s in systems[:-1]] == expected[:-1]
+    monkeypatch.setattr(validate, "_FAST_VALUES", 10)  # large systems: checked on their own
+    assert clean_systems(systems[:1]) == [False]
+
+
 def test_random_water_is_sane():
     coords, types, boxes = random_water_like(3, 27, 9.3, seed=4, triclinic=True)
     from ase import Atoms
