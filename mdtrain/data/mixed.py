@@ -43,7 +43,7 @@ def open_systems(
     system (see the module doc); ``outputs``: the label files of the model's outputs
     (`mdtrain.data.labels.output_labels`); ``positions_only``: see `System` (a mixed-type
     system's compositions are checked whole)."""
-    store = open_store(path)
+    store = open_store(path, list_sets=not positions_only)
     try:
         return [System(store, type_map, outputs, positions_only)]
     except MixedTypeFound:

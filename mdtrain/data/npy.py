@@ -130,13 +130,18 @@ class NpyStore:
     is absent costs no system call. A small array (at most ``KEEP_BYTES``) arrives whole
     with its header's read and is kept (`kept_bytes` in all, up to ``MAX_KEPT_BYTES`` per
     process): thousands of small systems are then read once, when they are opened, however
-    many passes (checks, statistics, fingerprints) go over their frames.
+    many passes (checks, statistics, fingerprints) go over their frames. With
+    ``list_sets`` False a set's folder is listed only when its arrays are asked for
+    (`listed_arrays`): a header is read straight away (an absent file costs one failed
+    open), cheaper when a few arrays are read (coordinates and cells, for neighbour
+    statistics).
     """
 
     kind = "deepmd/npy"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, list_sets: bool = True):
         self.path = path
+        self._list_sets = list_sets
         self._headers: dict[tuple[str, str], NpyHeader] = {}
         self._kept: dict[tuple[str, str], np.ndarray] = {}
         self._kept_bytes = 0
@@ -234,7 +239,7 @@ class NpyStore:
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""
         global _kept_total
-        entries = self._set_entries(set_name)
+        entries = self._set_entries(set_name) if self._list_sets else self._arrays.get(set_name)
         if entries and name + ".npy" not in entries:
             return None
         file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
