@@ -195,8 +195,8 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            listed = getattr(self._store, "listed_arrays", None)
-            listed = None if listed is None else listed(set_name)
+            listed = getattr(self._store, "listed_arrays", None)  # a few: asked straight away
+            listed = None if listed is None or only is not None else listed(set_name)
             arrays = (*_ARRAYS, *self._outputs) if only is None else only
             for name in arrays if listed is None else [n for n in arrays if n in listed]:
                 count = self._nframes_of(set_name, name, nf)
