@@ -200,7 +200,10 @@ def test_positions_only_defers_the_label_files(tmp_path, water_data, water_syste
     from mdtrain.data import open_all
 
     for path in (water_system, water_h5):
-        full, quick = open_all([path], ["H", "O"]), open_all([path], ["H", "O"], positions_only=True)
+        full, quick = (
+            open_all([path], ["H", "O"]),
+            open_all([path], ["H", "O"], positions_only=True),
+        )
         assert quick[0]._labels is None  # not read yet
         assert (quick[0].nframes, quick[0].sets) == (full[0].nframes, full[0].sets)
         assert np.array_equal(quick[0].atype, full[0].atype)
