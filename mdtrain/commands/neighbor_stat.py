@@ -9,7 +9,9 @@ Two forms:
 
 Writes the JSON file that ``mdtrain train --neighbor-stat-file`` reads, and prints a short
 table. Imports neither torch nor the config schema machinery in the second form, so that
-it starts fast.
+it starts fast. Reads coordinates and cells only: the label files (energies, forces, ...)
+are neither read nor checked here (``mdtrain check`` and ``train`` do), a third of the
+files of thousands of small systems.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
         raise MDTrainError(f"neighbor-stat: type_map {type_map} names an element twice")
 
     paths = expand_systems(entries, base_dir)
-    systems = open_all(paths, type_map)
+    systems = open_all(paths, type_map, positions_only=True)  # labels are not read
     stat = compute_neighbor_stat(systems, rcut, len(type_map))
     content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
     if input_sel is not None and not isinstance(parse_sel(input_sel), float):

@@ -67,17 +67,37 @@ def _expand_one(entry: str, base_dir: str) -> list[str]:
 
 
 def _walk_dirs(top: str) -> list[str]:
-    """Directories at or under ``top`` holding ``type.raw``; symlinks followed once."""
+    """Directories at or under ``top`` holding ``type.raw``; symlinks followed once.
+
+    ``os.walk``'s order (top down, each folder's entries as listed), without its
+    ``realpath`` of every folder (a system call per path component, for thousands of
+    systems): a folder reached by a name that is not a link is its parent's real path
+    and that name."""
     found: list[str] = []
     visited: set[str] = set()
-    for root, dirs, files in os.walk(top, followlinks=True):
-        real = os.path.realpath(root)
+    stack = [(top, os.path.realpath(top))]
+    while stack:
+        root, real = stack.pop()
         if real in visited:
-            dirs[:] = []
             continue
         visited.add(real)
-        if "type.raw" in files:
-            found.append(os.path.normpath(root))
-        # set.* directories never hold systems: skip them (they can be many)
-        dirs[:] = [d for d in dirs if not d.startswith("set.")]
+        try:
+            entries = list(os.scandir(root))
+        except OSError:  # as os.walk: a folder that cannot be listed is passed over
+            continue
+        below = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                if entry.name == "type.raw":
+                    found.append(os.path.normpath(root))
+            elif not entry.name.startswith("set."):  # set.* folders never hold systems
+                child = os.path.join(real, entry.name)
+                if entry.is_symlink():
+                    child = os.path.realpath(entry.path)
+                below.append((entry.path, child))
+        stack.extend(reversed(below))
     return sorted(found)

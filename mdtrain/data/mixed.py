@@ -34,23 +34,30 @@ _PER_FRAME = frozenset({"box", "energy", "virial", "fparam", "dipole", "polariza
 
 
 def open_systems(
-    path: str, type_map: list[str] | None = None, outputs: dict | None = None
+    path: str,
+    type_map: list[str] | None = None,
+    outputs: dict | None = None,
+    positions_only: bool = False,
 ) -> list[System]:
     """The systems stored at ``path``: one `System`, or one per composition of a mixed-type
     system (see the module doc); ``outputs``: the label files of the model's outputs
-    (`mdtrain.data.labels.output_labels`)."""
-    store = open_store(path)
+    (`mdtrain.data.labels.output_labels`); ``positions_only``: see `System` (a mixed-type
+    system's compositions are checked whole)."""
+    store = open_store(path, list_sets=not positions_only)
     try:
-        return [System(store, type_map, outputs)]
+        return [System(store, type_map, outputs, positions_only)]
     except MixedTypeFound:
         return MixedSystem(store).compositions(type_map, outputs)
 
 
 def open_all(
-    paths: list[str], type_map: list[str] | None = None, outputs: dict | None = None
+    paths: list[str],
+    type_map: list[str] | None = None,
+    outputs: dict | None = None,
+    positions_only: bool = False,
 ) -> list[System]:
     """`open_systems` of every path, in order, as one list."""
-    return [system for path in paths for system in open_systems(path, type_map, outputs)]
+    return [s for path in paths for s in open_systems(path, type_map, outputs, positions_only)]
 
 
 class MixedSystem:

@@ -36,10 +36,12 @@ class NpyHeader(NamedTuple):
     offset: int  # bytes before the data
 
 
-# numpy's header texts parsed so far: files of one size share theirs (thousands of systems
-# of a few sizes parse a few texts)
-_PARSED: dict[bytes, NpyHeader | None] = {}
+# numpy's header texts parsed so far (files of one size share theirs: thousands of systems
+# of a few sizes parse a few texts), each with the size of its data when they can be kept
+# from the first read (C order, plain dtype, a shape), else -1; None: not numpy's layout
+_PARSED: dict[bytes, tuple[NpyHeader, int] | None] = {}
 _MAX_PARSED = 4096
+_UNSEEN = object()
 
 
 def parse_npy_header(path: str, missing_ok: bool = False) -> NpyHeader | None:
@@ -61,14 +63,20 @@ def read_npy_start(
         fd = os.open(path, os.O_RDONLY)  # a file object costs more than the read itself
         try:
             start = os.read(fd, HEAD_BYTES)
-            if len(start) >= 10 and start[:6] == b"\x93NUMPY" and start[6] == 1:
+            if start[:7] == b"\x93NUMPY\x01" and len(start) >= 10:
                 length = int.from_bytes(start[8:10], "little")
                 text = start[10 : 10 + length]
                 if len(text) < length:
                     text += os.pread(fd, length - len(text), 10 + len(text))
-                header = _PARSED.get(text) if text in _PARSED else _parse(text)
-                if header is not None:
-                    return header, _data_in(start, header, keep_bytes)
+                parsed = _PARSED.get(text, _UNSEEN)
+                if parsed is _UNSEEN:
+                    parsed = _parse(text)
+                if parsed is not None:
+                    header, nbytes = parsed
+                    if 0 <= nbytes <= keep_bytes and len(start) >= header.offset + nbytes:
+                        # the data came whole with the header: kept, read-only, as stored
+                        return header, np.ndarray(header.shape, header.dtype, start, header.offset)
+                    return header, None  # read when asked (which reports a short file)
         finally:
             os.close(fd)
         with open(path, "rb") as handle:  # another layout: numpy's own parser
@@ -84,31 +92,21 @@ def read_npy_start(
         raise MDTrainError(f"{path}: not a readable .npy file ({exc})") from None
 
 
-def _parse(text: bytes) -> NpyHeader | None:
-    """A version 1.0 header text in numpy's own layout (None: another layout), remembered."""
+def _parse(text: bytes) -> tuple[NpyHeader, int] | None:
+    """A version 1.0 header text in numpy's own layout (None: another layout), with the size
+    of its data if they can be kept (else -1), remembered."""
     match = _HEADER.match(text.decode("latin1"))
-    header = None
+    parsed = None
     if match:
         shape = tuple(int(n) for n in match.group(3).split(",") if n.strip())
         fortran = match.group(2) == "True"
         header = NpyHeader(shape, np.dtype(match.group(1)), fortran, 10 + len(text))
+        plain = shape and not fortran and not header.dtype.hasobject
+        parsed = header, math.prod(shape) * header.dtype.itemsize if plain else -1
     if len(_PARSED) >= _MAX_PARSED:
         _PARSED.clear()
-    _PARSED[text] = header
-    return header
-
-
-def _data_in(start: bytes, header: NpyHeader, keep_bytes: int) -> np.ndarray | None:
-    """The array of a file read whole in ``start`` (C order, plain dtype, at most
-    ``keep_bytes``), else None (then it is read when asked, which reports a short file)."""
-    if header.fortran_order or header.dtype.hasobject or not header.shape:
-        return None
-    count = math.prod(header.shape)
-    nbytes = count * header.dtype.itemsize
-    if nbytes > keep_bytes or len(start) < header.offset + nbytes:
-        return None
-    data = np.frombuffer(start, header.dtype, count, header.offset)
-    return data.reshape(header.shape)
+    _PARSED[text] = parsed
+    return parsed
 
 
 # Memory maps open in this process, least recently used first. A map holds a file
@@ -132,13 +130,18 @@ class NpyStore:
     is absent costs no system call. A small array (at most ``KEEP_BYTES``) arrives whole
     with its header's read and is kept (`kept_bytes` in all, up to ``MAX_KEPT_BYTES`` per
     process): thousands of small systems are then read once, when they are opened, however
-    many passes (checks, statistics, fingerprints) go over their frames.
+    many passes (checks, statistics, fingerprints) go over their frames. With
+    ``list_sets`` False a set's folder is listed only when its arrays are asked for
+    (`listed_arrays`): a header is read straight away (an absent file costs one failed
+    open), cheaper when a few arrays are read (coordinates and cells, for neighbour
+    statistics).
     """
 
     kind = "deepmd/npy"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, list_sets: bool = True):
         self.path = path
+        self._list_sets = list_sets
         self._headers: dict[tuple[str, str], NpyHeader] = {}
         self._kept: dict[tuple[str, str], np.ndarray] = {}
         self._kept_bytes = 0
@@ -178,8 +181,14 @@ class NpyStore:
         if not self._listing().get(name, False):
             return None
         try:
-            with open(file, "rb", buffering=0) as handle:
-                return handle.read().decode("utf-8")
+            fd = os.open(file, os.O_RDONLY)  # no file object: two system calls fewer
+            try:
+                parts = [os.read(fd, HEAD_BYTES)]
+                while parts[-1]:
+                    parts.append(os.read(fd, 1 << 20))
+            finally:
+                os.close(fd)
+            return b"".join(parts).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise MDTrainError(f"{file}: cannot read ({exc})") from None
 
@@ -236,7 +245,8 @@ class NpyStore:
     def header(self, set_name: str, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of ``set_name/name.npy``, or None when absent."""
         global _kept_total
-        if self._set_entries(set_name) and name + ".npy" not in self._arrays[set_name]:
+        entries = self._set_entries(set_name) if self._list_sets else self._arrays.get(set_name)
+        if entries and name + ".npy" not in entries:
             return None
         file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
         keep = KEEP_BYTES if DIRECT_READ_BYTES and _kept_total < MAX_KEPT_BYTES else 0
@@ -246,9 +256,11 @@ class NpyStore:
         header, data = found
         self._headers[(set_name, name)] = header  # the memory map needs it again
         if data is not None:
+            previous = self._kept.get((set_name, name))
             self._kept[(set_name, name)] = data
-            self._kept_bytes += data.nbytes
-            _kept_total += data.nbytes
+            grown = data.nbytes - (0 if previous is None else previous.nbytes)
+            self._kept_bytes += grown
+            _kept_total += grown
         return header.shape, header.dtype
 
     def array(self, set_name: str, name: str) -> np.ndarray:

@@ -12,8 +12,9 @@ from mdtrain.data.npy import NpyStore
 from mdtrain.errors import MDTrainError
 
 
-def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
-    """The storage of the system at ``path`` (checked to exist; nothing else is read)."""
+def open_store(path: str, list_sets: bool = True) -> NpyStore | H5Store | LmdbStore:
+    """The storage of the system at ``path`` (checked to exist; nothing else is read);
+    ``list_sets``: see `NpyStore`."""
     path = str(path)
     if is_lmdb(path):
         return LmdbStore(path if "#" in path else single_group(path))
@@ -25,7 +26,7 @@ def open_store(path: str) -> NpyStore | H5Store | LmdbStore:
             raise MDTrainError(f"system {path}: {file} is not an HDF5 file")
         return H5Store(file, group)
     if os.path.isdir(path):
-        return NpyStore(path)
+        return NpyStore(path, list_sets)
     if os.path.isfile(path):
         if not is_hdf5(path):
             raise MDTrainError(

@@ -26,6 +26,7 @@ from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported fro
 )
 from mdtrain.data.npy import NpyStore
 from mdtrain.data.stores import open_store
+from mdtrain.data.types import remap_types, sort_by_type
 from mdtrain.errors import MDTrainError
 
 _ARRAYS = ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS)  # besides coord
@@ -64,9 +65,12 @@ class System:
         store: NpyStore | H5Store,
         type_map: list[str] | None = None,
         outputs: dict[str, tuple[int, bool]] | None = None,
+        positions_only: bool = False,
     ):
         """``outputs``: label files of the model's outputs beyond the fixed ones (DOS,
-        properties): name -> (values per frame or per atom, per atom)."""
+        properties): name -> (values per frame or per atom, per atom). ``positions_only``:
+        read and check the coordinates and cells now (what a neighbour search needs), the
+        label files when `labels` is first asked (``neighbor-stat`` never asks)."""
         self._store = store
         self._outputs = dict(outputs or {})
         self._layout = {**LAYOUT, **self._outputs}
@@ -86,19 +90,21 @@ class System:
             raise MDTrainError(f"system {self.path}: type.raw is missing")
         if own_types.size == 0:
             raise MDTrainError(f"system {self.path}: type.raw is empty")
-        if own_types.min() < 0:
+        own = own_types.tolist()
+        if min(own) < 0:  # before type_map.raw is read
             raise MDTrainError(f"system {self.path}: type.raw holds a negative type")
         self._own_types = own_types
         self._own_map = store.type_map()
-        self.natoms = int(own_types.size)
-        model_types, self.elements = self._remap(own_types)
-        self.atom_order = np.argsort(model_types, kind="stable").astype(np.int64)
-        self.atype = model_types[self.atom_order]
-        self._reorder = bool((self.atom_order != np.arange(self.natoms)).any())
+        self.natoms = len(own)
+        model_types, self.elements = remap_types(self.path, own, self._own_map, self.type_map)
+        self.atom_order, self.atype, self._reorder = sort_by_type(model_types)
         self.periodic = not store.nopbc()
         self._widths: dict[str, int] = {}
         self._reshaped: set[tuple[str, str]] = set()  # (set, array) read as (nframes, -1)
-        self.sets, self.labels = self._scan_sets(names)
+        self._labels: frozenset[str] | None = None
+        self.sets, labels = self._scan_sets(names, ("box",) if positions_only else None)
+        if not positions_only:
+            self._labels = labels
         self.nframes = sum(s.nframes for s in self.sets)
         if self.nframes == 0:
             raise MDTrainError(f"system {self.path}: has no frames (every set.* is empty)")
@@ -115,40 +121,12 @@ class System:
     def __len__(self) -> int:
         return self.nframes
 
-    # -- types ------------------------------------------------------------------------------
-
-    def _remap(self, own: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Model types of the atoms (file order) and the names of the system's own types."""
-        ntypes_own = int(own.max()) + 1
-        own_map = self._own_map
-        if own_map is not None and len(own_map) < ntypes_own:
-            raise MDTrainError(
-                f"system {self.path}: type.raw uses type {ntypes_own - 1} but type_map.raw "
-                f"names only {len(own_map)} elements"
-            )
-        model_map = self.type_map
-        if own_map is None:
-            if model_map is not None and ntypes_own > len(model_map):
-                raise MDTrainError(
-                    f"system {self.path}: type.raw uses type {ntypes_own - 1} but type_map has "
-                    f"{len(model_map)} elements {model_map} (and there is no type_map.raw)"
-                )
-            elements = (
-                list(model_map[:ntypes_own])
-                if model_map
-                else [f"type_{t}" for t in range(ntypes_own)]
-            )
-            return own.astype(np.int64), elements
-        if model_map is None:
-            return own.astype(np.int64), list(own_map)
-        index = {name: t for t, name in reversed(list(enumerate(model_map)))}  # first wins
-        lookup = np.array([index.get(name, -1) for name in own_map], dtype=np.int64)
-        if (lookup < 0).any() and (lookup[own] < 0).any():
-            missing = sorted({own_map[t] for t in np.unique(own) if lookup[t] < 0})
-            raise MDTrainError(
-                f"system {self.path}: element {', '.join(missing)} is not in type_map {model_map}"
-            )
-        return lookup[own], list(own_map)
+    @property
+    def labels(self) -> frozenset[str]:
+        """The labels every frame has (``energy``, ``force``, ... , ``fparam``)."""
+        if self._labels is None:  # opened for positions only: the label files checked now
+            self._labels = self._scan_sets([s.name for s in self.sets])[1]
+        return self._labels
 
     # -- layout checks ----------------------------------------------------------------------
 
@@ -160,10 +138,11 @@ class System:
         if header is None:
             return None
         shape, dtype = header
-        size = math.prod(shape)
-        if name in PARAMS and nframes and shape[:1] != (nframes,) and size % nframes == 0:
-            shape = (nframes, size // nframes)
-            self._reshaped.add((set_name, name))
+        if name in PARAMS and nframes and shape[:1] != (nframes,):
+            size = math.prod(shape)
+            if size % nframes == 0:
+                shape = (nframes, size // nframes)
+                self._reshaped.add((set_name, name))
         if dtype.kind not in "fiu":
             where = self._store.where(set_name, name + ".npy")
             raise MDTrainError(f"{where}: expected numbers, found dtype {dtype}")
@@ -201,7 +180,11 @@ class System:
         self._widths[name] = values
         return int(shape[0])
 
-    def _scan_sets(self, names: list[str]) -> tuple[list[SetInfo], frozenset[str]]:
+    def _scan_sets(
+        self, names: list[str], only: tuple[str, ...] | None = None
+    ) -> tuple[list[SetInfo], frozenset[str]]:
+        """Each set's frames, checked across its arrays (``only``: these besides ``coord``),
+        and the labels that every set holds."""
         if not names:
             raise MDTrainError(f"system {self.path}: no set.* directories (no frames)")
         sets: list[SetInfo] = []
@@ -212,9 +195,9 @@ class System:
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
-            listed = getattr(self._store, "listed_arrays", None)
-            listed = None if listed is None else listed(set_name)
-            arrays = (*_ARRAYS, *self._outputs)
+            listed = getattr(self._store, "listed_arrays", None)  # a few: asked straight away
+            listed = None if listed is None or only is not None else listed(set_name)
+            arrays = (*_ARRAYS, *self._outputs) if only is None else only
             for name in arrays if listed is None else [n for n in arrays if n in listed]:
                 count = self._nframes_of(set_name, name, nf)
                 if count is None:
@@ -272,11 +255,18 @@ class System:
         ``positions=False`` leaves out ``coord`` and ``box`` (the energy bias needs
         energies only)."""
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if index.size and (index.min() < -self.nframes or index.max() >= self.nframes):
-            raise IndexError(f"{self.path}: frame index out of range 0..{self.nframes - 1}")
-        index = np.where(index < 0, index + self.nframes, index)
+        if index.size:
+            low, high = _bounds(index)
+            if low < -self.nframes or high >= self.nframes:
+                raise IndexError(f"{self.path}: frame index out of range 0..{self.nframes - 1}")
+            if low < 0:
+                index = np.where(index < 0, index + self.nframes, index)
         n, natoms = len(index), self.natoms
-        wanted = self.labels if labels is None else self.labels & set(labels)
+        if labels is None:
+            wanted = self.labels
+        else:
+            asked = set(labels)
+            wanted = self.labels & asked if asked else frozenset()  # (): no label files
         where = (["coord"] + (["box"] if self.periodic else [])) if positions else []
         names = where + sorted(wanted)
         out = self._gather(index, names)
@@ -382,3 +372,12 @@ class System:
             "natoms": self.natoms,
             "sha256": digest.hexdigest(),
         }
+
+
+def _bounds(index: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest of some frame numbers: a few (a batch, a system's frames)
+    cost less as a Python list than two numpy reductions."""
+    if len(index) <= 64:
+        values = index.tolist()
+        return min(values), max(values)
+    return int(index.min()), int(index.max())

@@ -76,9 +76,16 @@ def small_cells(
     It takes the cells shorter than ``2 rcut`` across some axis whose candidates (atoms² ×
     images) stay under ``MAX_CANDIDATES`` (beyond, the library's cell list is faster)."""
     boxes = np.concatenate([b for _, b in batches]).reshape(-1, 9)
-    natoms = np.concatenate([np.full(len(c), c.shape[1]) for c, _ in batches])
+    natoms = np.repeat([c.shape[1] for c, _ in batches], [len(c) for c, _ in batches])
     finite = np.isfinite(boxes).all(axis=1)
-    finite &= np.concatenate([np.isfinite(c.reshape(len(c), -1)).all(axis=1) for c, _ in batches])
+    if len(natoms) and natoms.all():  # each frame's coordinates at once: one pass over all of them
+        values = np.concatenate([c.reshape(-1) for c, _ in batches])
+        starts = np.concatenate(([0], np.cumsum(3 * natoms)[:-1]))
+        finite &= np.logical_and.reduceat(np.isfinite(values), starts)
+    else:
+        finite &= np.concatenate(
+            [np.isfinite(c.reshape(len(c), -1)).all(axis=1) for c, _ in batches]
+        )
     heights = plane_heights(np.where(finite[:, None], boxes, np.eye(3).ravel()).reshape(-1, 3, 3))
     lowest = heights.min(axis=1)
     ok = finite & (lowest >= MIN_HEIGHT)

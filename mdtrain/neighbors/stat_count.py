@@ -45,10 +45,14 @@ def count_window(
     if pairs.failed or not pairs.sizes.all():
         return None
     lengths = np.diff(pairs.starts)
-    natoms = np.repeat(np.array([len(a) for a in atypes], dtype=np.int64), lengths)
+    sizes = np.array([len(a) for a in atypes], dtype=np.int64)
+    natoms = np.repeat(sizes, lengths)
     atom_start = np.concatenate(([0], np.cumsum(natoms)))  # of each frame, then the end
     total = int(atom_start[-1])
-    atype = np.concatenate([np.tile(a, n) for a, n in zip(atypes, lengths.tolist(), strict=True)])
+    # each frame's atoms take their chunk's types: one gather, not a tile per chunk
+    first_type = np.repeat(np.cumsum(sizes) - sizes, lengths)  # of each frame's chunk
+    shift = np.repeat(first_type - atom_start[:-1], natoms)
+    atype = np.concatenate(atypes)[np.arange(total) + shift]
     counts = np.zeros(total * ntypes, dtype=np.int64)
     lowest = np.empty(len(natoms))
     for part in pairs.parts:

@@ -95,8 +95,9 @@ def search_window(
     checked = np.zeros(nframes, dtype=bool)  # usable is known (periodic frames)
     counts = np.zeros((nframes, 3), dtype=np.int64)
     periodic = [b for b, (_, boxes) in enumerate(batches) if boxes is not None]
+    in_cell = np.repeat([boxes is not None for _, boxes in batches], lengths)  # per frame
     if periodic:  # every cell of the batches at once
-        rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in periodic])
+        rows = np.flatnonzero(in_cell)
         found = images.small_cells([batches[b] for b in periodic], search.rcut)
         small[rows] = found[0] & search.small_cells
         usable[rows], counts[rows], checked[rows] = found[1], found[2], True
@@ -107,15 +108,18 @@ def search_window(
     if len(where):  # frames of one atom count and cell size together
         keys = np.column_stack((natoms[where], counts[where]))
         kinds, kind = np.unique(keys, axis=0, return_inverse=True)
+        kind = kind.ravel()
+        stacked: dict[int, tuple] = {}
         for k in range(len(kinds)):
-            members = where[kind.ravel() == k]
-            coords = np.stack([batches[b][0][g - starts[b]] for g, b in
-                               zip(members.tolist(), batch_of[members].tolist())])  # fmt: skip
-            boxes = np.stack([batches[b][1][g - starts[b]] for g, b in
-                              zip(members.tolist(), batch_of[members].tolist())])  # fmt: skip
+            members = where[kind == k]
+            size = int(kinds[k][0])
+            if size not in stacked:
+                stacked[size] = _stacked(batches, in_cell & (natoms == size), size)
+            all_coords, all_boxes, row = stacked[size]
             frame, i, j, _, dist, vec = images.image_pairs(
-                coords, boxes, search.rcut, shifts=False, vectors=vectors
-            )
+                all_coords[row[members]], all_boxes[row[members]], search.rcut, shifts=False,
+                vectors=vectors,
+            )  # fmt: skip
             parts.append(Part(members[frame], i, j, dist, vec))
     library: list[tuple] = []
     for g in np.flatnonzero(~small).tolist():
@@ -142,6 +146,15 @@ def search_window(
         empty = np.zeros(0, dtype=np.int64)
         parts.append(Part(empty, empty, empty, np.zeros(0), np.zeros((0, 3)) if vectors else None))
     return WindowPairs(starts, sizes, parts, failed)
+
+
+def _stacked(batches: list[tuple], inside: np.ndarray, size: int) -> tuple:
+    """The window frames ``inside`` (the periodic ones of ``size`` atoms) as one array of
+    coordinates and one of cells, and each window frame's row in them (-1: not there)."""
+    chosen = [(c, b) for c, b in batches if b is not None and c.shape[1] == size]
+    row = np.full(len(inside), -1, dtype=np.int64)
+    row[inside] = np.arange(int(inside.sum()))
+    return np.concatenate([c for c, _ in chosen]), np.concatenate([b for _, b in chosen]), row
 
 
 def search_chunks(

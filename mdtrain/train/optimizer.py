@@ -8,6 +8,7 @@ Apart from the loop because benchmarks and tests build the same optimiser withou
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,43 @@ from mdtrain.train.hybrid_muon import HybridMuon
 from mdtrain.train.muon import AdaMuon
 
 FUSED_ADAM_DEVICES = ("cuda", "cpu")  # where torch has a fused Adam (CPU since torch 2.4)
+
+
+def _plain(function):
+    """``function`` without the decorators torch puts around it (``functools.wraps``
+    chains: ``torch._disable_dynamo``, the step's grad-mode wrapper and profiler hook)."""
+    return inspect.unwrap(function)
+
+
+_ADAM_STEP = _plain(torch.optim.Adam.step)
+
+
+class _Eager:
+    """torch's optimiser methods as they are, without their ``torch._disable_dynamo``
+    wrappers: each wrapper imports ``torch._dynamo`` (with sympy, about 1.5 s of CPU) the
+    first time it is called, to switch off a compiler that mdtrain never runs around an
+    optimiser. The same functions run, so the steps and the state are torch's own."""
+
+    add_param_group = _plain(torch.optim.Optimizer.add_param_group)
+    zero_grad = _plain(torch.optim.Optimizer.zero_grad)
+    state_dict = _plain(torch.optim.Optimizer.state_dict)
+    load_state_dict = _plain(torch.optim.Optimizer.load_state_dict)
+
+
+class EagerAdam(_Eager, torch.optim.Adam):
+    """`torch.optim.Adam` whose first call imports no compiler (see `_Eager`)."""
+
+    def step(self, closure=None):
+        # torch's wrapper of Adam.step: gradients off (``differentiable`` is never set here)
+        # and a graph break, which means nothing outside torch.compile
+        with torch.no_grad():
+            return _ADAM_STEP(self, closure)
+
+
+class EagerAdamW(_Eager, torch.optim.AdamW):
+    """`torch.optim.AdamW` whose first call imports no compiler (see `_Eager`)."""
+
+    step = EagerAdam.step
 
 
 def make_optimizer(
@@ -68,7 +106,7 @@ def make_adam(
     parameters and moments several times. The two differ in the last bits of a step, not more.
     Newer torch checks the device only at the first step, so the device is checked here.
     """
-    kind = torch.optim.AdamW if decoupled else torch.optim.Adam
+    kind = EagerAdamW if decoupled else EagerAdam
     settings = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
     if all(p.device.type in FUSED_ADAM_DEVICES for p in params):
         try:
@@ -135,7 +173,7 @@ def step_together(optimizers: Sequence[torch.optim.Adam]) -> None:
     first = groups[0]
     lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
     together = (
-        all(type(opt) is torch.optim.Adam for opt in optimizers)
+        all(type(opt) in (torch.optim.Adam, EagerAdam) for opt in optimizers)
         and all(g.get(k) == first.get(k) for g in groups for k in _SAME)
         and not any(g.get(k) for g in groups for k in _OFF)
     )

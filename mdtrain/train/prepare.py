@@ -23,6 +23,7 @@ from mdtrain.config.model_kind import PAIRTAB, model_type, parts
 from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.labels import output_labels
 from mdtrain.data.share import share_ranges
+from mdtrain.data.validate import clean_systems
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors import descriptor_class
 from mdtrain.model.stats import StatCollector, StatShare, compute_or_load_stats
@@ -84,7 +85,10 @@ def validate_datasets(data: DataSets) -> None:
     after the statistics and possibly hours of training."""
     started = time.perf_counter()
     problems = []
-    for system in data.train + data.valid:
+    systems = data.train + data.valid
+    for system, clean in zip(systems, clean_systems(systems), strict=True):
+        if clean:  # nothing for validate_system to report
+            continue
         try:
             problems += validate_system(system)
         except (OSError, ValueError) as exc:  # a damaged file that still opened

@@ -196,6 +196,38 @@ def test_frame_count_comes_from_the_header(tmp_path, water_data):
         system.frames([0])
 
 
+def test_positions_only_defers_the_label_files(tmp_path, water_data, water_system, water_h5):
+    from mdtrain.data import open_all
+
+    for path in (water_system, water_h5):
+        full, quick = (
+            open_all([path], ["H", "O"]),
+            open_all([path], ["H", "O"], positions_only=True),
+        )
+        assert quick[0]._labels is None  # not read yet
+        assert (quick[0].nframes, quick[0].sets) == (full[0].nframes, full[0].sets)
+        assert np.array_equal(quick[0].atype, full[0].atype)
+        rows = np.arange(full[0].nframes)
+        _same_frames(quick[0].frames(rows, labels=()), full[0].frames(rows, labels=()))
+        assert quick[0]._labels is None  # positions never ask for them
+        assert quick[0].fingerprint() == full[0].fingerprint()
+        assert quick[0].labels == full[0].labels == {"energy", "force", "virial"}
+        _same_frames(quick[0].frames(rows), full[0].frames(rows))
+    # a label file that does not fit: reported when the labels are first asked, as at opening
+    bad = write_npy_system(tmp_path / "bad", **water_data)
+    np.save(bad + "/set.000/virial.npy", np.zeros((5, 9)))
+    with pytest.raises(MDTrainError, match="virial.npy: 5 frames but coord.npy has 6") as full:
+        open_system(bad)
+    quick = open_all([bad], positions_only=True)[0]
+    assert quick.frames([0], labels=())["coord"].shape == (1, 24, 3)
+    with pytest.raises(MDTrainError) as late:
+        quick.has("energy")
+    assert str(late.value) == str(full.value)
+    np.save(bad + "/set.000/box.npy", np.zeros((5, 9)))  # the cells are checked at opening
+    with pytest.raises(MDTrainError, match="box.npy: 5 frames but coord.npy has 6"):
+        open_all([bad], positions_only=True)
+
+
 def test_system_pickles_without_its_data(water_system, water_h5):
     for path in (water_system, water_h5):
         system = open_system(path, ["O", "H"])
@@ -295,6 +327,41 @@ def test_directory_expansion(tmp_path, water_data):
     again = expand_systems([str(tmp_path / "root/b/sys1"), "root/a", "root"], str(tmp_path))
     assert again[:2] == [str(tmp_path / "root/b/sys1"), str(tmp_path / "root/a")]
     assert len(again) == 3
+
+
+def _walk_reference(top: str) -> list[str]:
+    """The systems below ``top`` as os.walk finds them, a realpath per folder."""
+    found, visited = [], set()
+    for root, dirs, files in os.walk(top, followlinks=True):
+        if os.path.realpath(root) in visited:
+            dirs[:] = []
+            continue
+        visited.add(os.path.realpath(root))
+        if "type.raw" in files:
+            found.append(os.path.normpath(root))
+        dirs[:] = [d for d in dirs if not d.startswith("set.")]
+    return sorted(found)
+
+
+def test_directory_expansion_follows_links_once(tmp_path):
+    root = tmp_path / "root"
+    for name in ("a/s1", "a/s1/inner", "b/s2", "c"):  # a system may hold another
+        (root / name / "set.000").mkdir(parents=True)
+        (root / name / "type.raw").write_text("0\n")
+    (root / "b" / "s2" / "set.000" / "type.raw").write_text("0\n")  # inside a set: not one
+    (root / "a" / "loop").symlink_to(root)  # a cycle
+    (root / "z_again").symlink_to(root / "b")  # the same systems under a second name
+    (root / "a" / "y_link").symlink_to(root / "c")
+    (root / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "outside" / "s3").mkdir(parents=True)
+    (tmp_path / "outside" / "s3" / "type.raw").write_text("0\n")
+    (root / "out").symlink_to(tmp_path / "outside")
+    found = expand_systems(str(root))
+    assert found == _walk_reference(str(root))
+    assert len(found) == 5 and str(root / "out" / "s3") in found
+    linked = tmp_path / "linked_root"
+    linked.symlink_to(root)
+    assert expand_systems(str(linked)) == _walk_reference(str(linked))
 
 
 def test_hdf5_expansion(tmp_path, water_data):
@@ -495,6 +562,38 @@ def test_validate_system_reports_bad_frames(tmp_path, water_data):
     assert any("force holds NaN or inf in frame 1" in p for p in problems)
     assert any("box is singular" in p and "frame 2" in p for p in problems)
     assert len(problems) == 3 and all(system.path in p for p in problems)
+
+
+def test_clean_systems_agrees_with_validate_system(tmp_path, water_data, monkeypatch):
+    from mdtrain.data import validate
+    from mdtrain.data.validate import clean_systems
+
+    def bad(key, index, value):
+        data = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in water_data.items()}
+        data[key][index] = value
+        return data
+
+    variants = [
+        water_data,
+        bad("coords", (4, 0, 0), np.nan),
+        bad("force", (1, 3, 2), np.inf),
+        bad("energy", (5,), np.nan),
+        bad("boxes", (2, 2), 0.0),  # a singular cell
+        water_data,
+    ]
+    systems = [
+        open_system(write_npy_system(tmp_path / f"s{k}", set_size=4, **data))
+        for k, data in enumerate(variants)
+    ]
+    truncated = write_npy_system(tmp_path / "short", **water_data)  # a read that fails
+    with open(truncated + "/set.000/virial.npy", "r+b") as handle:
+        handle.truncate(os.path.getsize(truncated + "/set.000/virial.npy") - 8)
+    systems.append(open_system(truncated))
+    expected = [True, False, False, False, False, True, False]
+    assert clean_systems(systems) == expected
+    assert [not validate_system(s) for s in systems[:-1]] == expected[:-1]
+    monkeypatch.setattr(validate, "_FAST_VALUES", 10)  # large systems: checked on their own
+    assert clean_systems(systems[:1]) == [False]
 
 
 def test_random_water_is_sane():
