@@ -10,9 +10,27 @@ import torch
 from mdtrain.model.accel.fitting_node import members_fitting_with_grad
 from mdtrain.model.accel.layout import layer_params
 from mdtrain.model.accel.stacked import StackedParams
+from mdtrain.model.backend import build_committee
+from mdtrain.model.committee import Committee, member_model_config
 from mdtrain.model.fitting import EnergyFitting
-from tests.helpers.models import batch
-from tests.model.test_committee import committee_for, grads, loss_of
+from tests.helpers.models import batch, set_random_stats, small_config
+
+
+def committee_for(size: int = 3) -> Committee:
+    """A fused committee of ``size`` members of the small test model, statistics shared."""
+    configs = [member_model_config(small_config(), k) for k in range(size)]
+    committee = build_committee(configs, backend="fused")
+    set_random_stats(committee.members[0])
+    committee.share_statistics()
+    return committee.train()
+
+
+def loss_of(out: dict) -> torch.Tensor:
+    return out["energy"].sum() + (out["force"] ** 2).sum() + (out["virial"] ** 2).sum()
+
+
+def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
 
 
 def _fittings() -> list[EnergyFitting]:
@@ -54,7 +72,7 @@ def test_stacked_views_give_the_gradients_of_stacking_per_call():
 
 
 def test_a_member_state_holds_its_own_values_only():
-    committee = committee_for("fused")
+    committee = committee_for()
     args = batch(committee.members[0], nmol=2)
     committee(*args)  # stacks the fitting parameters
     member = committee.members[1]
@@ -69,10 +87,10 @@ def test_a_member_state_holds_its_own_values_only():
 def test_parameters_given_other_data_are_stacked_again():
     """``load_state_dict(assign=True)`` replaces the members' tensors: the next forward
     stacks the new ones (each member again equals itself alone)."""
-    committee = committee_for("fused")
+    committee = committee_for()
     args = batch(committee.members[0], nmol=2)
     committee(*args)
-    donor = committee_for("fused", size=1).members[0]
+    donor = committee_for(size=1).members[0]
     committee.members[2].load_state_dict(donor.state_dict(), assign=True)
     outs = committee(*args)
     sum(loss_of(out) for out in outs).backward()

@@ -28,7 +28,7 @@ from mdtrain.model.accel.explicit_descriptor import (
 )
 from mdtrain.model.accel.fitting_node import members_fitting_with_grad
 from mdtrain.model.accel.layout import layer_params
-from mdtrain.model.accel.stacked import StackedParams, own_values
+from mdtrain.model.accel.stacked import StackedParams, own_values, stackable
 from mdtrain.model.committee import Committee
 
 
@@ -74,12 +74,14 @@ class ExplicitCommittee(Committee):
             [layer_params(f.networks[c].layers) for f in fittings]
             for c in range(len(fittings[0].networks))
         ]
-        if self._stacked is None:
-            self._stacked = [StackedParams(p) for p in params]
+        stacked = None
+        if all(stackable(p) for p in params):
+            if self._stacked is None:
+                self._stacked = [StackedParams(p) for p in params]
+            stacked = [s.views(p) for s, p in zip(self._stacked, params, strict=True)]
         energies, grads = members_fitting_with_grad(
-            fittings, torch.stack([c[0] for c in contracted]), atype,
-            [s.views(p) for s, p in zip(self._stacked, params, strict=True)],
-        )  # fmt: skip
+            fittings, torch.stack([c[0] for c in contracted]), atype, stacked
+        )
         parts = [m.biased(energies[k], grads[k], atype) for k, m in enumerate(members)]
         rbar = torch.stack(
             [

@@ -84,6 +84,13 @@ class _StackViews(torch.autograd.Function):
         return (None, *rows)
 
 
+def stackable(members: Sequence[Sequence[Tensor]]) -> bool:
+    """Whether the parameters are plain tensors, whose rows of a stack are views of it
+    (a tensor subclass wrapping another tensor need not alias its views: those are stacked
+    per call)."""
+    return all(type(p.data) is Tensor for params in members for p in params)
+
+
 def own_values(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
     """State-dict hook: tensors that are views of a larger storage (a member's rows of the
     stacks) replaced by copies, so that a member's state holds its own values only."""
