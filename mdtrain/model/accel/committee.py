@@ -6,7 +6,8 @@ the pair vectors, the environment matrix with its derivative coefficients, the n
 (the same davg/dstd for every member) and the slot widths the embedding evaluates are one
 `Environment`, computed once per batch; each member then runs its own embedding nets on it
 (the compiled kernels reuse one block plan for all of them). The members' fitting nets run
-as one node per atom type with batched products (``members_fitting_with_grad``), and what
+as one node per atom type with batched products (``members_fitting_with_grad``) on their
+parameters kept stacked (``accel.stacked``: each member's parameter a view of one stack), and what
 follows the networks (the pull-back of dE/dR̃ through the environment matrix, the force
 gather, the virial, the energy sums) runs once for all members, as if they were extra frames.
 Each member's outputs and gradients are its own; they equal the member's alone up to the
@@ -26,6 +27,8 @@ from mdtrain.model.accel.explicit_descriptor import (
     row_gradients,
 )
 from mdtrain.model.accel.fitting_node import members_fitting_with_grad
+from mdtrain.model.accel.layout import layer_params
+from mdtrain.model.accel.stacked import StackedParams, own_values, stackable
 from mdtrain.model.committee import Committee
 
 
@@ -38,6 +41,11 @@ class ExplicitCommittee(Committee):
         if not all(isinstance(m, ExplicitEnergyModel) for m in members) or len(kinds) != 1:
             raise ValueError("an explicit committee needs explicit members of one backend")
         super().__init__(list(members))
+        # per fitting net (atom type): the members' parameters as (K, ...) stacks, made at
+        # the first forward (after the model is moved and its weights loaded)
+        self._stacked: list[StackedParams] | None = None
+        for member in members:  # a member's checkpoint holds its own values, not the stacks
+            member._register_state_dict_hook(own_values)
 
     def forward(
         self, coord: Tensor, atype: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
@@ -61,8 +69,18 @@ class ExplicitCommittee(Committee):
         contracted = [
             contract_environment(m.descriptor, m.embedding, env, nf, natoms) for m in members
         ]
+        fittings = [m.fitting for m in members]
+        params = [  # per atom type's net: every member's parameters
+            [layer_params(f.networks[c].layers) for f in fittings]
+            for c in range(len(fittings[0].networks))
+        ]
+        stacked = None
+        if all(stackable(p) for p in params):
+            if self._stacked is None:
+                self._stacked = [StackedParams(p) for p in params]
+            stacked = [s.views(p) for s, p in zip(self._stacked, params, strict=True)]
         energies, grads = members_fitting_with_grad(
-            [m.fitting for m in members], torch.stack([c[0] for c in contracted]), atype
+            fittings, torch.stack([c[0] for c in contracted]), atype, stacked
         )
         parts = [m.biased(energies[k], grads[k], atype) for k, m in enumerate(members)]
         rbar = torch.stack(

@@ -4,7 +4,8 @@ dE/dD, as explicit first-order operations instead of a second autograd pass.
 The reference (``mdtrain.model.descriptors.se_e2_a``) gives D; forces then need ``autograd.grad`` with
 ``create_graph`` and the force loss a double backward through every net. Here the embedding
 net returns G and dG/ds together, the environment matrix its derivative coefficients, and
-``backward_explicit`` chains them by hand, so a force loss trains with one first-order backward.
+``row_gradients`` with ``pull_back_rows`` chain them by hand, so a force loss trains with one
+first-order backward.
 The embedding work goes through an ``EmbeddingOps`` (``TorchEmbedding`` or ``KernelEmbedding``),
 chosen once when the model is built.
 """
@@ -51,7 +52,7 @@ class EmbeddingOps(Protocol):
 
 
 class ExplicitCache(NamedTuple):
-    """What ``backward_explicit`` needs from ``forward_explicit``."""
+    """What ``row_gradients`` needs from ``contract_environment``."""
 
     diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
     coef: Tensor  # (nf, N, nnei, 3) [h, c0, c1] of ``env_matrix_and_derivative``, 0 if padded
@@ -117,7 +118,7 @@ class RowGroup(NamedTuple):
 
 
 class Environment(NamedTuple):
-    """Everything ``forward_explicit`` computes before any network: the environment matrix,
+    """Everything the explicit forward computes before any network: the environment matrix,
     its derivative coefficients and the normalised rows per group. It depends on the frames,
     the descriptor's settings and its davg/dstd only, so a committee whose members share
     their statistics computes it once (``mdtrain.model.accel.committee``)."""
@@ -132,7 +133,7 @@ class Environment(NamedTuple):
 def explicit_environment(
     desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor
 ) -> Environment:
-    """The network-free part of ``forward_explicit`` (see `Environment`)."""
+    """The network-free part of the explicit forward (see `Environment`)."""
     nf, natoms = diff.shape[0], diff.shape[1]
     mask = nlist >= 0
     diff = diff.to(desc.dtype)
@@ -181,7 +182,7 @@ def contract_environment(
     desc: DescriptorSeA, ops: EmbeddingOps, env: Environment, nf: int, natoms: int
 ) -> tuple[Tensor, ExplicitCache]:
     """Descriptor D (nf, N, M·axis) of ``desc``'s networks on a computed environment, plus
-    what ``backward_explicit`` needs."""
+    what ``row_gradients`` needs."""
     blocks: list[EmbeddedBlock] = []
     if desc.type_one_side:
         group = env.groups[0]
@@ -200,27 +201,6 @@ def contract_environment(
     return out, ExplicitCache(env.diff, env.coef, env.scale, tmats, rows_of, blocks)
 
 
-def forward_explicit(
-    desc: DescriptorSeA, ops: EmbeddingOps, diff: Tensor, nlist: Tensor, atype: Tensor
-) -> tuple[Tensor, ExplicitCache]:
-    """Descriptor D (nf, N, M·axis) like ``desc.forward``, plus what ``backward_explicit``
-    needs; nothing here needs ``diff`` to require grad."""
-    env = explicit_environment(desc, diff, nlist, atype)
-    return contract_environment(desc, ops, env, diff.shape[0], diff.shape[1])
-
-
-def backward_explicit(
-    desc: DescriptorSeA,
-    ops: EmbeddingOps,
-    grad: Tensor,
-    cache: ExplicitCache,
-    atype: Tensor,
-) -> Tensor:
-    """dE/d(diff) (nf, N, nnei, 3) float64 from dE/dD ``grad`` (nf, N, M·axis)."""
-    rbar = row_gradients(desc, ops, grad, cache, atype)
-    return pull_back_rows(rbar * cache.scale, cache.diff, cache.coef).to(torch.float64)
-
-
 def row_gradients(
     desc: DescriptorSeA,
     ops: EmbeddingOps,
@@ -229,8 +209,8 @@ def row_gradients(
     atype: Tensor,
 ) -> Tensor:
     """dE/dR̃ (nf, N, nnei, 4) in the descriptor dtype from dE/dD ``grad`` (nf, N, M·axis):
-    ``backward_explicit`` before the pull-back through the environment matrix (a committee
-    pulls every member's back at once).
+    the explicit backward before the pull-back through the environment matrix
+    (``pull_back_rows``; a committee pulls every member's back at once).
 
     ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
     through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.

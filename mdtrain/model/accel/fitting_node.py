@@ -98,12 +98,16 @@ def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor)
 
 
 def members_fitting_with_grad(
-    fittings: Sequence[EnergyFitting], descriptors: Tensor, atype: Tensor
+    fittings: Sequence[EnergyFitting],
+    descriptors: Tensor,
+    atype: Tensor,
+    stacked: Sequence[Sequence[Tensor]] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``fitting_with_grad`` of K fitting nets of one architecture (a committee's members),
     each on its own descriptor, ``descriptors`` (K, nf, N, dim_in): energies (K, nf, N) and
     gradients (K, nf, N, dim_in), with one node per type for all K (batched products) instead
-    of K nodes of small products."""
+    of K nodes of small products. ``stacked``: per type, the nets' parameters already stacked
+    in ``layer_params`` order (``stacked.StackedParams.views``); None stacks them here."""
     first = fittings[0]
     k, nf, natoms, dim_in = descriptors.shape
     out = torch.zeros(k, nf, natoms, dtype=torch.float64, device=descriptors.device)
@@ -113,7 +117,12 @@ def members_fitting_with_grad(
         d_c = descriptors.index_select(2, idx).reshape(k, -1, dim_in).to(first.dtype)
         nets = [f.networks[c] for f in fittings]
         layout = layer_layout(nets[0].layers[:-1])
-        params = [_stacked(p) for p in zip(*(layer_params(n.layers) for n in nets), strict=True)]
+        if stacked is not None:
+            params = list(stacked[c])
+        else:
+            params = [
+                _stacked(p) for p in zip(*(layer_params(n.layers) for n in nets), strict=True)
+            ]
         e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *params)
         out = out.index_copy(2, idx, e_c.view(k, nf, -1).to(torch.float64))
         grad = grad.index_copy(2, idx, g_c.reshape(k, nf, -1, dim_in))
