@@ -10,8 +10,6 @@ atomic-model output bias: dipoles ignore it (as DeePMD-kit does); a polar model 
 ``shift_diag`` adds the mean of its diagonal, times ``scale``, to each atom's diagonal.
 """
 
-from __future__ import annotations
-
 from torch import Tensor
 
 from mdtrain.config.mixed_types import shares_fitting_net
@@ -92,11 +90,7 @@ class TensorModel(OutputModel):
     def atomic_tensor(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Atomic tensors (nf, N, size) float64 from pair vectors."""
         d, gr = self.descriptor.forward_with_rot(diff, nlist, atype)
-        if isinstance(self.fitting, PolarFitting):
-            diag = self.out_bias.view(self.ntypes, 3, 3).diagonal(dim1=1, dim2=2).mean(dim=1)
-            out = self.fitting(d, gr, atype, diag)
-        else:
-            out = self.fitting(d, gr, atype)
+        out = self.fitting(d, gr, atype, self.out_bias)
         return out * self.atom_keep[atype].view(1, -1, 1)
 
     def forward(

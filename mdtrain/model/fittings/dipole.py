@@ -24,7 +24,10 @@ class DipoleFitting(nn.Module):
         self.nets = nets
         self.embedding_width = embedding_width
 
-    def forward(self, descriptor: Tensor, gr: Tensor, atype: Tensor) -> Tensor:
+    def forward(self, descriptor: Tensor, gr: Tensor, atype: Tensor, out_bias: Tensor) -> Tensor:
+        """``out_bias`` (ntypes, 3): the model's output bias, unused (as in DeePMD-kit); taken
+        so that both tensor fittings are called alike (a TorchScript model cannot branch on
+        its fitting's class)."""
         nf, natoms = descriptor.shape[0], descriptor.shape[1]
         m = self.nets(descriptor, atype).view(nf * natoms, 1, self.embedding_width)
         rot = gr.to(m.dtype).reshape(nf * natoms, self.embedding_width, 3)

@@ -4,7 +4,7 @@ With ``fit_diag`` the nets give the diagonal of ``P_i`` (embedding_width values)
 the whole matrix, symmetrised as ``(P + Pᵀ)/2``. ``P`` is scaled by ``scale[t]`` first; with
 ``shift_diag`` the isotropic ``scale[t] (constant_matrix[t] + c_t) I`` is added, where ``c_t``
 is the mean of the diagonal of the model's output bias of type ``t`` (the atomic model's
-``apply_out_stat``; the model passes it in).
+``apply_out_stat``; the model passes its ``out_bias`` in).
 """
 
 import torch
@@ -42,9 +42,11 @@ class PolarFitting(nn.Module):
         self.register_buffer("scale", torch.tensor(values, dtype=torch.float64))
         self.register_buffer("constant_matrix", torch.zeros(ntypes, dtype=torch.float64))
 
-    def forward(self, descriptor: Tensor, gr: Tensor, atype: Tensor, diag_bias: Tensor) -> Tensor:
-        """``diag_bias`` (ntypes,): the model's per-type isotropic bias ``c_t``."""
+    def forward(self, descriptor: Tensor, gr: Tensor, atype: Tensor, out_bias: Tensor) -> Tensor:
+        """``out_bias`` (ntypes, 9): the model's output bias; the mean of each type's diagonal
+        is its isotropic bias ``c_t``."""
         nf, natoms = descriptor.shape[0], descriptor.shape[1]
+        diag_bias = out_bias.reshape(-1, 3, 3).diagonal(dim1=1, dim2=2).mean(dim=1)
         width = self.embedding_width
         out = self.nets(descriptor, atype)
         dtype = out.dtype
