@@ -165,6 +165,8 @@ def evaluate_system(
     names = prediction_names(model)
     outputs = {k: output for k, (output, _) in names.items()}
     labels = [k for k, (_, file) in names.items() if system.has(file)]
+    tensor = getattr(model, "label", None)
+    tensor_keep = model.atom_keep.cpu().numpy() if tensor else None
     if not system.periodic and "virial" in labels:
         labels.remove("virial")  # a virial without a cell is not comparable
 
@@ -178,6 +180,10 @@ def evaluate_system(
         check_predictions(result, name, system.path, start)
         for k in labels:
             result["label_" + k] = batch.labels[names[k][1]].cpu().numpy()
+        if tensor_keep is not None:  # atomic tensors: the selected atoms only, as dp test
+            keep = tensor_keep[batch.atype.cpu().numpy()] > 0
+            for k in [k for k in result if k.endswith(f"atomic_{tensor}")]:
+                result[k] = result[k][:, keep]
         if on_frames is not None:
             on_frames(stop - start)
         return result

@@ -1,6 +1,7 @@
 """Dipole and polar models frozen to ``.pth`` (TorchScript) and ``.dp``: the TorchScript
 module itself, the model ``mdtrain`` rebuilds from either file and ``mdtrain test`` give the
-checkpoint's outputs (float64, to 1e-12); ``.pt2`` is refused in one line; the ASE
+checkpoint's outputs (float64, to 1e-12; atomic RMSEs over the atoms of ``sel_type``, as
+``dp test -a``); ``.pt2`` is refused in one line; the ASE
 calculator reads the ``.pth``. (Scripting once failed: ``from __future__ import
 annotations`` in model/tensor.py, and a branch on the fitting's class.)"""
 
@@ -71,8 +72,13 @@ def test_tensor_model_freezes_to_pth_and_dp(tmp_path, monkeypatch, kind):
         figures[name] = json.loads((tmp_path / "t.json").read_text())["total"]
     frames = system.frames(range(system.nframes))
     want = np.sqrt(np.mean((ref[label] - frames[label].reshape(ref[label].shape)) ** 2))
+    # atomic: over the atoms of sel_type only (oxygens here), as dp test -a
+    oxygens = system.atype[np.argsort(system.atype, kind="stable")] == 0  # the model's order
+    atomic = ref[f"atom_{label}"] - frames[f"atomic_{label}"].reshape(ref[f"atom_{label}"].shape)
+    want_atomic = np.sqrt(np.mean(atomic[:, oxygens] ** 2))
     for name, total in figures.items():
         assert total[f"{label}_rmse"] == pytest.approx(want, rel=1e-12, abs=1e-12), name
+        assert total[f"atomic_{label}_rmse"] == pytest.approx(want_atomic, rel=1e-12), name
         for key, value in figures["out/model.ckpt.pt"].items():
             if isinstance(value, float):
                 assert total[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (name, key)

@@ -77,8 +77,12 @@ def test_dp_test_prints_the_figures_of_mdtrain_test(
     dp_test = deepmd_pt.dp_cmd(["--pt", "test", "-m", "model.pth", "-s", "data/valid"], tmp_path)
     assert main(["test", "-m", "model.dp", "-s", "data/valid", "--json", "mt.json"]) == 0
     label = "dipole" if kind == "dipole" else "polarizability"
-    found = json.loads((tmp_path / "mt.json").read_text())["total"][f"{label}_rmse"]
-    theirs = re.findall(rf"{printed}\s+RMSE\s*:\s*(\S+)", dp_test)
-    assert theirs, f"no {printed} RMSE in dp test's output"
-    print(kind, "mdtrain", found, "dp --pt test", theirs[-1])
-    assert found == pytest.approx(float(theirs[-1]), rel=1e-6)
+    figures = json.loads((tmp_path / "mt.json").read_text())["total"]
+    dp_atomic = deepmd_pt.dp_cmd(
+        ["--pt", "test", "-m", "model.pth", "-s", "data/valid", "-a"], tmp_path
+    )  # atomic labels, over the atoms of sel_type
+    for output, key in ((dp_test, f"{label}_rmse"), (dp_atomic, f"atomic_{label}_rmse")):
+        theirs = re.findall(rf"{printed}\s+RMSE\s*:\s*(\S+)", output)
+        assert theirs, f"no {printed} RMSE in dp test's output"
+        print(kind, key, "mdtrain", figures[key], "dp --pt test", theirs[-1])
+        assert figures[key] == pytest.approx(float(theirs[-1]), rel=1e-6)
