@@ -10,6 +10,7 @@ own, named by its JSON path (``model.models[1]``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mdtrain.errors import MDTrainError
@@ -85,16 +86,28 @@ def linear_problems(model: Any) -> list[str]:
         fit = sub.get("fitting_net")
         if kind == STANDARD and isinstance(fit, dict) and fit.get("type", "ener") != "ener":
             problems.append(f"{where}.fitting_net.type: a linear_ener part fits energies (ener)")
-        if kind == STANDARD and isinstance(fit, dict):
-            for key in ("numb_fparam", "numb_aparam"):
-                if isinstance(fit.get(key), int) and fit[key] > 0:
-                    problems.append(
-                        f"{where}.fitting_net.{key}: frame/atomic parameters are not "
-                        "supported in a linear_ener part"
-                    )
         own = sub.get("type_map")
         if own is not None and isinstance(type_map, list) and own != type_map:
             problems.append(f"{where}.type_map: must be model.type_map {type_map} in mdtrain")
+    return problems + _param_problems(model)
+
+
+def _param_problems(model: dict) -> list[str]:
+    """The network parts that take frame/atomic parameters must take the same ones: every
+    part is given the same ``fparam``/``aparam`` (as in DeePMD-kit's linear model)."""
+    problems = []
+    for key in ("numb_fparam", "numb_aparam", "default_fparam"):
+        seen = {}
+        for where, sub in network_sections(model):
+            fit = sub.get("fitting_net")
+            value = fit.get(key) if isinstance(fit, dict) else None
+            if value not in (None, 0):
+                seen.setdefault(json.dumps(value), where)
+        if len(seen) > 1:
+            problems.append(
+                f"model.models: {key} differs between {' and '.join(seen.values())}; the parts "
+                "are given the same frame/atomic parameters"
+            )
     return problems
 
 

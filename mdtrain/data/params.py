@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mdtrain.config.model_kind import LINEAR, model_type, network_sections
 from mdtrain.errors import MDTrainError
 
 
@@ -25,7 +26,13 @@ class ParamSpec:
 
     @classmethod
     def of(cls, model_config: dict) -> ParamSpec:
-        """From a (normalised) ``model`` section."""
+        """From a (normalised) ``model`` section; a ``linear_ener`` model's from its network
+        parts, which all take the same parameters (DeePMD-kit passes them to every part;
+        `mdtrain.config.model_kind.linear_problems` refuses parts that differ)."""
+        if model_type(model_config) == LINEAR:
+            specs = {cls.of(part) for _, part in network_sections(model_config)}
+            specs = sorted((s for s in specs if s.any), key=repr) or [cls()]
+            return specs[0]
         fit = model_config.get("fitting_net") or {}
         default = fit.get("default_fparam")
         return cls(

@@ -27,10 +27,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from mdtrain import __version__
+from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import FROZEN_METADATA, quiet_jit
 from mdtrain.infer.program import PROGRAM_METADATA
 from mdtrain.model.backend import as_reference
+from mdtrain.model.pair_energy import PairTableEnergy
 from mdtrain.neighbors.layout import layout_of
 
 
@@ -116,9 +118,11 @@ class ParamsForward(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        fitting = getattr(model, "fitting", None)
-        self.numb_fparam = int(getattr(fitting, "numb_fparam", 0))
-        self.numb_aparam = int(getattr(fitting, "numb_aparam", 0))
+        spec = ParamSpec.of_model(model)  # a combined model's from its network parts
+        self.numb_fparam, self.numb_aparam = spec.numb_fparam, spec.numb_aparam
+        for part in model.modules():  # a program cannot raise on values: NaN instead
+            if isinstance(part, PairTableEnergy):
+                part.raise_below = False
         self.widths = {w for w in (self.numb_fparam, self.numb_aparam) if w}
         self.type_map, self.rcut, self.sel = model.type_map, model.rcut, model.sel
         self.mixed_types = bool(getattr(model, "mixed_types", False))

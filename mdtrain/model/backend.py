@@ -198,10 +198,8 @@ def to_device(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Mo
 
 def as_reference(model: EnergyModel) -> EnergyModel:
     """The reference model with ``model``'s parameters and buffers (for TorchScript)."""
-    if isinstance(model, CombinedModel):
-        raise MDTrainError(
-            "a model with a pair table cannot be frozen to TorchScript; freeze it to .dp"
-        )
+    if isinstance(model, CombinedModel):  # its parts run the reference maths only
+        return model
     if type(model) is EnergyModel and compute_mode(model) is None:
         return model
     if isinstance(model, (InvariantModel, TensorModel)):

@@ -16,8 +16,6 @@ any type for a mixed one. Energies combine per atom, ``E_i = Σ_k w_ik E_ik + bi
   neighbours gets ``s = 0``. The neighbours are those of the part with the longer list.
 """
 
-from __future__ import annotations
-
 import copy
 import json
 
@@ -57,6 +55,9 @@ class CombinedModel(ConservativeModel):
     part_nsel: list[int]
     model_config_json: str
     backend: str
+    mixed_types: bool  # the outer list: per type (each part's list is derived from it)
+    slot_start: list[int]
+    __jit_unused_properties__ = ["descriptor", "fitting"]
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class CombinedModel(ConservativeModel):
         self._config = copy.deepcopy(config)
         self.model_config_json = json.dumps(config, sort_keys=True)
         self.backend = "reference"
+        self.mixed_types = False
         sels = [_part_sel(p, self.ntypes) for p in parts]
         self.sel = [max(s[t] for s in sels) for t in range(self.ntypes)]
         if outer_sel is not None:  # a smaller outer list: mixed parts read what it holds
@@ -82,11 +84,13 @@ class CombinedModel(ConservativeModel):
         self.part_rcut = [float(p.rcut) for p in parts]
         self.part_mixed = self.part_mixed_of(parts)
         self.part_nsel = [s[0] if m else sum(s) for s, m in zip(sels, self.part_mixed)]
-        for k in range(len(parts)):  # the outer slots each blocked part reads
-            slots = [self.offsets[t] + i for t in range(self.ntypes) for i in range(sels[k][t])]
-            self.register_buffer(
-                f"slots_{k}", torch.tensor(slots, dtype=torch.int64), persistent=False
-            )
+        slots = [  # the outer slots each blocked part reads, part after part
+            [self.offsets[t] + i for t in range(self.ntypes) for i in range(sels[k][t])]
+            for k in range(len(parts))
+        ]
+        self.slot_start = [sum(len(s) for s in slots[:k]) for k in range(len(parts) + 1)]
+        flat = [i for s in slots for i in s]
+        self.register_buffer("slots", torch.tensor(flat, dtype=torch.int64), persistent=False)
         self.register_buffer(
             "weights", torch.tensor(weights, dtype=torch.float64), persistent=False
         )
@@ -113,10 +117,10 @@ class CombinedModel(ConservativeModel):
             sub_diff = torch.gather(diff, 2, keep.unsqueeze(-1).expand(-1, -1, -1, 3))
             if keep.shape[-1] < nsel:  # a narrower outer list (DP+ZBL): pad
                 pad = nsel - keep.shape[-1]
-                sub_nlist = nn.functional.pad(sub_nlist, (0, pad), value=-1)
+                sub_nlist = nn.functional.pad(sub_nlist, (0, pad), value=-1.0)
                 sub_diff = nn.functional.pad(sub_diff, (0, 0, 0, pad))
             return sub_diff, sub_nlist
-        slots = self.get_buffer(f"slots_{k}")
+        slots = self.slots[self.slot_start[k] : self.slot_start[k + 1]]
         sub_nlist = nlist.index_select(-1, slots)
         sub_nlist = torch.where(
             dist.index_select(-1, slots) < rcut, sub_nlist, torch.full_like(sub_nlist, -1)
@@ -136,8 +140,10 @@ class CombinedModel(ConservativeModel):
         fparam: Tensor | None = None,
         aparam: Tensor | None = None,
     ) -> Tensor:
-        """Weighted sum of the parts' atomic energies plus the bias, (nf, N) float64 (frame
-        and atomic parameters are not passed to the parts)."""
+        """Weighted sum of the parts' atomic energies plus the bias, (nf, N) float64. Frame
+        and atomic parameters go to every part, as in DeePMD-kit's linear model (a network
+        part takes them when its fitting has ``numb_fparam``/``numb_aparam``; a table ignores
+        them)."""
         valid = nlist >= 0
         r2 = (diff.detach() ** 2).sum(-1)
         dist = torch.where(valid, torch.sqrt(r2), torch.full_like(r2, float("inf")))
@@ -146,7 +152,8 @@ class CombinedModel(ConservativeModel):
         energy = torch.zeros_like(dist[..., 0])
         for k, part in enumerate(self.parts):
             sub_diff, sub_nlist = lists[k]
-            energy = energy + weights[k] * part.atomic_energy(sub_diff, sub_nlist, atype)
+            atomic = part.atomic_energy(sub_diff, sub_nlist, atype, fparam, aparam)
+            energy = energy + weights[k] * atomic
         return energy + self.out_bias[atype]
 
 

@@ -100,8 +100,8 @@ def _zbl(cfg: dict, base_dir: Path | None) -> ZBLModel:
     sw_rmin, sw_rmax = _number(cfg, "sw_rmin", "model"), _number(cfg, "sw_rmax", "model")
     if not sw_rmax > sw_rmin:
         raise MDTrainError(f"model/sw_rmax: {sw_rmax} must be greater than sw_rmin {sw_rmin}")
-    alpha = cfg.get("smin_alpha", SMIN_ALPHA_DEFAULT)
-    alpha = SMIN_ALPHA_DEFAULT if alpha is None else _number(cfg, "smin_alpha", "model")
+    given = cfg.get("smin_alpha") is not None
+    alpha = _number(cfg, "smin_alpha", "model") if given else SMIN_ALPHA_DEFAULT
     if alpha <= 0:
         raise MDTrainError(f"model/smin_alpha: must be positive, got {alpha}")
     dp = EnergyModel({k: v for k, v in cfg.items() if k not in (*SRTAB_KEYS, TABLE_ROWS)})

@@ -4,11 +4,11 @@
 DeePMD-kit's cubic spline table (``mdtrain.data.pair_table``): ``u = (r - rmin)/hh``, interval
 ``k = ⌊u⌋``, ``E = ((a3 v + a2) v + a1) v + a0`` with ``v = u - k``. A pair at or beyond ``rcut``
 or beyond the (extended) table gives 0. A distance below the table's first point is refused
-with the pair and the file named, as DeePMD-kit's PyTorch backend refuses it. Forces and
-virials come from autograd through ``r``.
+with the pair and the file named, as DeePMD-kit's PyTorch backend refuses it (a TorchScript
+model raises a shorter message; a ``torch.export`` program, which cannot raise on values,
+gives such atoms a NaN energy, which its callers report as non-finite). Forces and virials
+come from autograd through ``r``.
 """
-
-from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,7 @@ class PairTableEnergy(nn.Module):
     mixed_types: bool
     source: str
     type_map: list[str]
+    raise_below: bool
 
     def __init__(self, table: PairTable, type_map: list[str], nsel: int) -> None:
         super().__init__()
@@ -45,6 +46,9 @@ class PairTableEnergy(nn.Module):
         self.ntypes = table.ntypes
         self.source = table.source
         self.type_map = list(type_map)
+        # a pair below the table raises (eager, TorchScript); off only in a copy being
+        # exported (`mdtrain.infer.freeze`), which cannot raise on values: NaN there
+        self.raise_below = True
         # derived from the table the model config holds: not part of the state dict
         coef = torch.as_tensor(table.coef, dtype=torch.float64)
         self.register_buffer("tab_data", coef, persistent=False)
@@ -62,29 +66,47 @@ class PairTableEnergy(nn.Module):
         vv = uu - idx.to(uu.dtype)
         k = idx.clamp(0, self.nspline - 1)
         flat = (ti * self.ntypes + tj) * self.nspline + k
-        coef = self.tab_data.reshape(-1, 4)[flat.reshape(-1)].reshape(*flat.shape, 4)
-        a3, a2, a1, a0 = coef.unbind(-1)
+        coef = self.tab_data.reshape(-1, 4)[flat.reshape(-1)].reshape(list(flat.shape) + [4])
+        a3, a2, a1, a0 = coef[..., 0], coef[..., 1], coef[..., 2], coef[..., 3]
         energy = ((a3 * vv + a2) * vv + a1) * vv + a0
         outside = (
             (r >= self.rcut) | (r >= self.rmin + self.nspline * self.hh) | (idx > self.nspline)
         )
         return torch.where(outside | ~valid, torch.zeros_like(energy), energy)
 
-    def atomic_energy(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+    def atomic_energy(
+        self,
+        diff: Tensor,
+        nlist: Tensor,
+        atype: Tensor,
+        fparam: Tensor | None = None,
+        aparam: Tensor | None = None,
+    ) -> Tensor:
         """Atomic energies (nf, N) float64 from neighbour-minus-centre vectors ``diff``
-        (nf, N, nnei, 3) and the neighbour list ``nlist`` (-1 padding; any layout)."""
+        (nf, N, nnei, 3) and the neighbour list ``nlist`` (-1 padding; any layout). A table
+        takes no frame or atomic parameters: ``fparam``/``aparam`` are ignored."""
         valid = nlist >= 0
         r2 = (diff.to(torch.float64) ** 2).sum(-1)
         r = torch.sqrt(torch.where(valid, r2, torch.ones_like(r2)))
-        self.check_range(r, valid, nlist, atype)
+        below = valid & (r.detach() < self.rmin)
+        if self.raise_below:
+            if torch.jit.is_scripting():
+                if bool(below.any()):
+                    raise RuntimeError(
+                        "pair table " + self.source + ": a pair of atoms is closer than the "
+                        "table's first distance"
+                    )
+            else:
+                self.check_range(r, below, nlist, atype)
         ti = atype.view(1, -1, 1).expand_as(nlist)
         tj = atype[nlist.clamp(min=0)]
-        return 0.5 * self.pair_energy(r, ti, tj, valid).sum(-1)
+        energy = 0.5 * self.pair_energy(r, ti, tj, valid).sum(-1)
+        return torch.where(below.any(-1), torch.full_like(energy, float("nan")), energy)
 
     @torch.jit.unused
-    def check_range(self, r: Tensor, valid: Tensor, nlist: Tensor, atype: Tensor) -> None:
-        """Refuse a pair closer than the table's first distance, naming it and the file."""
-        below = valid & (r.detach() < self.rmin)
+    def check_range(self, r: Tensor, below: Tensor, nlist: Tensor, atype: Tensor) -> None:
+        """Refuse a pair closer than the table's first distance (``below``), naming it and
+        the file."""
         if not bool(below.any()):
             return
         f, i, s = (int(v) for v in torch.nonzero(below)[0])

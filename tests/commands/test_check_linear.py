@@ -118,3 +118,25 @@ def test_a_pairtab_model_alone_is_refused_for_training(tmp_path):
 def test_a_linear_model_needs_a_type_map(tmp_path):
     path = edited(linear_project(tmp_path), lambda c: c["model"].pop("type_map"))
     assert problems(path) == [f"{path}: model.type_map: required with model.type 'linear_ener'"]
+
+
+def test_network_parts_must_take_the_same_frame_parameters(tmp_path):
+    path = linear_project(tmp_path)
+
+    def two_nets(config, second):
+        net = config["model"]["models"][0]
+        config["model"]["models"] = [
+            {**net, "fitting_net": {**net["fitting_net"], "numb_fparam": 2}},
+            {**net, "fitting_net": {**net["fitting_net"], **second}},
+        ]
+
+    edited(path, lambda c: two_nets(c, {"numb_fparam": 2}))
+    found = problems(path)  # the same: accepted, and the data must hold them
+    assert not [p for p in found if "model.models" in p]
+    assert any("fparam.npy is missing (the model has numb_fparam = 2)" in p for p in found)
+    edited(path, lambda c: two_nets(c, {"numb_fparam": 3}))
+    found = [p.split(": ", 1)[1] for p in problems(path) if "model.models" in p]
+    assert found == [
+        "model.models: numb_fparam differs between model.models[0] and model.models[1]; the "
+        "parts are given the same frame/atomic parameters"
+    ]
