@@ -37,6 +37,18 @@ def parts(model: Any, where: str = "model") -> list[tuple[str, dict]]:
     return [(f"{where}.models[{k}]", m) for k, m in enumerate(subs) if isinstance(m, dict)]
 
 
+def model_kind(model: Any) -> str:
+    """The structure of a model section, in words: ``standard``, ``DP+ZBL``, ``pairtab``, or
+    ``linear_ener`` with its parts' kinds (``linear_ener [standard, pairtab]``); two models
+    of one kind have their weights and tables in the same places."""
+    kind = model_type(model)
+    if kind == LINEAR:
+        return f"{LINEAR} [{', '.join(model_kind(m) for _, m in parts(model))}]"
+    if kind == STANDARD and isinstance(model, dict) and "use_srtab" in model:
+        return "DP+ZBL"
+    return str(kind)
+
+
 def network_sections(model: Any, where: str = "model") -> list[tuple[str, dict]]:
     """``(JSON path, section)`` of each standard model (a descriptor and a fitting net)."""
     return [(w, m) for w, m in parts(model, where) if model_type(m) == STANDARD]
@@ -112,7 +124,8 @@ def _param_problems(model: dict) -> list[str]:
 
 
 def standard_only(model: Any, what: str) -> None:
-    """Refuse ``what`` (a command's option) for a ``linear_ener`` or ``pairtab`` model."""
-    kind = model_type(model)
-    if kind not in (STANDARD, None):
-        raise MDTrainError(f"{what}: not supported for a model.type {kind!r} model yet")
+    """Refuse ``what`` (a command's option) for a combined model (``linear_ener``,
+    ``pairtab``, DP+ZBL)."""
+    kind = model_kind(model)
+    if model_type(model) is not None and kind != STANDARD:
+        raise MDTrainError(f"{what}: not supported for a {kind} model yet")

@@ -15,15 +15,19 @@ checkpoint or a ``.dp`` file rebuilds it without the file.
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import numpy as np
 
+from mdtrain.config.model_kind import table_sections
 from mdtrain.data.pair_table import check_rows, prepare_table, read_table_file
 from mdtrain.errors import MDTrainError
 from mdtrain.model.combined import CombinedModel, ZBLModel
 from mdtrain.model.energy import EnergyModel
 from mdtrain.model.pair_energy import PairTableEnergy
+
+log = logging.getLogger("mdtrain")
 
 SRTAB_KEYS = ("use_srtab", "smin_alpha", "sw_rmin", "sw_rmax", "srtab_add_bias")
 # where a built model's config keeps its table (rows as read), so that a checkpoint or a
@@ -152,6 +156,20 @@ def _linear(cfg: dict, base_dir: Path | None) -> CombinedModel:
     weights = _weights(cfg.get("weights"), len(parts))
     stored = dict(cfg, models=stored_models)
     return CombinedModel(parts, weights, type_map, stored)
+
+
+def take_stored_tables(model_config: dict, stored: dict, what: str) -> None:
+    """Give each table of ``model_config`` (a ``model`` section, changed in place) the rows
+    of the table in the same place of ``stored`` (a checkpoint's or pretrained model's
+    section): DeePMD-kit keeps a model's tables in its state, so starting from a model
+    starts from its tables. The input's ``rcut`` and ``sel`` stay."""
+    pairs = zip(table_sections(model_config), table_sections(stored))
+    for (where, key, section), (_, old_key, old) in pairs:
+        if old.get(TABLE_ROWS) is None:
+            continue
+        if section.get(TABLE_ROWS) != old[TABLE_ROWS]:
+            log.info("%s: %s.%s: the table of %s", what, where, key, old.get(old_key))
+        section[key], section[TABLE_ROWS] = old.get(old_key), old[TABLE_ROWS]
 
 
 def build_combined_model(model_config: dict, base_dir: str | Path | None = None) -> CombinedModel:

@@ -18,6 +18,7 @@ import copy
 import torch
 from torch import nn
 
+from mdtrain.config.model_kind import network_sections
 from mdtrain.model.energy import EnergyModel
 
 SEEDED = ("descriptor", "fitting_net")  # the sections whose ``seed`` differs between members
@@ -27,10 +28,11 @@ def member_model_config(model_config: dict, k: int) -> dict:
     """The ``model`` section of member ``k``: the seeds of ``SEEDED`` increased by ``k``
     (a null seed stays null; the training run draws one first)."""
     config = copy.deepcopy(model_config)
-    for section in SEEDED:
-        part = config.get(section)
-        if part is not None and part.get("seed") is not None:
-            part["seed"] = int(part["seed"]) + k
+    for _, network in network_sections(config):  # a linear_ener model's network parts too
+        for section in SEEDED:
+            part = network.get(section)
+            if part is not None and part.get("seed") is not None:
+                part["seed"] = int(part["seed"]) + k
     return config
 
 
@@ -74,11 +76,19 @@ def members_of(model: nn.Module) -> list[nn.Module]:
 
 def stats_shared(models: list[nn.Module]) -> bool:
     """Whether every model has the first one's davg and dstd (exactly)."""
-    first = models[0].descriptor
+    firsts = descriptors_of(models[0])
     return all(
-        torch.equal(m.descriptor.davg, first.davg) and torch.equal(m.descriptor.dstd, first.dstd)
+        torch.equal(d.davg, first.davg) and torch.equal(d.dstd, first.dstd)
         for m in models
+        for d, first in zip(descriptors_of(m), firsts, strict=True)
     )
+
+
+def descriptors_of(model: nn.Module) -> list[nn.Module]:
+    """The model's descriptor, or a combined model's network parts' descriptors."""
+    if hasattr(model, "descriptor"):
+        return [model.descriptor]
+    return [p.descriptor for p in model.parts if hasattr(p, "descriptor")]
 
 
 @torch.no_grad()
@@ -86,5 +96,6 @@ def share_statistics(models: list[nn.Module]) -> None:
     """Copy the first model's davg/dstd and energy bias into the others."""
     first = models[0]
     for member in models[1:]:
-        member.descriptor.set_stats(first.descriptor.davg, first.descriptor.dstd)
+        for mine, theirs in zip(descriptors_of(member), descriptors_of(first), strict=True):
+            mine.set_stats(theirs.davg, theirs.dstd)
         member.set_out_bias(first.out_bias, first.out_std)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdtrain.config.model_kind import standard_only
+from mdtrain.config.model_kind import network_sections
 from mdtrain.errors import MDTrainError
 from mdtrain.model.energy import EnergyModel
 from mdtrain.neighbors.sel import parse_sel
@@ -73,6 +73,20 @@ def member_cost(model_config: dict, batch_atoms: int) -> MemberCost:
     # forward, backward and the force derivative: about three passes of 2 flops a weight
     flops = 6.0 * batch_atoms * (nnei * embed_params + fit_params)
     return MemberCost(int(nbytes), flops, nparams, isinstance(sel, list))
+
+
+def model_cost(model_config: dict, batch_atoms: int) -> MemberCost:
+    """`member_cost` of a model, summed over a combined model's network parts (its tables
+    cost next to nothing)."""
+    type_map = model_config["type_map"]
+    costs = [member_cost({**n, "type_map": type_map}, batch_atoms)
+             for _, n in network_sections(model_config)]  # fmt: skip
+    return MemberCost(
+        sum(c.nbytes for c in costs),
+        sum(c.flops for c in costs),
+        sum(c.nparams for c in costs),
+        all(c.exact for c in costs),
+    )
 
 
 def count_parameters(model_config: dict) -> int:
@@ -139,11 +153,10 @@ def check_ensemble(size: int, config: dict, input_path: str, device: torch.devic
     are opened (no frame read) for their sizes."""
     if size <= 1:
         return
-    standard_only(config["model"], f"training.ensemble {size} (a committee)")
     natoms = [int(s.natoms) for s in open_datasets(config, input_path).train]
     steps = int(config["training"]["numb_steps"])
     atoms = batch_atoms(config["training"], natoms)
-    cost = member_cost(config["model"], atoms)
+    cost = model_cost(config["model"], atoms)
     total = size * cost.nbytes
     bound = "about " if cost.exact else "at least "
     free = available_memory(device)

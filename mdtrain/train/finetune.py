@@ -64,8 +64,9 @@ def finetune_config(config: dict, pretrained: dict, path: str) -> dict:
     config = copy.deepcopy(config)
     old = pretrained["model_config"]
     model = config["model"]
-    standard_only(model, f"--finetune {path}")
-    standard_only(old, f"--finetune {path}")
+    why = "mdtrain fine-tunes standard models only; start from it with --init-model"
+    standard_only(model, f"--finetune {path} ({why})")
+    standard_only(old, f"--finetune {path} ({why})")
     new_map, old_map = list(model["type_map"]), list(old["type_map"])
     if "list" in old["descriptor"]:
         raise MDTrainError(f"--finetune {path}: a hybrid descriptor cannot be fine-tuned yet")

@@ -19,10 +19,11 @@ from mdtrain import __version__
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import NeighborListCache
 from mdtrain.config import dump_config, load_config, resolve_path
-from mdtrain.config.model_kind import standard_only
+from mdtrain.config.model_kind import model_kind, network_sections
 from mdtrain.errors import MDTrainError
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.backend import build_models
+from mdtrain.model.combined_build import build_combined_model, is_combined, take_stored_tables
 from mdtrain.model.committee import members_of, share_statistics
 from mdtrain.model.config import inert_settings
 from mdtrain.model.energy import EnergyModel
@@ -104,17 +105,26 @@ def _init_model_config(config: dict, state: dict, path: str) -> dict:
     """The input's model with the checkpoint's sel when the input's is "auto", checked early
     (before any statistics) to fit the checkpoint's weights."""
     config = copy.deepcopy(config)
-    standard_only(config["model"], f"--init-model {path}")
     _check_compatible(state, config["model"], path)
-    descriptor, stored = config["model"]["descriptor"], state["model_config"]["descriptor"]
-    pairs = [(descriptor, stored)]
-    if "list" in descriptor and "list" in stored:  # a hybrid: member by member
-        pairs = list(zip(descriptor["list"], stored["list"]))
-    for given, old in pairs:
-        if not isinstance(parse_sel(given.get("sel", "auto")), list) and "sel" in old:
-            given["sel"] = list(old["sel"])
-            log.info("init-model: sel %s taken from %s", given["sel"], path)
-    _load_weights(EnergyModel(config["model"]), state, path)
+    model, stored = config["model"], state["model_config"]
+    if model_kind(model) != model_kind(stored):
+        raise MDTrainError(
+            f"--init-model {path}: a {model_kind(stored)} model cannot start a "
+            f"{model_kind(model)} model (use --finetune)"
+        )
+    nets = zip(network_sections(model), network_sections(stored))  # part by part
+    for (_, net), (_, old_net) in nets:
+        descriptor, old_desc = net["descriptor"], old_net["descriptor"]
+        pairs = [(descriptor, old_desc)]
+        if "list" in descriptor and "list" in old_desc:  # a hybrid: member by member
+            pairs = list(zip(descriptor["list"], old_desc["list"]))
+        for given, old in pairs:
+            if not isinstance(parse_sel(given.get("sel", "auto")), list) and "sel" in old:
+                given["sel"] = list(old["sel"])
+                log.info("init-model: sel %s taken from %s", given["sel"], path)
+    take_stored_tables(model, stored, f"--init-model {path}")
+    built = build_combined_model(model) if is_combined(model) else EnergyModel(model)
+    _load_weights(built, state, path)
     return config
 
 
@@ -330,17 +340,21 @@ def _committee_seeds(config: dict, size: int) -> dict:
     A single run keeps its null seeds."""
     if size == 1:
         return config
-    model = config["model"]
-    missing = [s for s in ("descriptor", "fitting_net") if model[s].get("seed") is None]
+    config = copy.deepcopy(config)
+    missing = [
+        (where, net[s])
+        for where, net in network_sections(config["model"])  # a linear_ener's parts too
+        for s in ("descriptor", "fitting_net")
+        if net[s].get("seed") is None
+    ]
     if not missing:
         return config
-    config = copy.deepcopy(config)
     base = dist_rt.run_on_main(_random_seed)
-    for section in missing:
-        config["model"][section]["seed"] = base
+    for _, section in missing:
+        section["seed"] = base
     log.info(
-        "model %s seed not set: drew %d for the committee (member k uses %d + k; written to "
-        "out.json)", " and ".join(missing), base, base,
+        "%s seed not set: drew %d for the committee (member k uses %d + k; written to "
+        "out.json)", " and ".join(sorted({w for w, _ in missing})), base, base,
     )  # fmt: skip
     return config
 

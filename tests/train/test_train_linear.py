@@ -8,14 +8,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
+from mdtrain.cli import main
 from mdtrain.config import load_config
 from mdtrain.data import open_all
+from mdtrain.errors import MDTrainError
 from mdtrain.model.backend import build_model
 from mdtrain.model.stats import compute_or_load_stats
+from mdtrain.train.finetune import finetune_config
 from tests.helpers.pair_tables import write_table, zbl_table
-from tests.helpers.training import frozen_reports, make_project
+from tests.helpers.training import frozen_reports, load_params, make_project, max_param_diff
 
 
 def linear_input(tmp_path, sel="auto", numb_steps=4):
@@ -71,3 +75,58 @@ def test_linear_model_trains_freezes_and_tests(tmp_path):
     stored = json.loads((tmp_path / "out" / "out.json").read_text())["model"]
     assert isinstance(stored["models"][0]["descriptor"]["sel"], list)  # "auto", resolved
     assert isinstance(stored["models"][1]["sel"], int)  # all types together
+
+
+def test_linear_model_restarts_exactly_and_starts_from_a_checkpoint(tmp_path):
+    """--restart continues a linear model as if never stopped; --init-model starts from its
+    weights and table (its checkpoint's table, as DeePMD-kit keeps tables in its state)."""
+    path = linear_input(tmp_path, sel=[20, 40], numb_steps=4)
+    config = json.loads(path.read_text())
+    config["training"]["save_freq"] = 2
+    path.write_text(json.dumps(config))
+    assert main(["train", str(path), "-o", str(tmp_path / "whole")]) == 0
+    middle = str(tmp_path / "whole" / "model.ckpt-2.pt")
+    assert main(["train", str(path), "-o", str(tmp_path / "cont"), "--restart", middle]) == 0
+    whole = load_params(tmp_path / "whole" / "model.ckpt.pt")
+    assert max_param_diff(whole, load_params(tmp_path / "cont" / "model.ckpt.pt")) == 0.0
+    # --init-model with a learning rate too small to move the weights: they stay the
+    # checkpoint's, and the table is the checkpoint's even where the input names another
+    config["learning_rate"] = {"type": "exp", "start_lr": 1e-30, "stop_lr": 1e-31}
+    config["training"]["numb_steps"] = 1
+    config["model"]["models"][1]["tab_file"] = "other.txt"
+    write_table(tmp_path / "other.txt", 2 * zbl_table(["O", "H"], 0.1, 4.5, 0.01, zero_from=4.0))
+    path.write_text(json.dumps(config))
+    start = str(tmp_path / "whole" / "model.ckpt.pt")
+    assert main(["train", str(path), "-o", str(tmp_path / "init"), "--init-model", start]) == 0
+    assert max_param_diff(whole, load_params(tmp_path / "init" / "model.ckpt.pt")) < 1e-20
+    stored = json.loads((tmp_path / "init" / "out.json").read_text())["model"]["models"][1]
+    assert stored["tab_file"] == str((tmp_path / "d3.txt").resolve())
+
+
+def test_linear_committee_trains_and_gives_model_deviations(tmp_path):
+    path = linear_input(tmp_path, sel=[20, 40], numb_steps=2)
+    out = tmp_path / "committee"
+    assert main(["train", str(path), "-o", str(out), "--ensemble", "2"]) == 0
+    members = [load_params(out / f"member-{k}" / "model.ckpt.pt") for k in (0, 1)]
+    assert max_param_diff(*members) > 1e-3  # seeds of each network part differ by member
+    devi = tmp_path / "devi.out"
+    system = str(tmp_path / "data" / "valid")
+    assert main(["model-devi", "-m", str(out), "-s", system, "-o", str(devi)]) == 0
+    rows = np.loadtxt(devi, ndmin=2)
+    assert rows.shape[0] == 4 and np.all(rows[:, 4] > 0)  # max_devi_f of each frame
+
+
+def test_finetune_of_a_combined_model_is_refused_in_one_line(tmp_path):
+    config = load_config(linear_input(tmp_path, sel=[20, 40]))
+    standard = {**config["model"]["models"][0], "type_map": ["O", "H"]}
+    zbl = {**standard, "use_srtab": str(tmp_path / "d3.txt"), "sw_rmin": 0.8, "sw_rmax": 1.0}
+    cases = [
+        (config, {"model_config": standard}, r"linear_ener \[standard, pairtab\] model"),
+        ({**config, "model": standard}, {"model_config": zbl}, "DP\\+ZBL model"),
+    ]
+    for given, pretrained, kind in cases:
+        with pytest.raises(
+            MDTrainError,
+            match=rf"^--finetune p \(.*--init-model\): not supported for a {kind} yet$",
+        ):
+            finetune_config(given, pretrained, "p")
