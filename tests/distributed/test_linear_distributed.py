@@ -1,0 +1,37 @@
+"""A ``linear_ener`` model (a network and a pair table) trained on 2 Gloo ranks: one step with
+per-rank batch 1 equals one step with batch 2 on one rank in float64 (each network part's
+statistics and the whole's energy bias are the same on every rank)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.processes import clean_env, run_process, torchrun_command
+from tests.helpers.training import load_params, max_param_diff, mdtrain_command
+from tests.train.test_train_linear import linear_input
+
+pytestmark = pytest.mark.multiprocess
+TIMEOUT = 240
+
+
+def _project(root, batch_size: int):
+    inp = linear_input(root, sel=[20, 40], numb_steps=1)
+    config = json.loads(inp.read_text())
+    config["training"].update(disp_freq=1, save_freq=1)
+    config["training"]["training_data"]["batch_size"] = batch_size
+    inp.write_text(json.dumps(config))
+    return inp
+
+
+def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
+    two, one = _project(tmp_path / "two", 1), _project(tmp_path / "one", 2)
+    cmd = torchrun_command("mdtrain", ["train", str(two), "-o", "out"], 2, extra=["-m"])
+    run_process(cmd, TIMEOUT, clean_env(None), cwd=two.parent).check()
+    single = mdtrain_command("train", str(one), "-o", "out")
+    run_process(single, TIMEOUT, clean_env(None, threads=2), cwd=one.parent).check()
+    a = load_params(two.parent / "out" / "model.ckpt-1.pt")
+    b = load_params(one.parent / "out" / "model.ckpt-1.pt")
+    assert max_param_diff(a, b) < 1e-10
+    assert any(k.startswith("parts.0.") for k in a)  # the network part was trained
