@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from tests.helpers.pair_tables import linear_input
 from tests.helpers.processes import clean_env, run_process, torchrun_command
 from tests.helpers.training import load_params, max_param_diff, mdtrain_command
-from tests.train.test_train_linear import linear_input
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 240

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
+
+from tests.helpers.training import make_project
 
 ATOMIC_NUMBER = {"H": 1.0, "C": 6.0, "O": 8.0}
 
@@ -40,4 +43,25 @@ def zbl_table(type_map: list[str], rmin: float, rmax: float, hh: float, zero_fro
 def write_table(path: Path, rows: np.ndarray) -> Path:
     """``rows`` as DeePMD-kit's text table (round-trips float64 exactly)."""
     np.savetxt(path, rows, fmt="%.18e")
+    return path
+
+
+def linear_input(tmp_path, sel="auto", numb_steps=4) -> Path:
+    """The tiny project (`make_project`) with its model made a ``linear_ener`` of its network
+    and a ZBL table (weights 0.8 and 1.0)."""
+    path = make_project(tmp_path, numb_steps=numb_steps, save_freq=numb_steps)
+    config = json.loads(path.read_text())
+    net = config["model"]
+    type_map = net.pop("type_map")
+    net["descriptor"]["sel"] = sel
+    write_table(tmp_path / "d3.txt", zbl_table(type_map, 0.1, 4.5, 0.01, zero_from=4.0))
+    table = {
+        "type": "pairtab",
+        "tab_file": "d3.txt",
+        "rcut": 4.5,
+        "sel": sel if sel == "auto" else 60,
+    }
+    config["model"] = {"type": "linear_ener", "type_map": type_map, "models": [net, table],
+                       "weights": [0.8, 1.0], "data_stat_nbatch": 2}  # fmt: skip
+    path.write_text(json.dumps(config))
     return path

@@ -18,27 +18,8 @@ from mdtrain.errors import MDTrainError
 from mdtrain.model.backend import build_model
 from mdtrain.model.stats import compute_or_load_stats
 from mdtrain.train.finetune import finetune_config
-from tests.helpers.pair_tables import write_table, zbl_table
-from tests.helpers.training import frozen_reports, load_params, make_project, max_param_diff
-
-
-def linear_input(tmp_path, sel="auto", numb_steps=4):
-    path = make_project(tmp_path, numb_steps=numb_steps, save_freq=numb_steps)
-    config = json.loads(path.read_text())
-    net = config["model"]
-    type_map = net.pop("type_map")
-    net["descriptor"]["sel"] = sel
-    write_table(tmp_path / "d3.txt", zbl_table(type_map, 0.1, 4.5, 0.01, zero_from=4.0))
-    table = {
-        "type": "pairtab",
-        "tab_file": "d3.txt",
-        "rcut": 4.5,
-        "sel": sel if sel == "auto" else 60,
-    }
-    config["model"] = {"type": "linear_ener", "type_map": type_map, "models": [net, table],
-                       "weights": [0.8, 1.0], "data_stat_nbatch": 2}  # fmt: skip
-    path.write_text(json.dumps(config))
-    return path
+from tests.helpers.pair_tables import linear_input, write_table, zbl_table
+from tests.helpers.training import frozen_reports, load_params, max_param_diff
 
 
 def test_statistics_are_the_networks_own_and_one_bias_for_the_sum(tmp_path):
