@@ -16,11 +16,13 @@ pytestmark = pytest.mark.multiprocess
 TIMEOUT = 240
 
 
-def _project(root, batch_size: int):
+def _project(root, batch_size: int, lr: float | None = None):
     inp = linear_input(root, sel=[20, 40], numb_steps=1)
     config = json.loads(inp.read_text())
     config["training"].update(disp_freq=1, save_freq=1)
     config["training"]["training_data"]["batch_size"] = batch_size
+    if lr is not None:  # a step that moves nothing
+        config["learning_rate"].update(start_lr=lr, stop_lr=lr)
     inp.write_text(json.dumps(config))
     return inp
 
@@ -34,4 +36,10 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
     a = load_params(two.parent / "out" / "model.ckpt-1.pt")
     b = load_params(one.parent / "out" / "model.ckpt-1.pt")
     assert max_param_diff(a, b) < 1e-10
-    assert any(k.startswith("parts.0.") for k in a)  # the network part was trained
+    start_inp = _project(tmp_path / "zero", 2, lr=1e-12)
+    zero = mdtrain_command("train", str(start_inp), "-o", "out")
+    run_process(zero, TIMEOUT, clean_env(None, threads=2), cwd=start_inp.parent).check()
+    start = load_params(start_inp.parent / "out" / "model.ckpt-1.pt")
+    part = [k for k in a if k.startswith("parts.0.")]
+    moved = max_param_diff({k: a[k] for k in part}, {k: start[k] for k in part})
+    assert moved > 1e-6  # the step moved the network part's parameters
