@@ -3,13 +3,14 @@ background training runs of the preemption and rank-failure tests; the session's
 
 from __future__ import annotations
 
+import compileall
 import copy
 import os
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.datagen import (
     lj_labels,
@@ -18,7 +19,6 @@ from tests.helpers.datagen import (
     write_hdf5_system,
     write_npy_system,
 )
-from tests.helpers.runs import Cleanup, ReferenceRuns
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,7 +29,25 @@ def pytest_configure(config: pytest.Config) -> None:
     do not each take every core, and a training run inside a test (``main(["train", ...])``)
     keeps the one thread instead of choosing the machine's cores (``select_device``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        import torch  # here, not at the top: xdist's controller runs no test, so needs no torch
+
+        torch.set_num_threads(1)
+    if not hasattr(config, "workerinput"):  # once per session, before xdist starts workers
+        _precompile(config.rootpath)
+
+
+def _precompile(root: Path) -> None:
+    """Bytecode for the project's own modules, written once before anything imports them.
+    Every process the tests start (a few hundred: ranks, ``mdtrain`` commands, the xdist
+    workers) imports mdtrain and the test helpers; where the environment sets
+    PYTHONDONTWRITEBYTECODE (this project's machine does), none of them writes a ``.pyc``, so
+    each compiled the same sources again. Reading bytecode is still allowed there; it is
+    checked against the source's time stamp, so an edited file is compiled afresh, never run
+    stale. Up-to-date files cost a stat each."""
+    for folder in ("mdtrain", "tests", "benchmarks"):
+        if (root / folder).is_dir():
+            compileall.compile_dir(root / folder, quiet=2)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -44,6 +62,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = _shared_setup_group(item)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the schedule's
+        items[:] = _process_heavy_first(items)
+
+
+def _process_heavy_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Work units (a group, or one test) with a ``multiprocess`` test first, the rest after,
+    each in collection order. xdist hands units out in this order (``--no-loadscope-reorder``
+    in pyproject.toml), so the minute-long multi-process tests start early on both workers and
+    the many short tests fill the end: otherwise the long ones of ``tests/train/`` came last,
+    and one worker ran them alone minutes after the other had finished."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        name = (mark.kwargs.get("name") or mark.args[0]) if mark else item.nodeid
+        units.setdefault(name, []).append(item)
+    order = sorted(
+        units.values(), key=lambda u: not any(i.get_closest_marker("multiprocess") for i in u)
+    )
+    return [item for unit in order for item in unit]
 
 
 def _shared_setup_group(item: pytest.Item) -> str | None:
@@ -126,6 +163,8 @@ def _reset_mdtrain_logger():
 @pytest.fixture
 def cleanup():
     """``cleanup(launched)`` registers a background run; its session is killed after the test."""
+    from tests.helpers.runs import Cleanup  # imports torch: not in xdist's controller
+
     keeper = Cleanup()
     yield keeper
     keeper.close()
@@ -135,6 +174,8 @@ def cleanup():
 def reference_run(tmp_path_factory):
     """``reference_run(nproc) -> (launched, out_dir)``: the uninterrupted run on ``nproc`` ranks,
     started in the background on first use and shared by every test (``finish()`` it)."""
+    from tests.helpers.runs import ReferenceRuns
+
     runs = ReferenceRuns(tmp_path_factory)
     yield runs
     runs.close()

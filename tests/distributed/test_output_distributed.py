@@ -10,8 +10,8 @@ import json
 import pytest
 
 from tests.helpers.output_data import make_output_project
-from tests.helpers.processes import clean_env, run_process, torchrun_command
-from tests.helpers.training import load_params, max_param_diff, mdtrain_command
+from tests.helpers.processes import clean_env, run_process
+from tests.helpers.training import load_params, max_param_diff, mdtrain_command, train_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 180
@@ -34,9 +34,8 @@ def _train(inp, nproc: int) -> dict:
     if nproc == 1:
         cmd = mdtrain_command("train", str(inp), "-o", "out")
         run_process(cmd, TIMEOUT, clean_env(None, threads=2), cwd=inp.parent).check()
-    else:
-        cmd = torchrun_command("mdtrain", ["train", str(inp), "-o", "out"], 2, extra=["-m"])
-        run_process(cmd, TIMEOUT, clean_env(None), cwd=inp.parent).check()
+    else:  # the ranks without torchrun's agent: the launcher is not the subject
+        train_on_ranks(inp, "out", timeout=TIMEOUT).check()
     return load_params(inp.parent / "out" / "model.ckpt-1.pt")
 
 
