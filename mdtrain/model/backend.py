@@ -26,7 +26,7 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model.accel.committee import ExplicitCommittee
 from mdtrain.model.accel.embedding_nodes import TorchEmbedding
-from mdtrain.model.accel.explicit import ExplicitEnergyModel
+from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode, use_low_precision
@@ -44,7 +44,7 @@ log = logging.getLogger("mdtrain.model")
 
 BACKENDS = ("kernels", "fused", "reference")
 # The descriptors the explicit-derivative backends implement; every other runs the reference.
-ACCELERATED_DESCRIPTORS = ("se_e2_a",)
+ACCELERATED_DESCRIPTORS = tuple(FORMS)
 BACKEND_ENV = "MDTRAIN_BACKEND"
 _announced: set[str] = set()
 
@@ -53,7 +53,8 @@ def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
     """Why the explicit-derivative backends cannot run this model, or None."""
     desc, fit = config["descriptor"], config["fitting_net"]
     if desc["type"] not in ACCELERATED_DESCRIPTORS:
-        return f"model.descriptor.type is {desc['type']!r} (accelerated: se_e2_a only)"
+        accelerated = ", ".join(ACCELERATED_DESCRIPTORS)
+        return f"model.descriptor.type is {desc['type']!r} (accelerated: {accelerated})"
     for where, part in (("descriptor", desc), ("fitting_net", fit)):
         if part["activation_function"] != "tanh":
             return (
@@ -167,8 +168,8 @@ def build_committee(
     members = [build_model(c, device, mixed_precision, backend) for c in model_configs]
     if len({m.backend for m in members}) != 1:
         raise MDTrainError("committee members would run on different backends")
-    if isinstance(members[0], ExplicitEnergyModel):
-        return ExplicitCommittee(members)
+    if isinstance(members[0], ExplicitEnergyModel) and members[0].form is FORMS["se_e2_a"]:
+        return ExplicitCommittee(members)  # its shared environment is se_e2_a's
     return Committee(members)
 
 

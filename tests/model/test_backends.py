@@ -1,6 +1,7 @@
 """Every backend of the model against the reference (``mdtrain.model.backend``): energies,
 forces, virials and the parameter gradients of a loss on all of them, with the backend that
-actually ran asserted from the autograd graph, not only from its name."""
+actually ran asserted from the autograd graph, not only from its name; for each descriptor
+with an explicit form (se_e2_a, se_e2_r)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from mdtrain.model.accel.embedding_nodes import Tape, _EmbedContract
 from mdtrain.model.accel.fitting_node import _ValueAndInputGrad
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.accel.layout import add_cross_product, layer_layout, layer_params
-from mdtrain.model.backend import as_reference, build_model, choose_backend
+from mdtrain.model.backend import as_reference, build_committee, build_model, choose_backend
+from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.network import EmbeddingNet, FittingNet
 from tests.helpers.models import batch, set_random_stats, small_config
@@ -31,6 +33,8 @@ ACCELERATED = ["fused", pytest.param("kernels", marks=pytest.mark.skipif(
     not _kernels_available(), reason="no C++ compiler for the kernels"))]  # fmt: skip
 # autograd node that only the named backend puts in the graph
 SIGNATURE = {"fused": "_EmbedContractBackward", "kernels": "_KernelEmbedContractBackward"}
+# the descriptors the accelerated backends run, as settings over ``small_config``'s se_e2_a
+TYPES = {"se_e2_a": {}, "se_e2_r": {"type": "se_e2_r"}}
 
 
 def model_for(backend: str, descriptor: dict | None = None, fitting: dict | None = None, **kw):
@@ -95,9 +99,10 @@ CASES = {
 @pytest.mark.parametrize("backend", ACCELERATED)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("periodic", [True, False])
-def test_accelerated_backends_equal_the_reference(backend, case, periodic):
+@pytest.mark.parametrize("kind", TYPES)
+def test_accelerated_backends_equal_the_reference(backend, case, periodic, kind):
     descriptor, extra = CASES[case]
-    descriptor = {"sel": [20, 40], **descriptor}
+    descriptor = {"sel": [20, 40], **TYPES[kind], **descriptor}
     fast = model_for(backend, descriptor, **extra)
     args = batch(fast, periodic)
     reference = model_for("reference", descriptor, **extra)
@@ -105,18 +110,21 @@ def test_accelerated_backends_equal_the_reference(backend, case, periodic):
 
 
 @pytest.mark.parametrize("backend", ACCELERATED)
-def test_isolated_atom(backend):
-    fast = model_for(backend, {"sel": [20, 40]})
+@pytest.mark.parametrize("kind", TYPES)
+def test_isolated_atom(backend, kind):
+    fast = model_for(backend, {"sel": [20, 40], **TYPES[kind]})
     args = batch(fast, periodic=False, lone_atom=True)
     result = outputs_and_grads(fast, args)
     assert result[0]["force"][:, 0].abs().max() == 0
-    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40]}), args)
+    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40], **TYPES[kind]}), args)
     assert_same(result, reference, rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", ACCELERATED)
-def test_float32(backend):
-    desc, fit = {"sel": [20, 40], "precision": "float32"}, {"precision": "float32"}
+@pytest.mark.parametrize("kind", TYPES)
+def test_float32(backend, kind):
+    desc = {"sel": [20, 40], "precision": "float32", **TYPES[kind]}
+    fit = {"precision": "float32"}
     fast = model_for(backend, desc, fit)
     args = batch(fast)
     reference = outputs_and_grads(model_for("reference", desc, fit), args)
@@ -133,21 +141,24 @@ def row_blocks(request, monkeypatch):
 
 
 @pytest.mark.parametrize("descriptor", [{}, {"type_one_side": False}], ids=["one_side", "pairwise"])
-def test_fused_nodes_over_blocks_of_rows(descriptor, row_blocks):
-    fast = model_for("fused", {"sel": [20, 40], **descriptor})
+@pytest.mark.parametrize("kind", TYPES)
+def test_fused_nodes_over_blocks_of_rows(descriptor, kind, row_blocks):
+    descriptor = {"sel": [20, 40], **TYPES[kind], **descriptor}
+    fast = model_for("fused", descriptor)
     args = batch(fast)
-    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40], **descriptor}), args)
+    reference = outputs_and_grads(model_for("reference", descriptor), args)
     assert_same(outputs_and_grads(fast, args), reference, rtol=1e-11, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", ACCELERATED)
 @pytest.mark.parametrize("target", ["energy", "force"])
-def test_loss_on_energy_or_forces_only(backend, target):
+@pytest.mark.parametrize("kind", TYPES)
+def test_loss_on_energy_or_forces_only(backend, target, kind):
     """The row-gradient node may be absent from the backward (energy only) or be the only
     path into the embedding (forces only)."""
     grads = []
     for name in (backend, "reference"):
-        model = model_for(name, {"sel": [20, 40]})
+        model = model_for(name, {"sel": [20, 40], **TYPES[kind]})
         out = model(*batch(model))
         loss = out["energy"].sum() if target == "energy" else (out["force"] ** 2).sum()
         loss.backward()
@@ -237,6 +248,32 @@ def test_choice_order_and_forcing(monkeypatch):
     monkeypatch.setenv("MDTRAIN_BACKEND", "fast")
     with pytest.raises(MDTrainError, match="MDTRAIN_BACKEND='fast' is not one of"):
         build_model(small_config())
+
+
+def test_descriptors_without_an_explicit_form_run_the_reference(monkeypatch):
+    monkeypatch.delenv("MDTRAIN_BACKEND", raising=False)
+    se_e3 = normalize_model_config(small_config({"type": "se_e3", "sel": [20, 40]}))
+    name, why = choose_backend(se_e3, torch.device("cpu"))
+    assert name == "reference"
+    assert "model.descriptor.type is 'se_e3' (accelerated: se_e2_a, se_e2_r)" in why
+    radial = normalize_model_config(small_config({"type": "se_e2_r"}))
+    assert choose_backend(radial, torch.device("cpu"))[0] == (
+        "kernels" if _kernels_available() else "fused"
+    )
+
+
+def test_radial_committee_evaluates_its_explicit_members_one_by_one():
+    """The shared-environment committee (``accel.committee``) is se_e2_a's: se_e2_r members
+    run as the reference committee, each on its own explicit forward."""
+    configs = [small_config({"type": "se_e2_r", "sel": [20, 40], "seed": 1 + k}) for k in (0, 1)]
+    committee = build_committee(configs, backend="fused")
+    assert type(committee) is Committee and committee.backend == "fused"
+    for member in committee.members:
+        set_random_stats(member)
+    args = batch(committee.members[0])
+    outputs = committee.train()(*args)
+    for member, out in zip(committee.members, outputs, strict=True):
+        torch.testing.assert_close(out["force"], member(*args)["force"], rtol=0, atol=0)
 
 
 def test_eval_mode_builds_no_graph_and_other_activations_use_autograd():

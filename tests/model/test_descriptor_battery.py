@@ -1,7 +1,8 @@
 """The battery every registered descriptor runs (parametrised over the registry, so a new
 descriptor cannot skip it): forces and virials against finite differences, invariances,
 extensivity, float32, periodic and not, exclusions, statistics from pairs against the padded
-lists, a restart, TorchScript and the calculator."""
+lists, a restart, TorchScript and the calculator; and the backend ``build_model`` chooses
+(accelerated where the descriptor has an explicit form) against the reference."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model import EnergyModel
+from mdtrain.model.backend import ACCELERATED_DESCRIPTORS, build_model
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.conservative import pair_vectors
 from mdtrain.model.descriptors import DESCRIPTORS, canonical_type
@@ -18,7 +20,14 @@ from mdtrain.model.stats import collect_stat_batches, stat_batch_plan, stream_st
 from mdtrain.neighbors.layout import layout_of
 from mdtrain.schema import discriminator_values, load_schema, resolve
 from tests.helpers.descriptor_battery import BATTERY, battery_cases, battery_config, case_id
-from tests.helpers.models import evaluate, set_random_stats, strained, triclinic, water_like
+from tests.helpers.models import (
+    batch,
+    evaluate,
+    set_random_stats,
+    strained,
+    triclinic,
+    water_like,
+)
 from tests.helpers.padded_stats import descriptor_stat_items
 from tests.helpers.stat_systems import make_system
 
@@ -146,6 +155,31 @@ def test_forces_and_virial_match_finite_differences(case, periodic):
             dE[a, b] = (e_p - e_m) / (2 * H)
     assert rel_err(out["virial"], -dE.T) < 1e-6
     assert out["energy"] == pytest.approx(out["atom_energy"].sum(), rel=1e-13)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("periodic", [True, False], ids=["pbc", "nopbc"])
+def test_the_chosen_backend_trains_as_the_reference(case, periodic):
+    """The model ``build_model`` builds (an accelerated backend for the descriptors it has an
+    explicit form of) gives the reference's energies, forces and virials, and the parameter
+    gradients of a loss on all of them, to 1e-12 in float64."""
+    reference = model_of(case).train()
+    chosen = build_model(reference.get_model_config()).train()
+    chosen.load_state_dict(reference.state_dict())
+    assert (chosen.backend != "reference") == (case[0] in ACCELERATED_DESCRIPTORS)
+    args = batch(reference, periodic)
+    results = []
+    for model in (chosen, reference):
+        model.zero_grad()
+        out = model(*args)
+        loss = (out["energy"] ** 2).sum() + (out["force"] ** 2).sum() + (out["virial"] ** 2).sum()
+        loss.backward()
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
+        results.append(([out[k].detach() for k in ("energy", "force", "virial")], grads))
+    for a, b in zip(results[0][0], results[1][0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * max(1.0, b.abs().max()))
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * max(1.0, b.abs().max()))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -66,10 +66,10 @@ def _node_outputs(net, rows, cot, use_kernels, used=None):
     return [tmat.detach(), value.detach(), slope.detach(), rbar.detach(), *grads]
 
 
-def _rows(nc: int, n: int, dtype: torch.dtype, strided: bool) -> torch.Tensor:
+def _rows(nc: int, n: int, dtype: torch.dtype, strided: bool, axes: int = 4) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
-    full = torch.randn(nc, 4, n + 3, generator=gen, dtype=torch.float64).to(dtype)
-    # the descriptor hands over column slices of (B, 4, nnei), and (B, n, 4) transposed
+    full = torch.randn(nc, axes, n + 3, generator=gen, dtype=torch.float64).to(dtype)
+    # the descriptor hands over column slices of (B, A, nnei), and (B, n, A) transposed
     return full[:, :, 1 : n + 1] if strided else full[:, :, :n].contiguous()
 
 
@@ -99,6 +99,38 @@ def test_kernels_match_pytorch_path_float64(
     reference = _node_outputs(net, rows, cot, False)
     for a, b in zip(compiled, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_kernels
+@pytest.mark.parametrize("neuron, resnet_dt", [([5, 10, 20], False), ([2, 4, 4, 8], True)])
+@pytest.mark.parametrize("nc, n, block_rows", [(13, 7, 10), (5, 40, 64)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_kernels_match_pytorch_path_on_two_component_rows(neuron, resnet_dt, nc, n, block_rows,
+                                                          dtype, monkeypatch):  # fmt: skip
+    """Rows of two components (se_e2_r's ``[s, 1]``): the kernels' A = 2 instance."""
+    monkeypatch.setattr(kernel_nodes, "BLOCK_ROWS", block_rows)
+    net = EmbeddingNet(neuron, "tanh", resnet_dt, dtype, seed=7)
+    rows = _rows(nc, n, dtype, strided=True, axes=2)
+    gen = torch.Generator().manual_seed(2)
+    cot = [torch.randn(nc, 2, neuron[-1], generator=gen, dtype=torch.float64).to(dtype)]
+    cot.append(torch.randn(nc, n, 2, generator=gen, dtype=torch.float64).to(dtype))
+    compiled = _node_outputs(net, rows, cot, True)
+    reference = _node_outputs(net, rows, cot, False)
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    for a, b in zip(compiled, reference, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, b.abs().max().item()))
+
+
+@needs_kernels
+def test_kernels_refuse_rows_of_other_widths():
+    net = EmbeddingNet([4, 8], "tanh", False, torch.float64, seed=7)
+    rows = _rows(3, 5, torch.float64, strided=False, axes=3)
+    plan = plan_blocks(None, 3, 5)
+    with pytest.raises(RuntimeError, match="embedding forward: status 2"):
+        _KernelEmbedContract.apply(
+            rows, kernels.load_kernels(), plan, layer_layout(net.layers), *layer_params(net.layers)
+        )
 
 
 @needs_kernels

@@ -231,7 +231,7 @@ class _EmbedContract(torch.autograd.Function):
         s = rows[:, 0, :].reshape(-1, 1)
         tape = Tape(s, layout, params)
         m = tape.value.shape[1]
-        tmat = rows.new_empty(nc, 4, m)
+        tmat = rows.new_empty(nc, rows.shape[1], m)
         ctx.centres = max(1, tape.block // n)
         for c0 in range(0, nc, ctx.centres):
             c1 = min(c0 + ctx.centres, nc)

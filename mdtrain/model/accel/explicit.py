@@ -2,9 +2,11 @@
 
 ``ExplicitEnergyModel`` has the reference model's modules, parameters and buffers (so a
 checkpoint does not depend on which backend wrote it) and replaces only ``forward``: energies,
-forces and virials from ``explicit_descriptor`` and the fused fitting node, with the embedding
-work done by the ``EmbeddingOps`` it was built with. It exists for tanh networks in float32 or
-float64; ``mdtrain.model.backend`` decides when it is used.
+forces and virials from the descriptor's explicit form (``explicit_descriptor`` for se_e2_a,
+``explicit_radial`` for se_e2_r; ``FORMS``, looked up once when the model is built) and the
+fused fitting node, with the embedding work done by the ``EmbeddingOps`` it was built with. It
+exists for tanh networks in float32 or float64; ``mdtrain.model.backend`` decides when it is
+used.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.explicit_descriptor import (
+    SE_E2_A_FORM,
     EmbeddingOps,
     Environment,
-    contract_environment,
-    explicit_environment,
-    pull_back_rows,
-    row_gradients,
+    ExplicitForm,
 )
+from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.energy import EnergyModel
+
+# The descriptors with an explicit form, by type name: the ones the accelerated backends run.
+FORMS: dict[str, ExplicitForm] = {"se_e2_a": SE_E2_A_FORM, "se_e2_r": SE_E2_R_FORM}
 
 
 class ExplicitEnergyModel(EnergyModel):
@@ -31,6 +35,7 @@ class ExplicitEnergyModel(EnergyModel):
         super().__init__(model_config)
         self.embedding = embedding
         self.backend = embedding.name
+        self.form = FORMS[self.descriptor.type_name]
 
     def forward(
         self,
@@ -67,26 +72,29 @@ class ExplicitEnergyModel(EnergyModel):
         if box is not None:
             cell = box.detach().to(torch.float64)
         diff = self.pair_vectors(x, cell, nlist, shift)
-        env = explicit_environment(self.descriptor, diff, nlist, atype)
+        env = self.form.environment(self.descriptor, diff, nlist, atype)
         return self.evaluate_environment(env, diff, nlist, atype)
 
     def evaluate_environment(
         self, env: Environment, diff: Tensor, nlist: Tensor, atype: Tensor
     ) -> dict[str, Tensor]:
         """``_evaluate`` from the pair vectors ``diff`` and their environment (computed by
-        ``explicit_environment`` with statistics equal to this model's)."""
+        ``form.environment`` with statistics equal to this model's)."""
         atom_energy, rbar = self.energy_and_row_grad(env, atype)
-        g = pull_back_rows(rbar * env.scale, env.diff, env.coef).to(torch.float64)
+        g = self.form.pull_back(rbar * env.scale, env.diff, env.coef).to(torch.float64)
         return explicit_outputs(atom_energy, g, diff, nlist)
 
     def energy_and_row_grad(self, env: Environment, atype: Tensor) -> tuple[Tensor, Tensor]:
-        """Atomic energies (nf, N) float64 and dE/dR̃ (nf, N, nnei, 4): everything this
-        model's own networks compute on an environment (a committee shares the rest)."""
+        """Atomic energies (nf, N) float64 and dE/dR̃ (nf, N, nnei, 4 for se_e2_a, 1 for
+        se_e2_r): everything this model's own networks compute on an environment (a committee
+        shares the rest)."""
         nf, natoms = env.diff.shape[0], env.diff.shape[1]
-        descriptor, cache = contract_environment(self.descriptor, self.embedding, env, nf, natoms)
+        descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
         atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
-        return atom_energy, row_gradients(self.descriptor, self.embedding, grad, cache, atype)
+        return atom_energy, self.form.row_gradients(
+            self.descriptor, self.embedding, grad, cache, atype
+        )
 
     def biased(self, atom_energy: Tensor, grad: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
         """The fitting net's atomic energies (nf, N) and dE/dD with the energy bias added and

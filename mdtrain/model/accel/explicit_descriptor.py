@@ -12,6 +12,7 @@ chosen once when the model is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
@@ -151,17 +152,17 @@ def explicit_environment(
     groups: list[RowGroup] = []
     if desc.type_one_side:
         rows = rr.view(nf * natoms, desc.nnei, 4)
-        groups.append(_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
+        groups.append(row_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
     else:
         for c in range(desc.ntypes):
             idx = torch.nonzero(atype == c).view(-1)
             rows = rr.index_select(1, idx).reshape(-1, desc.nnei, 4)
             mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
-            groups.append(_group(desc, rows, mask_c, None, c, idx))
+            groups.append(row_group(desc, rows, mask_c, None, c, idx))
     return Environment(diff, coef, scale, pad, groups)
 
 
-def _group(
+def row_group(
     desc: DescriptorSeA,
     rows: Tensor,
     mask: Tensor,
@@ -169,6 +170,7 @@ def _group(
     centre: int,
     index: Tensor | None,
 ) -> RowGroup:
+    """The group of ``rows`` (B, nnei, A) with their real-neighbour ``mask`` (B, nnei)."""
     widths = []
     for t in range(desc.ntypes):
         lo, hi = desc.offsets[t], desc.offsets[t + 1]
@@ -183,18 +185,26 @@ def contract_environment(
 ) -> tuple[Tensor, ExplicitCache]:
     """Descriptor D (nf, N, M·axis) of ``desc``'s networks on a computed environment, plus
     what ``row_gradients`` needs."""
+    return contract_groups(desc, ops, env, nf, natoms, desc.descriptor_of_t)
+
+
+def contract_groups(
+    desc, ops: EmbeddingOps, env: Environment, nf: int, natoms: int, d_of_t: Callable
+) -> tuple[Tensor, ExplicitCache]:
+    """Descriptor D (nf, N, dim_out) from the contraction T/nnei (B, A, M) of each group of
+    ``env`` (``d_of_t``: the descriptor's D of it), plus what the row gradients need."""
     blocks: list[EmbeddedBlock] = []
     if desc.type_one_side:
         group = env.groups[0]
         tmat = _contract(desc, ops, group, env.pad, blocks)
         cache = ExplicitCache(env.diff, env.coef, env.scale, [tmat], [group.rows], blocks)
-        return desc.descriptor_of_t(tmat).view(nf, natoms, desc.dim_out), cache
+        return d_of_t(tmat).view(nf, natoms, desc.dim_out), cache
     tmats: list[Tensor] = []
     rows_of: list[Tensor] = []
     out = torch.zeros(nf, natoms, desc.dim_out, dtype=env.diff.dtype, device=env.diff.device)
     for group in env.groups:
         tmat = _contract(desc, ops, group, env.pad, blocks)
-        d = desc.descriptor_of_t(tmat).view(nf, -1, desc.dim_out)
+        d = d_of_t(tmat).view(nf, -1, desc.dim_out)
         out = out.index_copy(1, group.index, d)
         tmats.append(tmat)
         rows_of.append(group.rows)
@@ -215,18 +225,33 @@ def row_gradients(
     ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
     through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
     """
+    return group_row_gradients(desc, ops, grad, cache, atype, _tbar_of, 4)
+
+
+def group_row_gradients(
+    desc,
+    ops: EmbeddingOps,
+    grad: Tensor,
+    cache: ExplicitCache,
+    atype: Tensor,
+    tbar_of: Callable,
+    width: int,
+) -> Tensor:
+    """dE/dR̃ (nf, N, nnei, ``width``) from dE/dD ``grad`` (nf, N, dim_out), group by group:
+    ``tbar_of(desc, T/nnei, dE/dD rows)`` gives each group's dE/dT (B, A, M), the embedding
+    backend its rows' gradients (the first ``width`` of the A columns are kept)."""
     nf, natoms = grad.shape[0], grad.shape[1]
     grad = grad.to(desc.dtype)
     if desc.type_one_side:
-        rbar = _row_grad(desc, ops, grad.reshape(nf * natoms, -1), 0, cache)
-        rbar = rbar.view(nf, natoms, desc.nnei, 4)
+        rbar = _row_grad(desc, ops, grad.reshape(nf * natoms, -1), 0, cache, tbar_of, width)
+        rbar = rbar.view(nf, natoms, desc.nnei, width)
     else:
-        rbar = torch.zeros(nf, natoms, desc.nnei, 4, dtype=grad.dtype, device=grad.device)
+        rbar = torch.zeros(nf, natoms, desc.nnei, width, dtype=grad.dtype, device=grad.device)
         for c in range(desc.ntypes):
             idx = torch.nonzero(atype == c).view(-1)
             g_c = grad.index_select(1, idx).reshape(-1, desc.dim_out)
-            rbar_c = _row_grad(desc, ops, g_c, c, cache).view(nf, -1, desc.nnei, 4)
-            rbar = rbar.index_copy(1, idx, rbar_c)
+            rbar_c = _row_grad(desc, ops, g_c, c, cache, tbar_of, width)
+            rbar = rbar.index_copy(1, idx, rbar_c.view(nf, -1, desc.nnei, width))
     return rbar
 
 
@@ -237,15 +262,15 @@ def _contract(
     pad: Tensor,
     blocks: list[EmbeddedBlock],
 ) -> Tensor:
-    """T/nnei (B, 4, M) for the rows of ``group``, appending the embedding blocks to
-    ``blocks``.
+    """T/nnei (B, A, M) for the rows (B, nnei, A) of ``group``, appending the embedding blocks
+    to ``blocks``.
 
     A group of centre -1 (``type_one_side``) takes one net per neighbour type, rows of any
     centre type; otherwise only rows of that centre type and nets ``centre + t·ntypes``. Each
     net embeds only the leading columns of its block that hold a real neighbour for some row.
     """
     centre, rr = group.centre, group.rows
-    tmat = torch.zeros(rr.shape[0], 4, desc.neuron_out, dtype=rr.dtype, device=rr.device)
+    tmat = torch.zeros(*group.cols.shape[:2], desc.neuron_out, dtype=rr.dtype, device=rr.device)
     first, last = (centre, centre + 1) if centre >= 0 else (0, desc.ntypes)
     for k, net in enumerate(desc.networks):
         if centre >= 0 and k % desc.ntypes != centre:
@@ -261,17 +286,27 @@ def _contract(
     return tmat / desc.nnei
 
 
-def _row_grad(
-    desc: DescriptorSeA, ops: EmbeddingOps, grad: Tensor, group: int, cache: ExplicitCache
-) -> Tensor:
-    """dE/dR̃ (B, nnei, 4) of one group from its dE/dD (B, M·axis)."""
-    t = cache.tmats[group]
-    rows = cache.rows[group]
+def _tbar_of(desc: DescriptorSeA, t: Tensor, grad: Tensor) -> Tensor:
+    """se_e2_a's dE/dT (B, 4, M) from T/nnei ``t`` and dE/dD (B, M·axis)."""
     axis = desc.axis_neuron
     dd = grad.view(-1, desc.neuron_out, axis)
     tbar = torch.bmm(t[:, :, :axis], dd.transpose(1, 2))
     tbar = torch.cat([tbar[:, :, :axis] + torch.bmm(t, dd), tbar[:, :, axis:]], dim=2)
-    tbar = tbar / desc.nnei
+    return tbar / desc.nnei
+
+
+def _row_grad(
+    desc,
+    ops: EmbeddingOps,
+    grad: Tensor,
+    group: int,
+    cache: ExplicitCache,
+    tbar_of: Callable,
+    width: int,
+) -> Tensor:
+    """dE/dR̃ (B, nnei, width) of one group from its dE/dD (B, dim_out)."""
+    rows = cache.rows[group]
+    tbar = tbar_of(desc, cache.tmats[group], grad)
     pieces: list[Tensor] = []
     col = 0
     for block in cache.blocks:
@@ -279,9 +314,27 @@ def _row_grad(
             continue
         lo, n = block.lo, block.n
         if lo > col:
-            pieces.append(rows.new_zeros(rows.shape[0], lo - col, 4))
-        pieces.append(ops.row_grad(tbar, block, rows[:, lo : lo + n].transpose(1, 2)))
+            pieces.append(rows.new_zeros(rows.shape[0], lo - col, width))
+        rbar = ops.row_grad(tbar, block, rows[:, lo : lo + n].transpose(1, 2))
+        pieces.append(rbar if rbar.shape[2] == width else rbar[:, :, :width])
         col = lo + n
     if col < desc.nnei:
-        pieces.append(rows.new_zeros(rows.shape[0], desc.nnei - col, 4))
+        pieces.append(rows.new_zeros(rows.shape[0], desc.nnei - col, width))
     return torch.cat(pieces, dim=1)
+
+
+class ExplicitForm(NamedTuple):
+    """What the explicit model needs of one descriptor: its environment (before any network),
+    D from the embedding contraction and the environment, dE/dR̃ from dE/dD, and the pull-back
+    of dE/dR̃ (times ``Environment.scale``) to dE/d(pair vector). Chosen once, when the model
+    is built (``mdtrain.model.accel.explicit.FORMS``)."""
+
+    environment: Callable[..., Environment]
+    contract: Callable[..., tuple[Tensor, ExplicitCache]]
+    row_gradients: Callable[..., Tensor]
+    pull_back: Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+SE_E2_A_FORM = ExplicitForm(
+    explicit_environment, contract_environment, row_gradients, pull_back_rows
+)

@@ -150,7 +150,7 @@ class _KernelEmbedContract(torch.autograd.Function):
     def forward(ctx, rows: Tensor, kernels: Kernels, plan: BlockPlan, layout: tuple, *params):
         s = rows.new_empty(plan.rows, 1)
         tape = Tape(s, layout, params)
-        tmat = rows.new_empty(rows.shape[0], 4, tape.value.shape[1])
+        tmat = rows.new_empty(rows.shape[0], rows.shape[1], tape.value.shape[1])
         kernels.embed_forward(rows, layout, params, tape, plan, tmat)
         ctx.kernels, ctx.plan, ctx.layout = kernels, plan, layout
         ctx.row_grad = None

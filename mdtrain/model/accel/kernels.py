@@ -22,7 +22,7 @@ from torch import Tensor
 
 from mdtrain.model.accel.build import build, torch_lib_dir
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -43,7 +43,7 @@ class Kernels:
         self.reserved = 0  # threads whose BLAS buffers exist (see ``_threads``)
         self.use_blas(os.environ.get("MDTRAIN_BLAS", "auto"))
         net = [_INT, *[_P] * 10]  # layers, n_in, n_out, skip, W, b, idt, ts, outs, douts, das
-        rows = [_P, _I64, _I64, _I64]
+        rows = [_P, _I64, _I64, _I64, _INT]  # pointer, strides, components A
         plan = [_P, _P, _P, _P, _I64]
         for suffix in ("f32", "f64"):
             fn = getattr(lib, f"mdt_embed_forward_{suffix}")
@@ -90,7 +90,7 @@ class Kernels:
         return getattr(self.lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
 
     def embed_forward(self, rows: Tensor, layout, params, tape, plan, tmat: Tensor) -> None:
-        """Fill the tape (G, dG/ds and what the backward needs) and T (B, 4, M) over the
+        """Fill the tape (G, dG/ds and what the backward needs) and T (B, A, M) over the
         slots the plan evaluates."""
         fn = self._fn("mdt_embed_forward", rows.dtype)
         status = fn(
@@ -123,10 +123,10 @@ class Kernels:
         _check(status, "embedding backward")
 
     def row_grad(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        """dE/dR̃ (B, n, 4) of one block of slot columns, rows (B, 4, n); 0 on the slots the
+        """dE/dR̃ (B, n, A) of one block of slot columns, rows (B, A, n); 0 on the slots the
         plan does not evaluate."""
         nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
-        out = value.new_empty(nc, n, 4)
+        out = value.new_empty(nc, n, rows.shape[1])
         fn = self._fn("mdt_row_grad", value.dtype)
         status = fn(
             *_rows_args(rows),
@@ -141,9 +141,9 @@ class Kernels:
         return out
 
     def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        """The T̄ (B, 4, M) part of ``row_grad``'s backward for the cotangent z (B, n, 4)."""
+        """The T̄ (B, A, M) part of ``row_grad``'s backward for the cotangent z (B, n, A)."""
         nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
-        out = value.new_empty(nc, 4, m)
+        out = value.new_empty(nc, rows.shape[1], m)
         fn = self._fn("mdt_row_grad_tbar", value.dtype)
         status = fn(
             *_rows_args(rows),
@@ -224,9 +224,10 @@ def _ints(values) -> ctypes.Array:
 
 
 def _rows_args(rows: Tensor) -> list:
-    """Rows (B, 4, n) of any strides: pointer and the strides of centre, component, slot."""
+    """Rows (B, A, n) of any strides: pointer, the strides of centre, component, slot, and A
+    (4 for se_e2_a, 2 for se_e2_r: the widths the kernels are compiled for)."""
     rc, ra, rj = rows.stride()
-    return [_pointer(rows), rc, ra, rj]
+    return [_pointer(rows), rc, ra, rj, rows.shape[1]]
 
 
 def net_args(layout: tuple, params, tape) -> list:

@@ -9,8 +9,10 @@
 // fused elementwise loops, so that a block stays in the core's cache and the two cores never wait
 // on each other between operations.
 //
-// Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj]; T and T̄ are
-// (centres, 4, M); the row gradients and their cotangent Z are (centres, n, 4). The net runs on
+// Layouts: rows R̃ of centre c, component a, slot j at R[c·rc + a·ra + j·rj], with A components
+// (a template argument: 4 for se_e2_a's [s, s·x/r, s·y/r, s·z/r], 2 for se_e2_r's [s, 1], whose
+// weight column makes T[1] = Σ_j G(s_j)); T and T̄ are (centres, A, M); the row gradients and
+// their cotangent Z are (centres, n, A). The net's input s is component 0. The net runs on
 // blocks of a plan (built in kernel_nodes.py): block b holds the centres order[start[b] : start[b+1]]
 // and evaluates their first width[b] slots, as tape rows row0[b] + (centre's place in the
 // block)·width[b] + slot. Centres sorted by neighbour count share blocks with others of nearly
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,6 +40,15 @@ using i64 = std::int64_t;
 // Python side raises as a recoverable out-of-memory error.
 constexpr int kOk = 0;
 constexpr int kOutOfMemory = 1;
+constexpr int kBadAxes = 2;  // a row width other than 4 or 2
+
+// f(std::integral_constant<int, A>) for the row widths the kernels are compiled for.
+template <typename F>
+int with_axes(int axes, F f) {
+  if (axes == 4) return f(std::integral_constant<int, 4>{});
+  if (axes == 2) return f(std::integral_constant<int, 2>{});
+  return kBadAxes;
+}
 
 template <typename F>
 int guarded(F f) {
@@ -190,7 +202,7 @@ struct Plan {
 };
 
 // One block through every layer (value and tangent), then T of each of its centres.
-template <typename T>
+template <typename T, int A>
 void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T* tmat,
                    const std::vector<T>& ones) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
@@ -261,11 +273,11 @@ void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T*
   const T* g = net.outs[net.layers - 1] + r0 * m;
   for (i64 q = 0; q < nb; ++q) {
     const i64 c = P.order[p0 + q];
-    T* out = tmat + c * 4 * m;
-    std::fill(out, out + 4 * m, T(0));
+    T* out = tmat + c * A * m;
+    std::fill(out, out + A * m, T(0));
     for (i64 j = 0; j < w; ++j) {
       const T* gj = g + (q * w + j) * m;
-      for (int a = 0; a < 4; ++a) {
+      for (int a = 0; a < A; ++a) {
         const T r = R.at(c, a, j);
         T* oa = out + a * m;
 #pragma omp simd
@@ -282,9 +294,9 @@ struct Scratch {
   std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
 };
 
-// The cotangents the backward starts from (any may be null): T̄_T (nc, 4, M) of T; Ḡ, dḠ (tape
-// rows, M) of G and dG/ds; and, in factored form from the row-gradient node, Z (nc, n, 4) with
-// T̄ (nc, 4, M).
+// The cotangents the backward starts from (any may be null): T̄_T (nc, A, M) of T; Ḡ, dḠ (tape
+// rows, M) of G and dG/ds; and, in factored form from the row-gradient node, Z (nc, n, A) with
+// T̄ (nc, A, M).
 template <typename T>
 struct Cotangents {
   const T* tbar_t;
@@ -296,7 +308,7 @@ struct Cotangents {
 };
 
 // ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ and dȳ = z₀(R̃ᵀT̄) + dḠ on the block's rows.
-template <typename T>
+template <typename T, int A>
 void entry_cotangents(const Rows<T>& R, const Plan& P, i64 b, int m, const Cotangents<T>& in,
                       T* gy, T* gdy) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
@@ -308,17 +320,17 @@ void entry_cotangents(const Rows<T>& R, const Plan& P, i64 b, int m, const Cotan
       T* gdyi = gdy + i * m;
       std::fill(gyi, gyi + m, T(0));
       std::fill(gdyi, gdyi + m, T(0));
-      for (int a = 0; a < 4; ++a) {
+      for (int a = 0; a < A; ++a) {
         const T r = R.at(c, a, j);
         if (in.tbar_t) {
-          const T* ta = in.tbar_t + (c * 4 + a) * m;
+          const T* ta = in.tbar_t + (c * A + a) * m;
 #pragma omp simd
           for (int k = 0; k < m; ++k) gyi[k] += r * ta[k];
         }
         if (in.z) {
-          const T* zj = in.z + (c * in.n + j) * 4;
+          const T* zj = in.z + (c * in.n + j) * A;
           const T za = zj[a], zr = r * zj[0];
-          const T* ta = in.tbar + (c * 4 + a) * m;
+          const T* ta = in.tbar + (c * A + a) * m;
 #pragma omp simd
           for (int k = 0; k < m; ++k) {
             gyi[k] += za * ta[k];
@@ -471,7 +483,7 @@ Net<T> make_net(int layers, const int* n_in, const int* n_out, const int* skip, 
                 reinterpret_cast<T* const*>(das)};
 }
 
-template <typename T>
+template <typename T, int A>
 int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int threads) {
   const SerialBlas serial;
   const std::vector<T> ones(widest(net.n_out, net.layers), T(1));
@@ -482,7 +494,7 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     try {
       for (i64 b = 0; b < P.blocks && !failed; ++b)
-        if (P.mine(b, me, team)) forward_block(net, R, P, b, static_cast<T*>(tmat), ones);
+        if (P.mine(b, me, team)) forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
@@ -490,7 +502,7 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
   return failed ? kOutOfMemory : kOk;
 }
 
-template <typename T>
+template <typename T, int A>
 int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangents<T>& in,
              void* const* grads, int threads) {
   const SerialBlas serial;
@@ -519,7 +531,7 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
         v->resize(size_t(rows_max) * width);
       for (i64 b = 0; b < P.blocks && !failed; ++b) {
         if (!P.mine(b, me, team) || P.width[b] == 0) continue;
-        entry_cotangents(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
+        entry_cotangents<T, A>(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
         backward_block(net, R, P, b, offsets.data(), sc, ones);
       }
     } catch (const std::bad_alloc&) {
@@ -558,20 +570,20 @@ void each_centre(const Plan& P, int threads, F f) {
   }
 }
 
-// dE/dR̃ (nc, n, 4) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0] on the evaluated slots, 0 on the others.
-template <typename T>
+// dE/dR̃ (nc, n, A) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, …] on the evaluated slots, 0 on the others.
+template <typename T, int A>
 int row_grad(const Rows<T>& R, const Plan& P, i64 n, int m, const T* tbar, const T* value,
              const T* slope, T* out, int threads) {
   each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
-    const T* tc = tbar + c * 4 * m;
-    T* oc = out + c * n * 4;
-    std::fill(oc + w * 4, oc + n * 4, T(0));
+    const T* tc = tbar + c * A * m;
+    T* oc = out + c * n * A;
+    std::fill(oc + w * A, oc + n * A, T(0));
     for (i64 j = 0; j < w; ++j) {
       const T* g = value + (r0 + j) * m;
       const T* d = slope + (r0 + j) * m;
-      T* o = oc + j * 4;
+      T* o = oc + j * A;
       T sbar = 0;
-      for (int a = 0; a < 4; ++a) {
+      for (int a = 0; a < A; ++a) {
         const T* ta = tc + a * m;
         T dot = 0, dots = 0;
 #pragma omp simd reduction(+ : dot, dots)
@@ -588,19 +600,19 @@ int row_grad(const Rows<T>& R, const Plan& P, i64 n, int m, const T* tbar, const
   return kOk;
 }
 
-// T̄ (nc, 4, M) of row_grad's backward for the cotangent Z (nc, n, 4):
+// T̄ (nc, A, M) of row_grad's backward for the cotangent Z (nc, n, A):
 // Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j over each centre's evaluated slots.
-template <typename T>
+template <typename T, int A>
 int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, const T* value,
                   const T* slope, T* out, int threads) {
   each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
-    T* oc = out + c * 4 * m;
-    std::fill(oc, oc + 4 * m, T(0));
+    T* oc = out + c * A * m;
+    std::fill(oc, oc + A * m, T(0));
     for (i64 j = 0; j < w; ++j) {
       const T* g = value + (r0 + j) * m;
       const T* d = slope + (r0 + j) * m;
-      const T* zj = z + (c * n + j) * 4;
-      for (int a = 0; a < 4; ++a) {
+      const T* zj = z + (c * n + j) * A;
+      for (int a = 0; a < A; ++a) {
         const T za = zj[a], zr = R.at(c, a, j) * zj[0];
         T* oa = oc + a * m;
 #pragma omp simd
@@ -615,7 +627,7 @@ int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, con
 
 extern "C" {
 
-int mdt_abi_version() { return 5; }
+int mdt_abi_version() { return 6; }
 
 // dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
 // set_local_threads: the library's per-thread thread count (returns the previous one), or null;
@@ -655,7 +667,7 @@ int mdt_reserve_blas(int threads) {
   });
 }
 
-#define MDT_ROWS_ARGS const void *rows, i64 rc, i64 ra, i64 rj
+#define MDT_ROWS_ARGS const void *rows, i64 rc, i64 ra, i64 rj, int axes
 #define MDT_ROWS(T) Rows<T>{static_cast<const T*>(rows), rc, ra, rj}
 #define MDT_PLAN_ARGS const i64 *order, const i64 *start, const i64 *width, const i64 *row0, i64 blocks
 #define MDT_PLAN Plan{order, start, width, row0, blocks}
@@ -664,11 +676,15 @@ int mdt_reserve_blas(int threads) {
       void *const *b, void *const *idt, void *const *ts, void *const *outs, void *const *douts, \
       void *const *das
 #define MDT_NET(T) make_net<T>(layers, n_in, n_out, skip, w, b, idt, ts, outs, douts, das)
+// the kernel instance for the row width ``axes`` (A in the body)
+#define MDT_AXES(body) with_axes(axes, [&](auto axes_c) { constexpr int A = decltype(axes_c)::value; return body; })
 
 #define MDT_EXPORT(T, suffix)                                                                 \
   int mdt_embed_forward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, void* tmat,      \
                                  int threads) {                                               \
-    return guarded([&] { return forward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, tmat, threads); }); \
+    return guarded([&] {                                                                      \
+      return MDT_AXES((forward<T, A>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, tmat, threads)));     \
+    });                                                                                       \
   }                                                                                           \
   int mdt_embed_backward_##suffix(MDT_ROWS_ARGS, MDT_NET_ARGS, MDT_PLAN_ARGS, i64 n,          \
                                   const void* tbar_t, const void* gv, const void* gs,         \
@@ -677,20 +693,25 @@ int mdt_reserve_blas(int threads) {
     const Cotangents<T> in{static_cast<const T*>(tbar_t), static_cast<const T*>(gv),          \
                            static_cast<const T*>(gs),     static_cast<const T*>(z),           \
                            static_cast<const T*>(tbar),   n};                                 \
-    return guarded([&] { return backward<T>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads); }); \
+    return guarded([&] {                                                                      \
+      return MDT_AXES((backward<T, A>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads))); \
+    });                                                                                       \
   }                                                                                           \
   int mdt_row_grad_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* tbar,     \
                             const void* value, const void* slope, void* out, int threads) {   \
-    return row_grad<T>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(tbar),              \
-                       static_cast<const T*>(value), static_cast<const T*>(slope),            \
-                       static_cast<T*>(out), threads);                                        \
+    return MDT_AXES((row_grad<T, A>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(tbar), \
+                                    static_cast<const T*>(value),                             \
+                                    static_cast<const T*>(slope), static_cast<T*>(out),       \
+                                    threads)));                                               \
   }                                                                                           \
   int mdt_row_grad_tbar_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* z,   \
                                  const void* value, const void* slope, void* out,             \
                                  int threads) {                                               \
-    return row_grad_tbar<T>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(z),            \
-                            static_cast<const T*>(value), static_cast<const T*>(slope),       \
-                            static_cast<T*>(out), threads);                                   \
+    return MDT_AXES((row_grad_tbar<T, A>(MDT_ROWS(T), MDT_PLAN, n, m,                         \
+                                         static_cast<const T*>(z),                            \
+                                         static_cast<const T*>(value),                        \
+                                         static_cast<const T*>(slope), static_cast<T*>(out),  \
+                                         threads)));                                          \
   }
 
 MDT_EXPORT(double, f64)

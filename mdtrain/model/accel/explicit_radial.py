@@ -1,0 +1,120 @@
+"""The se_e2_r descriptor with its derivative written out, on se_e2_a's embedding nodes.
+
+The reference (``mdtrain.model.descriptors.se_e2_r``) gives ``D = 0.2 · Σ_j G(s̃_j) / nnei``;
+forces then need a double backward through every embedding net. Here each slot gets the row
+``R̃ = [s̃, 1]``: the embedding contraction ``T = Σ_j R̃_jᵀ G(s̃_j)`` of se_e2_a (the same
+autograd nodes and compiled kernels, for rows of two components) holds ``Σ_j G(s̃_j)`` in its
+second row, so ``D = 0.2 · T[1] / nnei``, and the nodes' row gradient of the first column is
+``dE/ds̃ = G'(s̃) · dE/dT[1]`` (``dE/dT[0]`` is zero). The pull-back to the pair vector is
+``dE/dd = d · dE/ds · (w'/rp − s/rp) / r`` (``s = w/rp``, ``rp = r + env_protection``), so a
+force loss trains with one first-order backward, as for se_e2_a.
+
+Padded slots (``s̃ = −davg/dstd``) and excluded pairs (``s̃ = 0``) keep the weight 1 in the
+second column: they feed the nets as in the reference; their scale (the pull-back) is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mdtrain.model.accel.explicit_descriptor import (
+    EmbeddingOps,
+    Environment,
+    ExplicitCache,
+    ExplicitForm,
+    RowGroup,
+    contract_groups,
+    group_row_gradients,
+    row_group,
+    smooth_weight_grad,
+)
+from mdtrain.model.descriptors.base import smooth_weight
+from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
+
+RESCALE = 0.2  # DeePMD-kit's res_rescale of se_e2_r (``DescriptorSeR._embed``)
+
+
+def radial_entry_and_derivative(
+    desc: DescriptorSeR, diff: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``desc.env_matrix`` (nf, N, nnei, 1) and the coefficient ``c`` (same shape) of its
+    derivative, ``ds/dd = c · d``; both 0 where ~mask."""
+    far = torch.full_like(diff, 2.0 * desc.rcut)
+    diff = torch.where(mask.unsqueeze(-1), diff, far)
+    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+    rp = r + desc.env_protection
+    keep = mask.unsqueeze(-1).to(diff.dtype)
+    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
+    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
+    raw = w / rp
+    return raw, (dw - raw) / (rp * r)
+
+
+def radial_environment(
+    desc: DescriptorSeR, diff: Tensor, nlist: Tensor, atype: Tensor
+) -> Environment:
+    """Rows ``[s̃, 1]`` per group, the pull-back coefficient (nf, N, nnei, 1) and its scale
+    ``1/dstd`` (0 for excluded pairs); see the module docstring."""
+    nf, natoms = diff.shape[0], diff.shape[1]
+    mask = nlist >= 0
+    diff = diff.to(desc.dtype)
+    raw, coef = radial_entry_and_derivative(desc, diff, mask)
+    davg_all, dstd_all = desc.davg.to(desc.dtype), desc.dstd.to(desc.dtype)
+    dstd = dstd_all[atype]
+    rr = (raw - davg_all[atype]) / dstd
+    scale = 1.0 / dstd
+    if desc.has_exclusions:
+        keep = desc.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
+        rr = rr * keep
+        scale = scale * keep
+    rows_all = torch.cat([rr, torch.ones_like(rr)], dim=-1)
+    pad = -davg_all / dstd_all
+    pad = torch.cat([pad, torch.ones_like(pad)], dim=-1)  # (ntypes, nnei, 2)
+    groups: list[RowGroup] = []
+    if desc.type_one_side:
+        rows = rows_all.view(nf * natoms, desc.nnei, 2)
+        groups.append(row_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
+    else:
+        for c in range(desc.ntypes):
+            idx = torch.nonzero(atype == c).view(-1)
+            rows = rows_all.index_select(1, idx).reshape(-1, desc.nnei, 2)
+            mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
+            groups.append(row_group(desc, rows, mask_c, None, c, idx))
+    return Environment(diff, coef, scale.expand_as(rr), pad, groups)
+
+
+def _d_of_t(tmat: Tensor) -> Tensor:
+    """D (B, M) from T/nnei (B, 2, M)."""
+    return tmat[:, 1] * RESCALE
+
+
+def contract_radial(
+    desc: DescriptorSeR, ops: EmbeddingOps, env: Environment, nf: int, natoms: int
+) -> tuple[Tensor, ExplicitCache]:
+    """Descriptor D (nf, N, M) on a computed environment, plus what the row gradients need."""
+    return contract_groups(desc, ops, env, nf, natoms, _d_of_t)
+
+
+def _tbar_of(desc: DescriptorSeR, tmat: Tensor, grad: Tensor) -> Tensor:
+    """dE/dT (B, 2, M): 0 for the first row, ``0.2 · dE/dD / nnei`` for the second."""
+    tbar = grad.new_zeros(tmat.shape)
+    tbar[:, 1] = grad * (RESCALE / desc.nnei)
+    return tbar
+
+
+def radial_row_gradients(
+    desc: DescriptorSeR, ops: EmbeddingOps, grad: Tensor, cache: ExplicitCache, atype: Tensor
+) -> Tensor:
+    """dE/ds̃ (nf, N, nnei, 1) from dE/dD (nf, N, M)."""
+    return group_row_gradients(desc, ops, grad, cache, atype, _tbar_of, 1)
+
+
+def pull_back_radial(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+    """dE/dd (…, 3) from dE/ds ``qbar`` (…, 1)."""
+    return diff * (qbar * coef)
+
+
+SE_E2_R_FORM = ExplicitForm(
+    radial_environment, contract_radial, radial_row_gradients, pull_back_radial
+)
