@@ -55,7 +55,10 @@ def _openmp_link_args() -> list[str]:
 
 def build(compiler: str) -> Path:
     """Compile the kernels (or find them in the cache); raises ``RuntimeError`` with the reason."""
-    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+    # -fno-trapping-math lets the tanh loops (with their clamp) vectorise: 3-4x faster layers,
+    # the same values (no reassociation, no contraction other than -O3's own FMAs)
+    flags = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared",
+             "-std=c++17"]  # fmt: skip
     try:
         version = subprocess.run(
             [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
