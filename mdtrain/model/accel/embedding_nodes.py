@@ -214,7 +214,8 @@ class Tape:
 
 
 class _EmbedContract(torch.autograd.Function):
-    """``T = Σ_j R̃_jᵀ G(s_j)`` (B, 4, M) for rows ``R̃`` (B, 4, n) with ``s = R̃[:, 0]``; also
+    """``T = Σ_j R̃_jᵀ G(s_j)`` (B, A, M) for rows ``R̃`` (B, A, n) with ``s = R̃[:, 0]`` (A = 4
+    for se_e2_a, 2 for se_e2_r's ``[s, 1]``); also
     returns G and dG/ds (B, n, M) for ``_RowGrad``. Blocks of centres run the embedding net
     and the contraction while their rows are in cache.
 
@@ -277,7 +278,7 @@ class _EmbedContract(torch.autograd.Function):
 
 
 class _RowGrad(torch.autograd.Function):
-    """dE/dR̃ (B, n, 4) of one block of slot columns from T̄ = dE/dT (B, 4, M):
+    """dE/dR̃ (B, n, A) of one block of slot columns from T̄ = dE/dT (B, A, M):
     ``G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, 0, 0]`` with G, G' from ``_EmbedContract`` (its outputs)."""
 
     @staticmethod

@@ -108,8 +108,8 @@ class RowGroup(NamedTuple):
     of one centre type) and what the embedding needs of them, the same for every model with
     this descriptor's settings and statistics."""
 
-    rows: Tensor  # (B, nnei, 4)
-    cols: Tensor  # (B, 4, nnei): the rows' transpose, contiguous (plain bmm operands)
+    rows: Tensor  # (B, nnei, A): A = 4 for se_e2_a, 2 for se_e2_r (``explicit_radial``)
+    cols: Tensor  # (B, A, nnei): the rows' transpose, contiguous (plain bmm operands)
     mask: Tensor  # (B, nnei) real neighbours
     types: Tensor | None  # (B,) centre types with ``type_one_side``, else None
     centre: int  # -1 with ``type_one_side``, else the centre type
