@@ -210,4 +210,3 @@ def test_build_nlist_no_neighbours():
     coord = np.array([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
     nlist, shift, counts = build_nlist(coord, None, np.array([0, 1]), 3.0, [2, 2])
     assert (nlist == -1).all() and not shift.any() and not counts.any()
-
