@@ -120,32 +120,32 @@ def rates(dtype: torch.dtype) -> tuple[float, float]:
 
 def _wrapped(module, name: str, label: str) -> None:
     """``module.name`` timed as the profiler range ``label`` (this process only)."""
-    inner = getattr(module, name)
+    setattr(module, name, _timed(getattr(module, name), label))
 
+
+def _timed(inner, label: str):
     def timed(*args, **kwargs):
         with torch.profiler.record_function(label):
             return inner(*args, **kwargs)
 
-    setattr(module, name, timed)
+    return timed
 
 
 def _instrument(model) -> None:
     from mdtrain.model.accel import explicit
 
-    _wrapped(explicit, "explicit_environment", PARTS[0])
     _wrapped(explicit, "fitting_with_grad", PARTS[3])
-    _wrapped(explicit, "row_gradients", PARTS[4])
-    _wrapped(explicit, "pull_back_rows", PARTS[4])
     _wrapped(explicit, "explicit_outputs", PARTS[4])
-    _wrapped(explicit, "contract_environment", "contract")
+    # the descriptor's explicit form, which the model looked up when it was built
+    form = model.form
+    model.form = form._replace(
+        environment=_timed(form.environment, PARTS[0]),
+        contract=_timed(form.contract, "contract"),
+        row_gradients=_timed(form.row_gradients, PARTS[4]),
+        pull_back=_timed(form.pull_back, PARTS[4]),
+    )
     desc = model.descriptor
-    inner = desc.descriptor_of_t
-
-    def timed(tmat):
-        with torch.profiler.record_function(PARTS[2]):
-            return inner(tmat)
-
-    desc.descriptor_of_t = timed
+    desc.descriptor_of_t = _timed(desc.descriptor_of_t, PARTS[2])
 
 
 def measured(prof, steps: int, cpu_per_step: float) -> dict[str, float]:

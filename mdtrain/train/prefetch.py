@@ -22,6 +22,7 @@ anything else is dropped at the next `plan`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -122,29 +123,38 @@ class ListPrefetcher:
 
     def _start(self) -> None:
         self._stop = False
-        self._thread = threading.Thread(target=self._work, name="mdtrain-nlist", daemon=True)
+        # the thread holds the prefetcher weakly: one that is dropped without `close` (a
+        # trainer stepped by hand, not by the training loop) is freed and its thread ends
+        ref = weakref.ref(self)
+        self._thread = threading.Thread(
+            target=_work, args=(ref,), name="mdtrain-nlist", daemon=True
+        )
         self._thread.start()
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                key, (coord, box, atype) = self._queue.popitem(last=False)
-                self._busy = key
-            try:
-                built: _Built | None = self.layout.build(coord, box, atype, self.rcut, self.sel)
-            except Exception:  # noqa: BLE001 - the step searches again and reports it
-                built = None
-            with self._cond:
-                self._busy = None
-                self.searched += 1
-                if key in self._wanted:
-                    self._ready[key] = built
-                    self.built += built is not None
-                self._cond.notify_all()
+    def _work_once(self) -> bool:
+        """Build the next queued frame, waiting at most ``_IDLE_S`` for one; False once
+        closed."""
+        with self._cond:
+            if not self._queue and not self._stop:
+                self._cond.wait(timeout=_IDLE_S)
+            if self._stop:
+                return False
+            if not self._queue:
+                return True
+            key, (coord, box, atype) = self._queue.popitem(last=False)
+            self._busy = key
+        try:
+            built: _Built | None = self.layout.build(coord, box, atype, self.rcut, self.sel)
+        except Exception:  # noqa: BLE001 - the step searches again and reports it
+            built = None
+        with self._cond:
+            self._busy = None
+            self.searched += 1
+            if key in self._wanted:
+                self._ready[key] = built
+                self.built += built is not None
+            self._cond.notify_all()
+        return True
 
     def close(self) -> None:
         """Stop the thread (after the frame it is building) and drop everything planned."""
@@ -157,6 +167,15 @@ class ListPrefetcher:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+
+
+_IDLE_S = 1.0  # how long an idle thread keeps its prefetcher alive between looks
+
+
+def _work(ref: weakref.ReferenceType[ListPrefetcher]) -> None:
+    """The thread: works while its prefetcher exists and is not closed."""
+    while (prefetcher := ref()) is not None and prefetcher._work_once():
+        del prefetcher
 
 
 def coming(

@@ -3,6 +3,7 @@ lists, the same batches in the same order, exact restarts, bounded memory, no th
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -37,8 +38,19 @@ def _wait(prefetcher: ListPrefetcher, count: int) -> None:
         time.sleep(0.005)
 
 
+_BEFORE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before():
+    """Threads of other tests in this worker (a trainer stepped by hand ends its thread when
+    it is freed, which the garbage collector may not have done yet) are not this test's."""
+    _BEFORE.clear()
+    _BEFORE.update(threading.enumerate())
+
+
 def _threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "mdtrain-nlist"]
+    return [t for t in threading.enumerate() if t.name == "mdtrain-nlist" and t not in _BEFORE]
 
 
 def test_peek_gives_the_next_draws_and_leaves_the_sampler_as_it_was():
@@ -204,3 +216,17 @@ def test_an_error_in_a_step_leaves_no_thread(tmp_path, monkeypatch, error):
             _train(inp, tmp_path / "out")
     assert not _threads()
     assert max(calls) <= 3 * 2  # this step's batch and two ahead, batch size 2
+
+
+def test_a_prefetcher_dropped_without_close_ends_its_thread(system):
+    """A trainer stepped by hand (tests, benchmarks) never reaches the loop's close: freeing
+    the prefetcher ends the thread instead of leaving it waiting for good."""
+    prefetcher = ListPrefetcher(NeighborListCache(), (RCUT, SEL, PER_TYPE))
+    prefetcher.plan([(system, np.array([0]))])
+    _wait(prefetcher, 1)
+    thread = prefetcher._thread
+    assert thread is not None and thread.is_alive()
+    del prefetcher
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
