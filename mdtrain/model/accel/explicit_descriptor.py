@@ -135,10 +135,18 @@ def explicit_environment(
     desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor
 ) -> Environment:
     """The network-free part of the explicit forward (see `Environment`)."""
-    nf, natoms = diff.shape[0], diff.shape[1]
     mask = nlist >= 0
     diff = diff.to(desc.dtype)
     raw, coef = env_matrix_and_derivative(desc, diff, mask)
+    rr, scale, pad = normalised_rows(desc, raw, nlist, atype)
+    return grouped_environment(desc, diff, coef, scale.expand_as(rr), pad, rr, mask, atype)
+
+
+def normalised_rows(
+    desc: DescriptorSeA, raw: Tensor, nlist: Tensor, atype: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(raw − davg)/dstd`` by centre type, the pull-back scale ``1/dstd`` (both zero for
+    excluded pairs), and the normalised rows of padded slots per centre type."""
     davg_all, dstd_all = desc.davg.to(desc.dtype), desc.dstd.to(desc.dtype)
     dstd = dstd_all[atype]
     rr = (raw - davg_all[atype]) / dstd
@@ -147,16 +155,30 @@ def explicit_environment(
         keep = desc.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
         rr = rr * keep
         scale = scale * keep
-    pad = -davg_all / dstd_all  # normalised rows of padded slots, per centre type
-    scale = scale.expand_as(rr)
+    return rr, scale, -davg_all / dstd_all
+
+
+def grouped_environment(
+    desc: DescriptorSeA,
+    diff: Tensor,
+    coef: Tensor,
+    scale: Tensor,
+    pad: Tensor,
+    rows_all: Tensor,
+    mask: Tensor,
+    atype: Tensor,
+) -> Environment:
+    """The environment with its rows (nf, N, nnei, width) in the embedding's groups: one for
+    a one-sided descriptor, else one per centre type."""
+    nf, natoms, width = rows_all.shape[0], rows_all.shape[1], rows_all.shape[-1]
     groups: list[RowGroup] = []
     if desc.type_one_side:
-        rows = rr.view(nf * natoms, desc.nnei, 4)
+        rows = rows_all.view(nf * natoms, desc.nnei, width)
         groups.append(row_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
     else:
         for c in range(desc.ntypes):
             idx = torch.nonzero(atype == c).view(-1)
-            rows = rr.index_select(1, idx).reshape(-1, desc.nnei, 4)
+            rows = rows_all.index_select(1, idx).reshape(-1, desc.nnei, width)
             mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
             groups.append(row_group(desc, rows, mask_c, None, c, idx))
     return Environment(diff, coef, scale, pad, groups)

@@ -23,10 +23,10 @@ from mdtrain.model.accel.explicit_descriptor import (
     Environment,
     ExplicitCache,
     ExplicitForm,
-    RowGroup,
     contract_groups,
     group_row_gradients,
-    row_group,
+    grouped_environment,
+    normalised_rows,
     smooth_weight_grad,
 )
 from mdtrain.model.descriptors.base import smooth_weight
@@ -56,32 +56,13 @@ def radial_environment(
 ) -> Environment:
     """Rows ``[s̃, 1]`` per group, the pull-back coefficient (nf, N, nnei, 1) and its scale
     ``1/dstd`` (0 for excluded pairs); see the module docstring."""
-    nf, natoms = diff.shape[0], diff.shape[1]
     mask = nlist >= 0
     diff = diff.to(desc.dtype)
     raw, coef = radial_entry_and_derivative(desc, diff, mask)
-    davg_all, dstd_all = desc.davg.to(desc.dtype), desc.dstd.to(desc.dtype)
-    dstd = dstd_all[atype]
-    rr = (raw - davg_all[atype]) / dstd
-    scale = 1.0 / dstd
-    if desc.has_exclusions:
-        keep = desc.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
-        rr = rr * keep
-        scale = scale * keep
+    rr, scale, pad = normalised_rows(desc, raw, nlist, atype)
     rows_all = torch.cat([rr, torch.ones_like(rr)], dim=-1)
-    pad = -davg_all / dstd_all
     pad = torch.cat([pad, torch.ones_like(pad)], dim=-1)  # (ntypes, nnei, 2)
-    groups: list[RowGroup] = []
-    if desc.type_one_side:
-        rows = rows_all.view(nf * natoms, desc.nnei, 2)
-        groups.append(row_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
-    else:
-        for c in range(desc.ntypes):
-            idx = torch.nonzero(atype == c).view(-1)
-            rows = rows_all.index_select(1, idx).reshape(-1, desc.nnei, 2)
-            mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
-            groups.append(row_group(desc, rows, mask_c, None, c, idx))
-    return Environment(diff, coef, scale.expand_as(rr), pad, groups)
+    return grouped_environment(desc, diff, coef, scale.expand_as(rr), pad, rows_all, mask, atype)
 
 
 def _d_of_t(tmat: Tensor) -> Tensor:
