@@ -27,7 +27,7 @@ def heavy_project(root, kind: str):
     config["model"]["fitting_net"]["neuron"] = [64, 64, 64]
     config["training"]["training_data"]["batch_size"] = 6
     config["training"]["validation_data"]["batch_size"] = 6
-    config["training"].update(disp_freq=2, save_freq=1000)
+    config["training"].update(disp_freq=2, save_freq=1000, nlist_prefetch=0)
     inp.write_text(json.dumps(config))
     return inp
 
