@@ -101,3 +101,15 @@ def train_limited(config: Path, out: Path, fraction: float, growth: int) -> dict
     report["log"] = proc.stderr
     report["ooms"] = len(re.findall(r"out of memory on system", proc.stderr))
     return report
+
+
+def assert_recovers_from_real_oom(config: Path, root: Path) -> None:
+    """Training ``config`` under an address-space limit at 60 % of its unlimited growth runs
+    out of memory at least once, recovers, and writes the unlimited run's lcurve.out."""
+    reference = train_limited(config, root / "unlimited", 0.0, 0)
+    assert reference["code"] == 0 and reference["ooms"] == 0, reference["log"][-3000:]
+    run = train_limited(config, root / "limited", 0.6, reference["growth"])
+    assert run["returncode"] == 0 and run["code"] == 0, run["log"][-3000:]
+    assert run["ooms"] >= 1, run["log"][-3000:]  # the limit really cut: the batch ran split
+    expected = (root / "unlimited" / "lcurve.out").read_bytes()
+    assert (root / "limited" / "lcurve.out").read_bytes() == expected

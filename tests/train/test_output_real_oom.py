@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers.memory_limit import train_limited
+from tests.helpers.memory_limit import assert_recovers_from_real_oom
 from tests.helpers.output_data import make_output_project
 
 pytestmark = [
@@ -37,12 +37,4 @@ def heavy_project(root, kind: str):
 
 @pytest.mark.parametrize("kind", ["dos", "property"])
 def test_output_training_recovers_from_real_allocation_failures(tmp_path, kind):
-    config = heavy_project(tmp_path, kind)
-    reference = train_limited(config, tmp_path / "unlimited", 0.0, 0)
-    assert reference["code"] == 0 and reference["ooms"] == 0, reference["log"][-3000:]
-    out = tmp_path / "limited"
-    run = train_limited(config, out, 0.6, reference["growth"])
-    assert run["returncode"] == 0 and run["code"] == 0, run["log"][-3000:]
-    assert run["ooms"] >= 1, run["log"][-3000:]  # the limit really cut: the batch ran split
-    expected = (tmp_path / "unlimited" / "lcurve.out").read_bytes()
-    assert (out / "lcurve.out").read_bytes() == expected
+    assert_recovers_from_real_oom(heavy_project(tmp_path, kind), tmp_path)

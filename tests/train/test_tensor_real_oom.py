@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers.memory_limit import train_limited
+from tests.helpers.memory_limit import assert_recovers_from_real_oom
 from tests.helpers.training import make_tensor_project
 
 pytestmark = [
@@ -35,12 +35,4 @@ def heavy_project(root, kind: str):
 # polar shares the dipole's path through the controller: in the slow set only
 @pytest.mark.parametrize("kind", ["dipole", pytest.param("polar", marks=pytest.mark.slow)])
 def test_tensor_training_recovers_from_real_allocation_failures(tmp_path, kind):
-    config = heavy_project(tmp_path, kind)
-    reference = train_limited(config, tmp_path / "unlimited", 0.0, 0)
-    assert reference["code"] == 0 and reference["ooms"] == 0, reference["log"][-3000:]
-    out = tmp_path / "limited"
-    run = train_limited(config, out, 0.6, reference["growth"])
-    assert run["returncode"] == 0 and run["code"] == 0, run["log"][-3000:]
-    assert run["ooms"] >= 1, run["log"][-3000:]  # the limit really cut: the batch ran split
-    expected = (tmp_path / "unlimited" / "lcurve.out").read_bytes()
-    assert (out / "lcurve.out").read_bytes() == expected
+    assert_recovers_from_real_oom(heavy_project(tmp_path, kind), tmp_path)
