@@ -71,6 +71,21 @@ def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
     return v * v * (-30.0 / width)
 
 
+def switched_distance(
+    desc: DescriptorSeA, diff: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Pair vectors with padded slots moved beyond rcut, r, r + env_protection, the switch
+    w(r) and w'(r) (both 0 where ~mask): what every explicit environment starts from."""
+    far = torch.full_like(diff, 2.0 * desc.rcut)
+    diff = torch.where(mask.unsqueeze(-1), diff, far)
+    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
+    rp = r + desc.env_protection
+    keep = mask.unsqueeze(-1).to(diff.dtype)
+    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
+    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
+    return diff, r, rp, w, dw
+
+
 def env_matrix_and_derivative(
     desc: DescriptorSeA, diff: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -80,13 +95,7 @@ def env_matrix_and_derivative(
     ``q`` w.r.t. the row pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with
     ``c₀ = (w'/rp − h)/r`` and ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 where ~mask.
     """
-    far = torch.full_like(diff, 2.0 * desc.rcut)
-    diff = torch.where(mask.unsqueeze(-1), diff, far)
-    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-    rp = r + desc.env_protection
-    keep = mask.unsqueeze(-1).to(diff.dtype)
-    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
-    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
+    diff, r, rp, w, dw = switched_distance(desc, diff, mask)
     inv = w / rp
     h = inv / rp
     raw = torch.cat([inv, diff * h], dim=-1)

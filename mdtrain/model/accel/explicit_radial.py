@@ -27,9 +27,8 @@ from mdtrain.model.accel.explicit_descriptor import (
     group_row_gradients,
     grouped_environment,
     normalised_rows,
-    smooth_weight_grad,
+    switched_distance,
 )
-from mdtrain.model.descriptors.base import smooth_weight
 from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
 
 RESCALE = 0.2  # DeePMD-kit's res_rescale of se_e2_r (``DescriptorSeR._embed``)
@@ -40,13 +39,7 @@ def radial_entry_and_derivative(
 ) -> tuple[Tensor, Tensor]:
     """``desc.env_matrix`` (nf, N, nnei, 1) and the coefficient ``c`` (same shape) of its
     derivative, ``ds/dd = c · d``; both 0 where ~mask."""
-    far = torch.full_like(diff, 2.0 * desc.rcut)
-    diff = torch.where(mask.unsqueeze(-1), diff, far)
-    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-    rp = r + desc.env_protection
-    keep = mask.unsqueeze(-1).to(diff.dtype)
-    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
-    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
+    diff, r, rp, w, dw = switched_distance(desc, diff, mask)
     raw = w / rp
     return raw, (dw - raw) / (rp * r)
 
