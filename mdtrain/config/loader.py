@@ -13,18 +13,20 @@ import functools
 import json
 import logging
 import os
-from typing import Any
-
-from jsonschema import Draft202012Validator
+from typing import TYPE_CHECKING, Any
 
 from mdtrain.config.checks import cross_checks
 from mdtrain.config.model_kind import table_sections
 from mdtrain.config.precision import apply_output_prec
+from mdtrain.config.quick_check import surely_valid
 from mdtrain.config.schema_walk import apply_aliases, fill_defaults, strip_private
 from mdtrain.config.type_map import fill_type_map
 from mdtrain.config.wording import describe, format_problems, show
 from mdtrain.errors import MDTrainError
 from mdtrain.schema import load_schema
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 log = logging.getLogger("mdtrain.config")
 
@@ -111,14 +113,17 @@ def complete_config(data: Any) -> tuple[dict, list[str]]:
     config = fill_defaults(config, schema)
     config = fill_type_map(config, problems)
     problems.extend(apply_output_prec(config))  # DeePMD-kit's networks' precision
-    for error in _validator().iter_errors(config):
-        problems.extend(describe(error))
+    if not surely_valid(config, schema):  # jsonschema (0.1 s to import) words the problems
+        for error in _validator().iter_errors(config):
+            problems.extend(describe(error))
     problems.extend(cross_checks(config))
     return config, list(dict.fromkeys(problems))
 
 
 @functools.cache
 def _validator() -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(load_schema())
 
 

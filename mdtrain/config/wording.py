@@ -11,9 +11,7 @@ import difflib
 import functools
 import json
 from collections.abc import Iterable
-from typing import Any
-
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from mdtrain.schema import (
     discriminator_values,
@@ -24,6 +22,9 @@ from mdtrain.schema import (
     resolve,
     schema_types,
 )
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 _TYPE_NAMES = {
     "object": "an object",

@@ -488,3 +488,27 @@ def test_command_does_not_import_torch(tmp_path, two_systems):
     for heavy in ("torch", "dpdata", "ase", "matplotlib", "vesin"):
         assert heavy not in imported, f"{heavy} imported"
     assert json.loads(out.read_text())["max_nbor_size"]
+
+
+def test_input_form_imports_no_jsonschema_for_a_valid_input(tmp_path, two_systems):
+    """A valid input passes the quick schema check (config/quick_check.py): jsonschema, a
+    tenth of the command's time on thousands of small systems, is imported only to word a
+    problem, and then the message is the one it always gave."""
+    config = {
+        "model": {"type_map": ["O", "H"], "descriptor": {"type": "se_a", "rcut": 3.0, "sel": "auto"}},
+        "training": {"training_data": {"systems": two_systems}, "numb_steps": 1},
+    }  # fmt: skip
+    (tmp_path / "input.json").write_text(json.dumps(config))
+    command = [sys.executable, "-X", "importtime", "-m", "mdtrain", "neighbor-stat",
+               str(tmp_path / "input.json"), "-o", str(tmp_path / "ns.json")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert "numpy" in imported and "mdtrain.config.loader" in imported
+    for heavy in ("jsonschema", "torch"):
+        assert heavy not in imported, f"{heavy} imported"
+    config["model"]["descriptor"]["rcut"] = -3.0
+    (tmp_path / "input.json").write_text(json.dumps(config))
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "input.json: model.descriptor.rcut: must be > 0, got -3.0" in result.stderr
+    assert "| jsonschema" in result.stderr
