@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from mdtrain import __version__
@@ -25,6 +26,10 @@ _HANDLERS = {
     "change-bias": "mdtrain.commands.change_bias:run_change_bias",
     "show": "mdtrain.commands.show:run_show",
 }
+# commands that, run as a program, end without tearing the interpreter down: their files
+# are written and closed, no thread is left, and freeing every module and cached array
+# costs about 0.05 s, 4 % of neighbor-stat on thousands of small systems
+_QUICK_EXIT = frozenset({"neighbor-stat"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +251,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(debug=args.debug)
+    code = _run(args)
+    if argv is None and args.command in _QUICK_EXIT:  # the process is this command
+        logging.shutdown()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed pipe: as Python's own exit reports it
+            return code
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     module_name, function_name = _HANDLERS[args.command].split(":")
     try:
         handler = getattr(importlib.import_module(module_name), function_name)

@@ -17,6 +17,7 @@ files of thousands of small systems.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import os
@@ -74,10 +75,18 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
     if len(set(type_map)) != len(type_map):
         raise MDTrainError(f"neighbor-stat: type_map {type_map} names an element twice")
 
-    paths = expand_systems(entries, base_dir)
-    systems = open_all(paths, type_map, positions_only=True)  # labels are not read
-    stat = compute_neighbor_stat(systems, rcut, len(type_map))
-    content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
+    # thousands of systems make a few hundred thousand objects and no cycles worth
+    # collecting: the collector's passes over them cost 3-4 % of the command
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        paths = expand_systems(entries, base_dir)
+        systems = open_all(paths, type_map, positions_only=True)  # labels are not read
+        stat = compute_neighbor_stat(systems, rcut, len(type_map))
+        content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
+    finally:
+        if collecting:
+            gc.enable()
     if input_sel is not None and not isinstance(parse_sel(input_sel), float):
         sizes = [stat.max_nbor_total] if mixed else stat.max_nbor_size
         resolve_sel(input_sel, sizes, mixed)  # warns when the input's sel is too small

@@ -506,6 +506,10 @@ def test_input_form_imports_no_jsonschema_for_a_valid_input(tmp_path, two_system
     assert "numpy" in imported and "mdtrain.config.loader" in imported
     for heavy in ("jsonschema", "torch"):
         assert heavy not in imported, f"{heavy} imported"
+    # the process ends without tearing the interpreter down (cli._QUICK_EXIT): the table
+    # (stdout to a pipe, flushed first) and the file are whole
+    assert result.stdout.endswith(f"written to {tmp_path / 'ns.json'}\n")
+    assert json.loads((tmp_path / "ns.json").read_text())["max_nbor_size"]
     config["model"]["descriptor"]["rcut"] = -3.0
     (tmp_path / "input.json").write_text(json.dumps(config))
     result = subprocess.run(command, capture_output=True, text=True)
