@@ -15,7 +15,6 @@ from jsonschema import Draft202012Validator
 from mdtrain.config import complete_config
 from mdtrain.config.quick_check import surely_valid
 from mdtrain.schema import load_schema
-from tests.config.test_config import WATER
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "water", "input.json")
 SCHEMA = load_schema()
@@ -28,15 +27,20 @@ REPLACEMENTS = [0, 0.0, 1, 1.0, -1, -1.5, 2.5, 10**6, True, False, None, "", "x"
 
 
 def _configs() -> list[dict]:
+    """The water example, the same with a type-mixed descriptor and rcut as an integer,
+    and with a hybrid descriptor."""
     with open(EXAMPLE, encoding="utf-8") as handle:
         example = json.load(handle)
-    hybrid = copy.deepcopy(WATER)
+    mixed = copy.deepcopy(example)
+    mixed["model"]["descriptor"] = {"type": "se_atten", "sel": 120, "rcut": 6,
+                                    "rcut_smth": 0.5, "attn_layer": 1}  # fmt: skip
+    hybrid = copy.deepcopy(example)
     hybrid["model"]["descriptor"] = {
         "type": "hybrid",
         "list": [{"type": "se_e2_a", "sel": [10, 20], "rcut": 4.0, "rcut_smth": 0.5},
                  {"type": "se_atten", "sel": 30, "rcut": 6.0, "rcut_smth": 0.5}],
     }  # fmt: skip
-    return [example, copy.deepcopy(WATER), hybrid]
+    return [example, mixed, hybrid]
 
 
 def _leaves(node, path=()):
