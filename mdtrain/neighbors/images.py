@@ -121,18 +121,20 @@ def image_pairs(
         step = max(1, _CANDIDATES_PER_PASS // (natoms * natoms * int(np.prod(size))))
         for a in range(0, len(rows), step):
             chosen = rows[a : a + step]
-            part = _pass(coords[chosen], boxes[chosen], size, rcut, shifts or full)
+            part = _pass(coords[chosen], boxes[chosen], size, rcut, shifts or full, vectors)
             part[0] = chosen[part[0]]
             parts.append(part)
     if len(parts) == 1:
         frame, i, j, shift, dist, vec = parts[0]
     elif parts:
-        frame, i, j, dist, vec = (np.concatenate([p[n] for p in parts]) for n in (0, 1, 2, 4, 5))
+        frame, i, j, dist = (np.concatenate([p[n] for p in parts]) for n in (0, 1, 2, 4))
         shift = np.concatenate([p[3] for p in parts]) if parts[0][3] is not None else None
+        vec = np.concatenate([p[5] for p in parts]) if vectors else None
         if len(kinds) > 1:
             order = np.argsort(frame, kind="stable")
-            frame, i, j, dist, vec = (a[order] for a in (frame, i, j, dist, vec))
+            frame, i, j, dist = (a[order] for a in (frame, i, j, dist))
             shift = None if shift is None else shift[order]
+            vec = None if vec is None else vec[order]
     else:
         frame = i = j = np.zeros(0, dtype=np.int64)
         shift, dist, vec = np.zeros((0, 3), dtype=np.int64), np.zeros(0), np.zeros((0, 3))
@@ -142,12 +144,13 @@ def image_pairs(
         i, j = np.concatenate((i, j))[order], np.concatenate((j, i))[order]
         shift = np.concatenate((shift, -shift))[order] if shifts else None
         dist = np.concatenate((dist, dist))[order]
-        vec = np.concatenate((vec, -vec))[order]
+        vec = np.concatenate((vec, -vec))[order] if vectors else None
     return frame, i, j, (shift if shifts else None), dist, (vec if vectors else None)
 
 
-def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
-    """Half-list pairs of a few frames: every candidate (frame, pair i <= j, image) at once."""
+def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool, vectors: bool) -> list:
+    """Half-list pairs of a few frames: every candidate (frame, pair i <= j, image) at once
+    (``vectors`` False: the vectors are not kept, which the statistics do not need)."""
     nframes, natoms = coords.shape[:2]
     pair_i, pair_j = _upper(natoms)
     npairs = len(pair_i)
@@ -190,9 +193,11 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool) -> list:
         shift = np.take(first.reshape(-1, 3), fp, axis=0).astype(np.int64)
         shift += np.take(offsets, k, axis=0)
     inside = dist < rcut
+    vec = vec if vectors else None
     if not inside.all():
-        f, i, j, dist, vec = f[inside], i[inside], j[inside], dist[inside], vec[inside]
+        f, i, j, dist = f[inside], i[inside], j[inside], dist[inside]
         shift = None if shift is None else shift[inside]
+        vec = None if vec is None else vec[inside]
     return [f, i, j, shift, dist, vec]
 
 
