@@ -131,8 +131,10 @@ def make(output: str, nsystems: int, nframes: int, seed: int) -> list[str]:
     return paths
 
 
-def measure(data: str, deepmd_env: str | None, backend: str, before: str | None, env: dict):
-    """One round: each program's neighbor-stat and one-step training, in a fresh folder."""
+def measure(data: str, deepmd_env: str | None, backend: str, before: str | None, env: dict,
+            commands: tuple[str, ...] = ("neighbor-stat", "train")):  # fmt: skip
+    """One round: each program's neighbor-stat and one-step training (``commands``), in a
+    fresh folder."""
     folder = tempfile.mkdtemp(prefix="small_cells_")
     try:
         inp = write_input(data, folder, rcut=RCUT)
@@ -141,15 +143,19 @@ def measure(data: str, deepmd_env: str | None, backend: str, before: str | None,
             programs["before"] = (mdtrain_command(), {**env, "PYTHONPATH": before})
         out = {}
         for name, (command, child_env) in programs.items():
-            stat = [*command, "neighbor-stat", inp, "-o", f"{name}.json"]
-            out[f"{name} neighbor-stat"] = _timed(stat, child_env, folder)
-            train = [*command, "train", inp, "-o", f"{name}_out"]
-            out[f"{name} train"] = _timed(train, child_env, folder, MDTRAIN_STEP)
+            if "neighbor-stat" in commands:
+                stat = [*command, "neighbor-stat", inp, "-o", f"{name}.json"]
+                out[f"{name} neighbor-stat"] = _timed(stat, child_env, folder)
+            if "train" in commands:
+                train = [*command, "train", inp, "-o", f"{name}_out"]
+                out[f"{name} train"] = _timed(train, child_env, folder, MDTRAIN_STEP)
         if deepmd_env:
             dp = [os.path.join(deepmd_env, "bin", "dp"), f"--{backend}"]
             stat = [*dp, "neighbor-stat", "-s", os.path.abspath(data), "-r", str(RCUT)]
-            out["dp neighbor-stat"] = _timed([*stat, "-t", *TYPE_MAP], env, folder)
-            out["dp train"] = _timed([*dp, "train", inp], env, folder, DP_STEP)
+            if "neighbor-stat" in commands:
+                out["dp neighbor-stat"] = _timed([*stat, "-t", *TYPE_MAP], env, folder)
+            if "train" in commands:
+                out["dp train"] = _timed([*dp, "train", inp], env, folder, DP_STEP)
         return out
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -187,7 +193,8 @@ def run(args) -> int:
     env.update({name: str(args.threads) for name in THREAD_VARIABLES})
     rounds = []
     for k in range(max(1, args.repeat)):
-        rounds.append(measure(args.data, args.deepmd_env, args.deepmd_backend, args.before, env))
+        rounds.append(measure(args.data, args.deepmd_env, args.deepmd_backend, args.before, env,
+                              tuple(args.only or ("neighbor-stat", "train"))))  # fmt: skip
         print(f"round {k + 1}: {json.dumps(rounds[-1])}", flush=True)
     summary = _summary(rounds)
     print(f"\nthreads {args.threads}; medians of {len(rounds)} rounds (range); seconds; "
@@ -202,7 +209,7 @@ def run(args) -> int:
         programs = ["mdtrain"] + (["before"] if args.before else [])
         print("\n| DeePMD-kit / | command | median ratio (range) |\n| --- | --- | --- |")
         for program in programs:
-            for what in ("neighbor-stat", "train"):
+            for what in args.only or ("neighbor-stat", "train"):
                 ratios = _ratios(rounds, what, program)
                 print(f"| {program} | {what} | {statistics.median(ratios):.1f}× "
                       f"({min(ratios):.1f}–{max(ratios):.1f}) |")  # fmt: skip
@@ -230,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--repeat", type=int, default=3)
     rn.add_argument("--threads", type=int, default=1)
     rn.add_argument("--json", help="also write every figure to this JSON file")
+    rn.add_argument("--only", nargs="+", choices=["neighbor-stat", "train"],
+                    help="time these commands only (default: both)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.action == "make":
         if args.systems < 1 or args.frames < 1:
