@@ -82,7 +82,11 @@ class ExplicitCommittee(Committee):
         energies, grads = members_fitting_with_grad(
             fittings, torch.stack([c[0] for c in contracted]), atype, stacked
         )
-        parts = [m.biased(energies[k], grads[k], atype) for k, m in enumerate(members)]
+        # unbind, not energies[k]: a select's backward fills a zero (K, ...) tensor per member
+        parts = [
+            m.biased(e, g, atype)
+            for m, e, g in zip(members, energies.unbind(0), grads.unbind(0), strict=True)
+        ]
         rbar = torch.stack(
             [
                 row_gradients(m.descriptor, m.embedding, parts[k][1], contracted[k][1], atype)
@@ -96,5 +100,5 @@ class ExplicitCommittee(Committee):
             diff.repeat(n, 1, 1, 1),
             nlist.repeat(n, 1, 1),
         )
-        split = {k: v.view(n, nf, *v.shape[1:]) for k, v in out.items()}
+        split = {k: v.view(n, nf, *v.shape[1:]).unbind(0) for k, v in out.items()}
         return [{k: v[i] for k, v in split.items()} for i in range(n)]

@@ -110,11 +110,10 @@ def members_fitting_with_grad(
     in ``layer_params`` order (``stacked.StackedParams.views``); None stacks them here."""
     first = fittings[0]
     k, nf, natoms, dim_in = descriptors.shape
-    out = torch.zeros(k, nf, natoms, dtype=torch.float64, device=descriptors.device)
-    grad = torch.zeros(k, nf, natoms, dim_in, dtype=first.dtype, device=descriptors.device)
-    for c in range(first.ntypes):
-        idx = torch.nonzero(atype == c).view(-1)
-        d_c = descriptors.index_select(2, idx).reshape(k, -1, dim_in).to(first.dtype)
+    groups = [torch.nonzero(atype == c).view(-1) for c in range(first.ntypes)]
+    inputs = _SplitByType.apply(descriptors, groups)
+    energies, grads = [], []
+    for c, d_c in enumerate(inputs):
         nets = [f.networks[c] for f in fittings]
         layout = layer_layout(nets[0].layers[:-1])
         if stacked is not None:
@@ -123,10 +122,64 @@ def members_fitting_with_grad(
             params = [
                 _stacked(p) for p in zip(*(layer_params(n.layers) for n in nets), strict=True)
             ]
-        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *params)
-        out = out.index_copy(2, idx, e_c.view(k, nf, -1).to(torch.float64))
-        grad = grad.index_copy(2, idx, g_c.reshape(k, nf, -1, dim_in))
+        e_c, g_c = _ValueAndInputGrad.apply(d_c.to(first.dtype), layout, *params)
+        energies.append(e_c.view(k, nf, -1).to(torch.float64))
+        grads.append(g_c.reshape(k, nf, -1, dim_in))
+    out = _MergeByType.apply(groups, natoms, *energies)
+    grad = _MergeByType.apply(groups, natoms, *grads)
     return out, grad
+
+
+class _SplitByType(torch.autograd.Function):
+    """x (K, nf, N, ...) gathered per atom type (``groups``: the atoms of each type) as (K,
+    nf·n_c, ...) tensors. Its backward writes every type's cotangent into one tensor, where
+    ``index_select``'s would fill a zero (K, nf, N, ...) tensor per type and add them up."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, groups: list[Tensor]) -> tuple[Tensor, ...]:
+        ctx.groups, ctx.shape = groups, x.shape
+        k, *_, dim = x.shape
+        return tuple(x.index_select(2, idx).reshape(k, -1, dim) for idx in groups)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads: Tensor | None):
+        k, nf, *_ = ctx.shape
+        known = [(idx, g) for idx, g in zip(ctx.groups, grads, strict=True) if g is not None]
+        if not known:
+            return None, None
+        out = _scatter_target(known[0][1], ctx.shape, ctx.groups, len(known))
+        for idx, g in known:
+            out.index_copy_(2, idx, g.reshape(k, nf, len(idx), *ctx.shape[3:]))
+        return out, None
+
+
+class _MergeByType(torch.autograd.Function):
+    """Per-type parts (K, nf, n_c, ...) put back in atom order (K, nf, N, ...): one tensor
+    written in place, where ``zeros(...).index_copy(...)`` per type copies the whole result
+    once per type in the forward and again in the backward."""
+
+    @staticmethod
+    def forward(ctx, groups: list[Tensor], natoms: int, *parts: Tensor) -> Tensor:
+        ctx.groups = groups
+        first = parts[0]
+        shape = (*first.shape[:2], natoms, *first.shape[3:])
+        out = _scatter_target(first, shape, groups, len(groups))
+        for idx, part in zip(groups, parts, strict=True):
+            out.index_copy_(2, idx, part)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        return None, None, *(grad.index_select(2, idx) for idx in ctx.groups)
+
+
+def _scatter_target(like: Tensor, shape, groups: list[Tensor], written: int) -> Tensor:
+    """The tensor the per-type parts are written into: uninitialised where they cover every
+    atom, zeros where some atoms are in no group or some parts are missing."""
+    covered = written == len(groups) and sum(len(i) for i in groups) == shape[2]
+    return like.new_empty(shape) if covered else like.new_zeros(shape)
 
 
 def _stacked(params: Sequence[Tensor]) -> Tensor:
