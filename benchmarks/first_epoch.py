@@ -3,7 +3,7 @@ processes of the same input for two step counts, the per-step slope between them
 
     python benchmarks/first_epoch.py path/to/water [--steps 100 300] [--repeat 2]
         [--prefetch 0 2] [--baseline SRC] [--threads 1] [--precision float64]
-        [--deepmd-env VENV] [--json FILE]
+        [--deepmd-env VENV] [--json FILE] [--ensemble N]
 
 The argument is a directory holding a DeePMD ``input.json`` and its systems (the water-2000
 protocol's). Each run takes that input as it is (validation, display, the last checkpoint)
@@ -13,7 +13,9 @@ cost of the start, not of a step) and, for mdtrain, ``training.nlist_prefetch`` 
 thread). ``--baseline SRC`` adds mdtrain imported from another source tree (``PYTHONPATH=SRC``,
 e.g. the main checkout before a change), its input without ``nlist_prefetch``. With fewer training frames than the larger step count, every step between the two
 counts draws frames whose neighbour lists were never built (the first epoch; the water set
-has 320). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
+has 320). ``--ensemble N`` adds every mdtrain variant again as a committee of N (``mdtrain
+train --ensemble N``) and prints the committee's slope over the single model's, round by round.
+``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
 lists at every step).
 
 Every run is a fresh process with ``OMP_NUM_THREADS`` (and DeePMD-kit's thread variables) set
@@ -143,6 +145,11 @@ def main() -> None:
     parser.add_argument("--deepmd-env", help="a virtual environment with DeePMD-kit's dp")
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument(
+        "--ensemble", type=int, metavar="N",
+        help="also each mdtrain variant with --ensemble N (a committee), and the committee's "
+        "slope over the single model's, per round",
+    )  # fmt: skip
+    parser.add_argument(
         "--paired-steps", type=int, metavar="N",
         help="instead: N first-epoch steps of a trainer per --prefetch value in one process, "
         "taken in turn (after 10 warm-up steps), float64, 1 thread",
@@ -174,6 +181,10 @@ def main() -> None:
         variants[f"mdtrain from {args.baseline}"] = (mdtrain, -1, other)
     for p in args.prefetch:
         variants[f"mdtrain nlist_prefetch={p}"] = (mdtrain, p, env)
+    if args.ensemble:
+        for name, (command, prefetch, child_env) in list(variants.items()):
+            committee = [*command, "--ensemble", str(args.ensemble)]
+            variants[f"{name} --ensemble {args.ensemble}"] = (committee, prefetch, child_env)
     if args.deepmd_env:
         dp = os.path.join(args.deepmd_env, "bin", "dp")
         variants["DeePMD-kit dp --pt train"] = ([dp, "--pt", "train", "input.json"], None, env)
@@ -203,9 +214,26 @@ def main() -> None:
             cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})")
         whole = statistics.median(x["runs"][str(n2)]["wall_s"] for x in res)
         print(f"| {name} | {cells[0]} | {cells[1]} | {whole:.1f} |")
+    if args.ensemble:
+        _print_committee_ratios(rounds, f" --ensemble {args.ensemble}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"load": load, "args": vars(args), "rounds": rounds}, handle, indent=1)
+
+
+def _print_committee_ratios(rounds: dict[str, list[dict]], suffix: str) -> None:
+    """Per mdtrain variant: the committee's slope over the single model's, round by round."""
+    print("| variant | committee / single, wall (rounds) | CPU (rounds) |")
+    print("| --- | --- | --- |")
+    for name, res in rounds.items():
+        if name + suffix not in rounds:
+            continue
+        cells = []
+        for key in ("wall_s", "cpu_s"):
+            ratios = [c["slope"][key] / s["slope"][key] for s, c in zip(res, rounds[name + suffix])]
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            cells.append(f"{statistics.median(ratios):.2f}× ({each})")
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
