@@ -13,8 +13,8 @@ import pytest
 
 from mdtrain.cli import main
 from mdtrain.infer.load import load_model
-from tests.helpers.models import evaluate
-from tests.helpers.training import make_tensor_project
+from tests.helpers.models import evaluate, make_model, save_tiny_checkpoint
+from tests.helpers.training import make_project, make_tensor_project
 
 LABEL = {"dipole": "dipole", "polar": "polarizability"}
 HEAD = {
@@ -110,3 +110,12 @@ def test_a_missing_label_is_one_line_before_any_file(tmp_path, monkeypatch, capf
         in capfd.readouterr().err
     )
     assert not list(tmp_path.glob("d.*"))
+
+
+def test_atomic_layout_is_refused_for_other_models(tmp_path, monkeypatch, capfd):
+    make_project(tmp_path)
+    checkpoint = save_tiny_checkpoint(tmp_path / "model.pt", make_model())
+    monkeypatch.chdir(tmp_path)
+    assert main(["test", "-m", checkpoint, "-s", "data/valid", "-d", "p", "-a"]) == 1
+    assert "-a/--atomic chooses the detail layout of dipole and polar" in capfd.readouterr().err
+    assert not list(tmp_path.glob("p.*"))
