@@ -84,7 +84,8 @@ class PropertyLoss:
         normalised errors and their count (frames × task_dim)."""
         a, b = self._normalised(pred, label, natoms)[:2]
         d = (a - b).detach().to(torch.float64)
-        return torch.stack([d.square().sum(), d.new_tensor(float(d.numel()))])
+        total = d.square().sum()
+        return torch.stack([total, torch.full_like(total, float(d.numel()))])
 
     def set_batch_sums(self, sums: torch.Tensor | None) -> None:
         """The global batch's ``(S, G)`` for the coming step's micro-batches (None after)."""
