@@ -100,7 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-d", "--detail-file", metavar="PREFIX",
         help="write DeePMD-kit's per-frame files PREFIX.e.out, .e_peratom.out, .f.out, .v.out, "
-        ".v_peratom.out (and .s.out), as `dp test -d` does",
+        ".v_peratom.out (and .s.out), as `dp test -d` does (a dipole or polar model: PREFIX.out, "
+        ".out.1, ... one per system; DOS, property: one per frame)",
+    )  # fmt: skip
+    p.add_argument(
+        "-a", "--atomic", action="store_true",
+        help="with -d, a dipole or polar model's files hold the atomic tensors of the atoms of "
+        "sel_type (atomic_dipole.npy, atomic_polarizability.npy), as `dp test -a -d` does",
     )  # fmt: skip
     p.add_argument(
         "--torchscript",

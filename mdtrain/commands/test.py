@@ -18,6 +18,11 @@ from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
 from mdtrain.infer.detail_output import write_output_details
+from mdtrain.infer.detail_tensor import (
+    check_detail_labels,
+    tensor_detail_path,
+    write_tensor_details,
+)
 from mdtrain.infer.load import load_model, model_file
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
 from mdtrain.memory import InferenceChunker, keep_freed_memory
@@ -53,7 +58,7 @@ def _expand(entries: list[str]) -> tuple[list[str], list[str]]:
 
 def run_test(args: argparse.Namespace) -> int:
     """Entry point of ``mdtrain test -m MODEL -s SYSTEM... [-n N] [--json F] [--parity F]
-    [-d PREFIX] [--torchscript] [--live-weights]``."""
+    [-d PREFIX [-a]] [--torchscript] [--live-weights]``."""
     model_path = model_file(args.model)
     named = [("--json", args.json, KIND_JSON), ("--parity", args.parity, KIND_PNG)]
     if args.detail_file:
@@ -66,8 +71,12 @@ def run_test(args: argparse.Namespace) -> int:
     model = load_model(model_path, device, scripted=args.torchscript, live=args.live_weights)
     type_map = list(model.type_map)
     kind = getattr(model, "label", None)  # a tensor model's
-    if kind and (args.detail_file or args.parity):
-        raise MDTrainError(f"model {args.model}: -d/--parity are not written for {kind} models yet")
+    atomic = bool(getattr(args, "atomic", False))
+    if atomic and not kind:
+        raise MDTrainError(
+            f"model {args.model}: -a/--atomic chooses the detail layout of dipole and polar "
+            "models only (a DOS or property model's -d writes its atomic files anyway)"
+        )
     own_output = getattr(model, "output", None) is not None  # DOS, property
     outputs = output_labels(json.loads(getattr(model, "model_config_json", "") or "{}"))
     systems, labels = [], []
@@ -77,6 +86,10 @@ def run_test(args: argparse.Namespace) -> int:
             systems.append(system)
             labels.append(name + system.path[len(system.source) :])
     counts = [_frames_to_test(s, args.numb_test) for s in systems]
+    if kind and args.detail_file:  # DeePMD-kit's: one file per system, labels required
+        check_detail_labels(systems, labels, kind, atomic)
+        paths = [tensor_detail_path(args.detail_file, k) for k in range(len(systems))]
+        check_outputs([Output("-d", str(p), None) for p in paths], inputs)
     total_frames = sum(counts)
     log.info("testing %s on %d system(s), %d frame(s)", model_path, len(systems), total_frames)
 
@@ -95,7 +108,10 @@ def run_test(args: argparse.Namespace) -> int:
     for k, (system, n) in enumerate(zip(systems, counts)):
         name = f"model {model_path}"
         result = evaluate_system(model, system, n, device, chunker, advance, name)
-        if args.detail_file and own_output:  # DeePMD-kit's: one file per frame
+        if args.detail_file and kind:
+            keep = model.atom_keep.cpu().numpy()[system.atype] > 0
+            write_tensor_details(args.detail_file, result, system, kind, atomic, keep, group=k)
+        elif args.detail_file and own_output:  # DeePMD-kit's: one file per frame
             write_output_details(args.detail_file, result, system, labels[k], group=k)
         elif args.detail_file:  # DeePMD-kit's files: the first system starts them
             write_details(args.detail_file, result, system, labels[k], append=k > 0)

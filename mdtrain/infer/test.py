@@ -214,7 +214,8 @@ def format_table(title: str, summary: dict) -> str:
 
 def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
     """Predicted-vs-reference scatter plots: energy/atom, force components, virial/atom; for
-    a DOS or property model its frame and atomic values."""
+    a dipole or polar model the components of its frame and atomic tensors (the atoms of
+    sel_type); for a DOS or property model its frame and atomic values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,6 +225,11 @@ def draw_parity(results: list[SystemResult], path: str, seed: int = 0) -> None:
         ("energy", "energy per atom (eV/atom)", True),
         ("force", "force components (eV/Å)", False),
         ("virial", "virial per atom (eV/atom)", True),
+        # dipole and polar models: every component of every frame (and selected atom)
+        ("dipole", "dipole components", False),
+        ("atomic_dipole", "atomic dipole components", False),
+        ("polarizability", "polarizability components", False),
+        ("atomic_polarizability", "atomic polarizability components", False),
         # DOS and property models: every value of every frame (and atom)
         ("dos", "DOS values", False),
         ("atom_dos", "atomic DOS values", False),

@@ -34,6 +34,7 @@ from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.model.committee import members_of, stats_shared
 from mdtrain.neighbors.layout import layout_of
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
+from mdtrain.train.batch_sums import step_sums
 from mdtrain.train.committee import SHARED, committee_tag, member_config
 from mdtrain.train.ema import warn_short_average
 from mdtrain.train.loss import ErrorAccumulator, check_labels, merge_metrics
@@ -128,6 +129,8 @@ class Trainer(TrainingLoop):
             if runtime.world_size > 1
             else None
         )
+        # the no-gradient pass of a loss that needs its global batch sums (``batch_sums.py``)
+        self.sum_chunker = InferenceChunker(2**31, 2**31, runtime.device)
         self.check_statistics()
 
     def _controller(self, training: dict, first: Member) -> MicroBatchController:
@@ -247,10 +250,15 @@ class Trainer(TrainingLoop):
                 self.members[k].optimizer.zero_grad(set_to_none=True)
 
         launch_rest = self.grad_buckets.launch_rest if self.overlap_comm and last else None
-        return self.controller.run_step(
-            attempt, len(frames), system.natoms, system.path, dist_rt.any_rank,
-            zero_grad=zero_grad, before_vote=launch_rest,
-        )  # fmt: skip
+        losses = [self.members[k].loss for k in group]
+        batch_of = lambda f: self._batch(system, f)  # noqa: E731
+        forward = lambda inputs: self._forward(group, inputs)  # noqa: E731
+        with step_sums(losses, forward, batch_of, frames, system.natoms, system.path,
+                       self.sum_chunker):  # fmt: skip
+            return self.controller.run_step(
+                attempt, len(frames), system.natoms, system.path, dist_rt.any_rank,
+                zero_grad=zero_grad, before_vote=launch_rest,
+            )  # fmt: skip
 
     def apply_gradients(self) -> None:
         """The optimiser steps on the (averaged) gradients, each member's clipped to

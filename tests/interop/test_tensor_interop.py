@@ -86,3 +86,41 @@ def test_dp_test_prints_the_figures_of_mdtrain_test(
         assert theirs, f"no {printed} RMSE in dp test's output"
         print(kind, key, "mdtrain", figures[key], "dp --pt test", theirs[-1])
         assert figures[key] == pytest.approx(float(theirs[-1]), rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["dipole", "polar"])
+def test_dp_test_writes_the_detail_files_of_mdtrain_test(deepmd_pt, tmp_path, monkeypatch, kind):
+    """``dp --pt test -d`` (frame tensors) and ``-a -d`` (atomic tensors of the sel_type
+    atoms) on the converted ``.dp``, two systems each: the same files (``p.out``,
+    ``p.out.1``), headers identical, columns equal to 1e-10."""
+    inp = make_tensor_project(tmp_path, kind, numb_steps=4)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", str(inp), "-o", "out"]) == 0
+    assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "model.dp"]) == 0
+    deepmd_pt.dp_cmd(["convert-backend", "model.dp", "model.pth"], tmp_path)
+    worst = {}
+    for layout, extra, systems in (
+        ("frame", [], ["data/valid", "data/global"]),
+        ("atomic", ["-a"], ["data/valid", "data/atomic"]),
+    ):
+        for who in ("md", "dp"):
+            (tmp_path / layout / who).mkdir(parents=True)
+        (tmp_path / f"{layout}.txt").write_text("\n".join(systems) + "\n")
+        prefix = f"{layout}/dp/p"
+        dp_args = ["--pt", "test", "-m", "model.pth", "-f", f"{layout}.txt", "-d", prefix]
+        deepmd_pt.dp_cmd([*dp_args, *extra], tmp_path)
+        args = ["test", "-m", "model.dp", "-s", *systems, "-d", f"{layout}/md/p", *extra]
+        assert main(args) == 0
+        ours = sorted(p.name for p in (tmp_path / layout / "md").iterdir())
+        assert ours == sorted(p.name for p in (tmp_path / layout / "dp").iterdir())
+        assert ours == ["p.out", "p.out.1"]
+        for name in ours:
+            mine, theirs = tmp_path / layout / "md" / name, tmp_path / layout / "dp" / name
+            assert mine.read_text().splitlines()[0] == theirs.read_text().splitlines()[0]
+            a, b = np.loadtxt(mine, ndmin=2), np.loadtxt(theirs, ndmin=2)
+            assert a.shape == b.shape and a.shape[0] == 6, (layout, name)
+            half = a.shape[1] // 2
+            np.testing.assert_array_equal(a[:, :half], b[:, :half])  # the labels
+            worst[(layout, name)] = float(np.abs(a - b).max())
+    print(kind, {k: f"{v:.1e}" for k, v in worst.items()})
+    assert max(worst.values()) < 1e-10, worst

@@ -143,22 +143,40 @@ def test_property_sums_over_micro_batches():
 def test_property_loss_on_two_ranks_is_the_global_batch_sum(func):
     """A summed loss on 2 ranks (batch b each) is scaled by 2, so the ranks' averaged
     gradient, (g1 + g2) / 2, is that of one rank's sum over the 2b frames; a mean needs no
-    factor."""
+    factor; ``rmse``, given the global batch's sums, is the root over the 2b frames, rank 0's
+    half split in two micro-batches (weights 1/2) and rank 1's whole."""
     rng = np.random.default_rng(5)
     p = torch.from_numpy(rng.normal(size=(4, 2))).requires_grad_(True)
     y = torch.from_numpy(rng.normal(size=(4, 2)))
-    stats = lambda: (torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))  # noqa: E731
+    bias, std = torch.tensor([0.2, -0.4], dtype=torch.float64), torch.tensor([1.5, 0.5])
+    stats = lambda: (bias, std.double())  # noqa: E731
     one, two = (
         PropertyLoss("gap", True, stats, func),
         PropertyLoss("gap", True, stats, func, ranks=2),
     )
-    (g_one,) = torch.autograd.grad(one({"gap": p}, {"gap": y}, N)[0], p)
-    halves = [two({"gap": p[r]}, {"gap": y[r]}, N)[0] for r in (slice(0, 2), slice(2, 4))]
+    whole, whole_metrics = one({"gap": p}, {"gap": y}, N)
+    (g_one,) = torch.autograd.grad(whole, p)
+    parts = [(slice(0, 1), 0.5), (slice(1, 2), 0.5), (slice(2, 4), 1.0)]
+    if func == "rmse":  # the sums the trainer's pass gives: every rank the same
+        sums = sum(two.batch_sums({"gap": p[r]}, {"gap": y[r]}, N) for r, _ in parts[:2])
+        two.set_batch_sums(sums + two.batch_sums({"gap": p[2:]}, {"gap": y[2:]}, N))
+        want = torch.stack([((y - p.detach()) / std).square().sum(), torch.tensor(8.0).double()])
+        torch.testing.assert_close(two.sums, want, rtol=1e-12, atol=0)
+    calls = [two({"gap": p[r]}, {"gap": y[r]}, N, 0.0, w) for r, w in parts]
+    halves = [calls[0][0] + calls[1][0], calls[2][0]]
     (g_two,) = torch.autograd.grad(sum(halves) / 2, p)
-    if func == "rmse":  # the mean of the halves' roots: not the root of the whole
-        assert not torch.allclose(g_one, g_two)
-    else:
-        torch.testing.assert_close(g_two, g_one, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g_two, g_one, rtol=1e-12, atol=0)
+    if func == "rmse":  # the loss shown: the global root, on every rank and micro-batch
+        assert float(sum(halves).detach()) == pytest.approx(float(whole.detach()), rel=1e-12)
+        for rank in ([0, 1], [2]):
+            merged = merge_metrics([(calls[j][1], parts[j][1]) for j in rank])
+            assert merged["rmse"] == pytest.approx(float(whole_metrics["rmse"]), rel=1e-12)
+        two.set_batch_sums(None)
+        (g_roots,) = torch.autograd.grad(
+            sum(two({"gap": p[r]}, {"gap": y[r]}, N)[0] for r in (slice(0, 2), slice(2, 4))) / 2,
+            p,
+        )
+        assert not torch.allclose(g_roots, g_one)  # without them: the mean of the roots
 
 
 def test_property_loss_refuses_unknown_options():

@@ -5,6 +5,7 @@ here from the model's own outputs); and the one-line errors of bad label files."
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -20,6 +21,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
 from mdtrain.model.backend import build_model
 from mdtrain.model.stats import compute_or_load_stats
+from mdtrain.train import loop
 from mdtrain.train.loop import Trainer, seed_everything
 from mdtrain.train.prepare import open_datasets
 from tests.helpers.models import evaluate
@@ -87,12 +89,14 @@ def test_property_names_that_mean_something_else_are_refused():
         output_labels({"fitting_net": {"type": "property"}})
 
 
-def _first_step_gradient(root, kind: str, micro_batches: int | None):
+def _first_step_gradient(root, kind: str, micro_batches: int | None, loss_func: str = ""):
     """The gradient of a Trainer's first step on a DOS/property project (update skipped),
     and the number of forwards it took."""
     inp = make_output_project(root, kind)
     config = json.loads(inp.read_text())
     config["training"]["training_data"]["batch_size"] = 4
+    if loss_func:
+        config["loss"]["loss_func"] = loss_func
     if micro_batches:
         config["training"]["batch_controller"] = {"micro_batches": micro_batches}
     inp.write_text(json.dumps(config))
@@ -121,3 +125,22 @@ def test_micro_batches_give_the_whole_batch_gradient(tmp_path, kind):
     assert any(g.abs().max() > 0 for g in whole)
     for a, b in zip(whole, split, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+
+
+def test_property_rmse_is_the_root_over_the_whole_batch(tmp_path, monkeypatch):
+    """``rmse``: sqrt of the mean over the whole batch, however the batch is split. The
+    reference is the plain loss's own autograd on the whole batch (no global sums given);
+    the trainer's path (a pass without gradients for the sums, then micro-batches) must
+    give its gradient, whole or split in 3."""
+    whole, calls = _first_step_gradient(tmp_path / "whole", "property", None, "rmse")
+    split, split_calls = _first_step_gradient(tmp_path / "split", "property", 3, "rmse")
+    assert calls == 2 and split_calls == 4  # the sums' pass, then the step's forwards
+    monkeypatch.setattr(loop, "step_sums", lambda *args: contextlib.nullcontext())
+    plain, _ = _first_step_gradient(tmp_path / "plain", "property", None, "rmse")
+    assert any(g.abs().max() > 0 for g in plain)
+    for a, b, c in zip(plain, whole, split, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+        torch.testing.assert_close(c, a, rtol=0, atol=1e-12)
+    monkeypatch.setattr(loop, "step_sums", lambda *args: contextlib.nullcontext())
+    naive, _ = _first_step_gradient(tmp_path / "naive", "property", 3, "rmse")
+    assert max(float((a - b).abs().max()) for a, b in zip(plain, naive)) > 1e-6  # the old way

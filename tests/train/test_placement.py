@@ -14,6 +14,7 @@ import torch
 import mdtrain.distributed.runtime as runtime_module
 from mdtrain.cli import main
 from mdtrain.model.files import load_checkpoint
+from tests.helpers.output_data import make_output_project
 from tests.helpers.placement import OTHER, OtherDevice, iter_tensors
 from tests.helpers.training import lcurve_rows, make_project, max_param_diff
 
@@ -91,3 +92,25 @@ def test_training_options_on_another_device(tmp_path, project, monkeypatch):
         for d in ("cpu", "other")
     ]
     assert logs[0] == logs[1]
+
+
+def test_property_rmse_on_another_device_equals_the_cpu(tmp_path, monkeypatch):
+    """The property loss's ``rmse``: its global batch sums (a pass without gradients, then
+    micro-batches) made on the run's device."""
+    inp = make_output_project(tmp_path, "property", numb_steps=2)
+    config = json.loads(inp.read_text())
+    config["loss"]["loss_func"] = "rmse"
+    config["training"].update(disp_freq=1, save_freq=2)
+    config["training"]["batch_controller"] = {"micro_batches": 2}
+    inp.write_text(json.dumps(config))
+    assert train(inp, tmp_path / "cpu") == 0
+    with monkeypatch.context() as patch, OtherDevice():
+        patch.setattr(runtime_module, "select_device", lambda env, use_cuda=None: OTHER)
+        assert train(inp, tmp_path / "other") == 0
+    cpu, other = (load_checkpoint(tmp_path / d / "model.ckpt-2.pt") for d in ("cpu", "other"))
+    assert max_param_diff(cpu["model_state"], other["model_state"]) < 1e-12
+    np.testing.assert_allclose(
+        lcurve_rows(tmp_path / "other" / "lcurve.out"),
+        lcurve_rows(tmp_path / "cpu" / "lcurve.out"),
+        rtol=1e-9,
+    )
