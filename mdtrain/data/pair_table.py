@@ -277,3 +277,31 @@ def prepare_table(
         vdata=vdata,
         coef=spline_coefficients(vdata),
     )
+
+
+def table_for_types(
+    rows: np.ndarray, old_map: list[str], new_map: list[str], where: str
+) -> np.ndarray:
+    """The rows of a table written for ``old_map`` with its energy columns rearranged for
+    ``new_map`` (the pair (a, b) of new types takes the column of the same two elements), as
+    fine-tuning under a new type_map needs; a pair of elements the table has no column for
+    is refused, naming it and ``where`` (the file)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    check_table_types(types_of_columns(rows.shape[1] - 1) or 0, list(old_map), where)
+    n_old = len(old_map)
+    column = {}  # (i, j), i <= j, of the old types -> its column in the rows
+    for i in range(n_old):
+        for j in range(i, n_old):
+            column[(i, j)] = 1 + len(column)
+    out = [rows[:, 0]]
+    for a in range(len(new_map)):
+        for b in range(a, len(new_map)):
+            missing = [name for name in (new_map[a], new_map[b]) if name not in old_map]
+            if missing:
+                raise MDTrainError(
+                    f"{where}: no column for the pair {new_map[a]}-{new_map[b]} ({missing[0]} "
+                    f"is not in the table's type_map {list(old_map)})"
+                )
+            i, j = sorted((old_map.index(new_map[a]), old_map.index(new_map[b])))
+            out.append(rows[:, column[(i, j)]])
+    return np.stack(out, axis=1)

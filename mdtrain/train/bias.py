@@ -22,7 +22,7 @@ log = logging.getLogger("mdtrain")
 
 def predicted_energies(model: torch.nn.Module, batches: list[dict[str, Any]]) -> np.ndarray:
     """The model's energies of the sampled frames that have an energy label."""
-    device = model.descriptor.davg.device
+    device = model.out_bias.device
     out = []
     was_training = model.training
     model.eval()
@@ -42,8 +42,12 @@ def predicted_energies(model: torch.nn.Module, batches: list[dict[str, Any]]) ->
 
 def refit_energy_bias(model: torch.nn.Module, systems: Sequence[Any], nbatch: int) -> bool:
     """Add the least-squares correction of the residuals on ``nbatch`` sampled batches of
-    every system to ``model``'s energy bias; False (bias kept) when no frame has an energy."""
-    batches = collect_stat_batches(systems, model.get_model_config(), nbatch)
+    every system to ``model``'s energy bias; False (bias kept) when no frame has an energy.
+    A combined model (DP+ZBL, ``linear_ener``) is evaluated whole on its own neighbour
+    list and its one bias refitted, as DeePMD-kit's ``change_out_bias`` of a linear model."""
+    cut = (float(model.rcut), [int(s) for s in model.sel], bool(model.mixed_types))
+    config = model.get_model_config()
+    batches = collect_stat_batches(systems, config, nbatch, cut=cut)
     energies = [b["energy"] for b in batches if "energy" in b]
     if not energies:
         return False
@@ -52,9 +56,8 @@ def refit_energy_bias(model: torch.nn.Module, systems: Sequence[Any], nbatch: in
     ).astype(np.float64)
     residual = np.concatenate(energies) - predicted_energies(model, batches)
     keep = model.atom_keep.cpu().numpy()
-    delta, _ = compute_energy_bias(
-        counts * keep, residual, model.get_model_config()["fitting_net"]["rcond"]
-    )
+    rcond = (config.get("fitting_net") or {}).get("rcond")  # a linear model's: None
+    delta, _ = compute_energy_bias(counts * keep, residual, rcond)
     model.set_out_bias(model.out_bias.detach().cpu().numpy() + delta)
     return True
 

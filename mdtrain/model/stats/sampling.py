@@ -72,20 +72,27 @@ def collect_stat_batches(
     nbatch: int,
     batch_size: int | None = None,
     share: StatShare | None = None,
+    cut: tuple[float, list[int], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """The batches of ``stat_batch_plan`` with their neighbour lists (this rank's share of
-    them when ``share`` splits the work; all of them by default).
+    them when ``share`` splits the work; all of them by default). The lists are the
+    descriptor's, or with ``cut`` ``(rcut, sel, mixed_types)`` a built model's own (a
+    combined model's outer list, which its config has no descriptor to give).
 
     Sampling is deterministic. Each batch is a dict of numpy arrays: ``coord`` (nf,N,3),
     ``box`` (nf,3,3) or None, ``atype`` (N,), ``nlist``, ``shift``, ``natoms_per_type``
     (ntypes,), ``energy`` (nf,) when the system has energies, ``system``, and ``params``
     (fparam, aparam) for a model with frame/atomic parameters.
     """
-    cfg = normalize_model_config(model_config)
-    desc = cfg["descriptor"]
-    rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
+    if cut is None:
+        cfg = normalize_model_config(model_config)
+        desc = cfg["descriptor"]
+        rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
+        layout = list_layout(mixed_types(desc))  # the model's lists: per type or type-mixed
+    else:
+        cfg, (rcut, sel, mixed) = model_config, cut
+        layout = list_layout(mixed)
     ntypes = len(cfg["type_map"])
-    layout = list_layout(mixed_types(desc))  # the model's lists: per type or type-mixed
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     spec = ParamSpec.of(cfg)
     batches = []
