@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mdtrain.errors import MDTrainError
-
 STANDARD, LINEAR, PAIRTAB = "standard", "linear_ener", "pairtab"
 
 
@@ -121,11 +119,3 @@ def _param_problems(model: dict) -> list[str]:
                 "are given the same frame/atomic parameters"
             )
     return problems
-
-
-def standard_only(model: Any, what: str) -> None:
-    """Refuse ``what`` (a command's option) for a combined model (``linear_ener``,
-    ``pairtab``, DP+ZBL)."""
-    kind = model_kind(model)
-    if model_type(model) is not None and kind != STANDARD:
-        raise MDTrainError(f"{what}: not supported for a {kind} model yet")

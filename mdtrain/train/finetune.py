@@ -1,5 +1,8 @@
 """Fine-tuning: start training from a pretrained model (an mdtrain checkpoint or a DeePMD-kit
-``.dp`` file) on new data whose type_map may differ from the pretrained one.
+``.dp`` file) on new data whose type_map may differ from the pretrained one. Any descriptor
+(a hybrid member by member) and any energy model: a combined model (DP+ZBL, ``linear_ener``)
+keeps its structure, each network part mapped as a model of its own
+(`mdtrain.train.finetune_map`) and each pair table's columns following the new type_map.
 
 The architecture (descriptor and fitting settings) is the pretrained model's; the type_map is
 the input's, matched to the pretrained one by element name. A type present in both keeps its

@@ -16,18 +16,17 @@ import torch
 from mdtrain.cli import main
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import load_model
-from mdtrain.model.backend import build_model
 from mdtrain.model.files import load_model_file
-from mdtrain.train.finetune import finetune_config, load_pretrained, pin_pretrained_sel
-from mdtrain.train.prepare import open_datasets
+from mdtrain.train.finetune import finetune_config
+from tests.helpers.finetune import (
+    assert_same_runs_from_checkpoint_and_dp,
+    finetuned,
+    frames,
+    reversed_copy,
+    train,
+)
 from tests.helpers.models import evaluate
 from tests.helpers.training import make_project
-
-SYSTEMS = ("train_a", "train_b", "valid")
-
-
-def train(input_path: Path, *extra: str) -> int:
-    return main(["train", str(input_path), "-o", str(input_path.parent / "out"), *extra])
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["one_side", "two_side"])
@@ -41,44 +40,6 @@ def pretrained(request, tmp_path_factory) -> Path:
     inp.write_text(json.dumps(config))
     assert train(inp) == 0
     return root / "out" / "model.ckpt.pt"
-
-
-def reversed_copy(src: Path, dst: Path, type_map: list[str]) -> Path:
-    """The project with type indices swapped (O=1, H=0) and the input's type_map ``type_map``."""
-    for name in SYSTEMS:
-        shutil.copytree(src / "data" / name, dst / "data" / name)
-        types = np.loadtxt(dst / "data" / name / "type.raw", dtype=int)
-        np.savetxt(dst / "data" / name / "type.raw", 1 - types, fmt="%d")
-        (dst / "data" / name / "type_map.raw").write_text("H\nO\n")
-    config = json.loads((src / "input.json").read_text())
-    config["model"]["type_map"] = type_map
-    config["model"]["descriptor"]["seed"] = 11
-    config["training"]["numb_steps"] = 2
-    (dst / "input.json").write_text(json.dumps(config))
-    return dst / "input.json"
-
-
-def finetuned(inp: Path, source: Path) -> tuple[torch.nn.Module, dict, list]:
-    """The model ``--finetune source`` starts training from, built as the run builds it."""
-    from mdtrain.config import load_config
-    from mdtrain.train.prepare import resolve_model_sel
-
-    pre = load_model_file(source)
-    config = finetune_config(load_config(str(inp)), pre, str(source))
-    data = open_datasets(config, str(inp))
-    config = pin_pretrained_sel(resolve_model_sel(config, str(inp), data, None, False), pre)
-    model = build_model(config["model"], "cpu")
-    load_pretrained(model, pre, data.train, int(config["model"]["data_stat_nbatch"]))
-    return model, pre, data.train
-
-
-def frames(system) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float]]:
-    data = system.frames(np.arange(system.nframes))
-    atype = np.asarray(system.atype)
-    return [
-        (data["coord"][f], data["box"][f], atype, float(data["energy"][f]))
-        for f in range(system.nframes)
-    ]
 
 
 def test_reversed_type_map_keeps_the_model(pretrained, tmp_path):
@@ -140,19 +101,8 @@ def test_new_element_gets_fresh_nets(pretrained, tmp_path):
 
 
 def test_finetune_runs_from_checkpoint_and_dp(pretrained, tmp_path):
-    dp = tmp_path / "pretrained.dp"
-    assert main(["freeze", str(pretrained), "-o", str(dp)]) == 0
-    for source in (pretrained, dp):
-        run = tmp_path / source.suffix.strip(".")
-        inp = reversed_copy(pretrained.parent.parent, run, ["H", "O"])
-        assert train(inp, "--finetune", str(source)) == 0
-        assert (run / "out" / "model.ckpt.pt").exists()
-    # the .dp and the checkpoint hold the same model: the same fine-tuned run
-    a = torch.load(tmp_path / "pt" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
-    b = torch.load(tmp_path / "dp" / "out" / "model.ckpt.pt", weights_only=True)["model_state"]
-    for key in a:
-        if key != "out_std":  # a .dp carries no out_std (unused by energy models)
-            torch.testing.assert_close(a[key], b[key], rtol=1e-10, atol=1e-12)
+    """Two steps from the checkpoint and from its ``.dp`` file: the same run."""
+    assert_same_runs_from_checkpoint_and_dp(pretrained, tmp_path)
 
 
 def test_init_model_from_dp_equals_checkpoint(pretrained, tmp_path):

@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from mdtrain.cli import main
 from mdtrain.config import load_config
 from mdtrain.data import open_all
-from mdtrain.errors import MDTrainError
 from mdtrain.model.backend import build_model
 from mdtrain.model.stats import compute_or_load_stats
-from mdtrain.train.finetune import finetune_config
 from tests.helpers.pair_tables import linear_input, write_table, zbl_table
 from tests.helpers.training import frozen_reports, load_params, max_param_diff
 
@@ -95,19 +92,3 @@ def test_linear_committee_trains_and_gives_model_deviations(tmp_path):
     assert main(["model-devi", "-m", str(out), "-s", system, "-o", str(devi)]) == 0
     rows = np.loadtxt(devi, ndmin=2)
     assert rows.shape[0] == 4 and np.all(rows[:, 4] > 0)  # max_devi_f of each frame
-
-
-def test_finetune_of_a_combined_model_is_refused_in_one_line(tmp_path):
-    config = load_config(linear_input(tmp_path, sel=[20, 40]))
-    standard = {**config["model"]["models"][0], "type_map": ["O", "H"]}
-    zbl = {**standard, "use_srtab": str(tmp_path / "d3.txt"), "sw_rmin": 0.8, "sw_rmax": 1.0}
-    cases = [
-        (config, {"model_config": standard}, r"linear_ener \[standard, pairtab\] model"),
-        ({**config, "model": standard}, {"model_config": zbl}, "DP\\+ZBL model"),
-    ]
-    for given, pretrained, kind in cases:
-        with pytest.raises(
-            MDTrainError,
-            match=rf"^--finetune p \(.*--init-model\): not supported for a {kind} yet$",
-        ):
-            finetune_config(given, pretrained, "p")

@@ -144,7 +144,7 @@ class DescriptorSeT(AngularRowsDescriptor):
             a_i = angular[:, self.offsets[ti] : self.offsets[ti + 1]]
             a_j = angular[:, self.offsets[tj] : self.offsets[tj + 1]]
             g = torch.bmm(a_i, a_j.transpose(1, 2))  # (B, sel[ti], sel[tj])
-            emb = net(g.reshape(-1, 1)).view(g.shape[0], -1, self.neuron_out)
+            emb = net(g.reshape(-1, 1)).view(g.shape[0], g.shape[1] * g.shape[2], self.neuron_out)
             res = torch.bmm(g.reshape(g.shape[0], 1, -1), emb).squeeze(1)
             out = out + res * (1.0 / float(max(self.sel[ti] * self.sel[tj], 1)))  # 0 slots: res 0
         return out.view(nf, natoms, self.neuron_out)
