@@ -22,16 +22,23 @@ def mixed_types(descriptor: Any) -> bool:
     return isinstance(descriptor, dict) and descriptor.get("type") in MIXED_TYPES_DESCRIPTORS
 
 
-def shares_fitting_net(descriptor: Any) -> bool:
-    """True when the model has ONE fitting net for all atom types (DeePMD-kit's fitting
-    ``mixed_types``, set from ``descriptor.mixed_types()`` when the model is built): a
-    type-mixed descriptor, or a ``hybrid`` with such a member (any member, as DeePMD-kit's
-    hybrid ``mixed_types`` says). Its input, the descriptor, then tells the types apart."""
+def mixed_list(descriptor: Any) -> bool:
+    """True when the model's neighbour list is one type-mixed list (DeePMD-kit's
+    ``descriptor.mixed_types()``): a type-mixed descriptor, or a ``hybrid`` with such a
+    member (any member, as DeePMD-kit's hybrid ``mixed_types`` says; its per-type members
+    take per-type blocks drawn from that list)."""
     if not isinstance(descriptor, dict):
         return False
     if descriptor.get("type") == "hybrid":
-        return any(shares_fitting_net(m) for m in descriptor.get("list") or [])
+        return any(mixed_list(m) for m in descriptor.get("list") or [])
     return mixed_types(descriptor)
+
+
+def shares_fitting_net(descriptor: Any) -> bool:
+    """True when the model has ONE fitting net for all atom types (DeePMD-kit's fitting
+    ``mixed_types``, set from ``descriptor.mixed_types()`` when the model is built): the
+    rule of `mixed_list`. Its input, the descriptor, then tells the types apart."""
+    return mixed_list(descriptor)
 
 
 def integer_sel_problem(descriptor: Any, where: str = "model.descriptor") -> str | None:

@@ -1,4 +1,5 @@
-"""The tensor models: a descriptor with a rotation matrix (se_e2_a) + dipole or polar fitting (DeePMD-kit's
+"""The tensor models: a descriptor with a rotation matrix (se_e2_a, se_atten, se_atten_v2 or
+a hybrid of them) + dipole or polar fitting (DeePMD-kit's
 ``DipoleModel``/``PolarModel``), giving atomic and global (summed) tensors. No forces: the
 tensors are fitted and evaluated as they are.
 
@@ -15,6 +16,7 @@ from torch import Tensor
 from mdtrain.config.mixed_types import shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
+from mdtrain.model.descriptors import DESCRIPTORS
 from mdtrain.model.fittings.config import excluded_types
 from mdtrain.model.fittings.dipole import DipoleFitting
 from mdtrain.model.fittings.nets import TypeFittingNets
@@ -22,6 +24,11 @@ from mdtrain.model.fittings.polar import PolarFitting
 from mdtrain.model.network import check_activation, dtype_of
 from mdtrain.model.output_model import OutputModel
 
+# the descriptors with a rotation matrix (DeePMD-kit's ``get_rot_mat``), for the message
+ROTATION_DESCRIPTORS = ", ".join(
+    [n for n, c in DESCRIPTORS.items() if hasattr(c, "forward_with_rot") and not c.members_key]
+    + ["a hybrid of them"]
+)
 # fitting type -> (label name, values per atom)
 TENSOR_LABELS = {"dipole": ("dipole", 3), "polar": ("polarizability", 9)}
 
@@ -68,12 +75,12 @@ class TensorModel(OutputModel):
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
         self.kind = kind
         self.label, self.tensor_size = TENSOR_LABELS[self.kind]
-        if not hasattr(self.descriptor, "forward_with_rot"):
+        if not self.descriptor.gives_rotation():
             raise MDTrainError(
                 f"model/descriptor/type: {desc['type']!r} gives no rotation matrix, which a "
-                f"{self.kind} fitting needs (se_e2_a does)"
+                f"{self.kind} fitting needs ({ROTATION_DESCRIPTORS} do)"
             )
-        width = int(desc["neuron"][-1])
+        width = int(self.descriptor.dim_emb)
         self.fitting = build_tensor_fitting(
             fit,
             self.ntypes,

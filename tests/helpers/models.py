@@ -98,8 +98,8 @@ def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) ->
     """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
     type, a mean for the first group only (the radial column), a std per group; a
     hybrid's members each in turn."""
-    if hasattr(desc, "member_slots"):
-        for member, _ in desc.member_slots():
+    if hasattr(desc, "members"):
+        for member in desc.members:
             random_env_stats(member, rng, member.set_davg_zero)
         return
     davg = np.zeros((desc.ntypes, desc.nnei, desc.ncols))

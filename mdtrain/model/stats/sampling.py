@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mdtrain.config.mixed_types import mixed_types
+from mdtrain.config.mixed_types import mixed_list
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
@@ -85,7 +85,7 @@ def collect_stat_batches(
     desc = cfg["descriptor"]
     rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
     ntypes = len(cfg["type_map"])
-    layout = list_layout(mixed_types(desc))  # the model's lists: per type or type-mixed
+    layout = list_layout(mixed_list(desc))  # the model's lists: per type or type-mixed
     plan = my_stat_plan(systems, nbatch, batch_size, share)
     spec = ParamSpec.of(cfg)
     batches = []
