@@ -14,6 +14,9 @@ from typing import Any
 
 # DeePMD-kit's type names and aliases of the descriptors with one type-mixed neighbour list
 MIXED_TYPES_DESCRIPTORS = ("se_atten", "dpa1", "se_atten_v2", "se_e3_tebd")
+# ... and of those with a rotation matrix (DeePMD-kit's ``rot_mat``; a hybrid has one when
+# every member has), which the dipole and polar fittings contract with
+ROTATION_DESCRIPTORS = ("se_e2_a", "se_a", "se_atten", "dpa1", "se_atten_v2")
 
 
 def mixed_types(descriptor: Any) -> bool:
@@ -50,4 +53,25 @@ def integer_sel_problem(descriptor: Any, where: str = "model.descriptor") -> str
         f"{where}.sel: one integer for all types is taken only by "
         f"{', '.join(MIXED_TYPES_DESCRIPTORS)}; {descriptor.get('type')} needs a list with "
         'one entry per element of model.type_map (or "auto")'
+    )
+
+
+def rotation_problem(descriptor: Any, fitting: str, where: str, sep: str) -> str | None:
+    """The one-line problem of a ``dipole``/``polar`` fitting on a descriptor without a
+    rotation matrix (DeePMD-kit fails on it too), naming the key (``sep`` joins the path: "."
+    in the config checks, "/" in the model's errors); a hybrid's member by its index."""
+    if not isinstance(descriptor, dict):
+        return None
+    kind = descriptor.get("type", "se_e2_a")
+    if kind == "hybrid":
+        for k, member in enumerate(descriptor.get("list") or []):
+            found = rotation_problem(member, fitting, f"{where}{sep}list[{k}]", sep)
+            if found:
+                return found
+        return None
+    if kind in ROTATION_DESCRIPTORS or not isinstance(kind, str):
+        return None
+    return (
+        f"{where}{sep}type: {kind!r} gives no rotation matrix, which a {fitting} fitting needs "
+        "(se_e2_a, se_atten, se_atten_v2 and hybrids of them do)"
     )

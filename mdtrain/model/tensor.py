@@ -13,10 +13,9 @@ atomic-model output bias: dipoles ignore it (as DeePMD-kit does); a polar model 
 
 from torch import Tensor
 
-from mdtrain.config.mixed_types import shares_fitting_net
+from mdtrain.config.mixed_types import rotation_problem, shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
-from mdtrain.model.descriptors import DESCRIPTORS
 from mdtrain.model.fittings.config import excluded_types
 from mdtrain.model.fittings.dipole import DipoleFitting
 from mdtrain.model.fittings.nets import TypeFittingNets
@@ -24,11 +23,6 @@ from mdtrain.model.fittings.polar import PolarFitting
 from mdtrain.model.network import check_activation, dtype_of
 from mdtrain.model.output_model import OutputModel
 
-# the descriptors with a rotation matrix (DeePMD-kit's ``get_rot_mat``), for the message
-ROTATION_DESCRIPTORS = ", ".join(
-    [n for n, c in DESCRIPTORS.items() if hasattr(c, "forward_with_rot") and not c.members_key]
-    + ["a hybrid of them"]
-)
 # fitting type -> (label name, values per atom)
 TENSOR_LABELS = {"dipole": ("dipole", 3), "polar": ("polarizability", 9)}
 
@@ -75,11 +69,9 @@ class TensorModel(OutputModel):
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
         self.kind = kind
         self.label, self.tensor_size = TENSOR_LABELS[self.kind]
-        if not self.descriptor.gives_rotation():
-            raise MDTrainError(
-                f"model/descriptor/type: {desc['type']!r} gives no rotation matrix, which a "
-                f"{self.kind} fitting needs ({ROTATION_DESCRIPTORS} do)"
-            )
+        problem = rotation_problem(desc, self.kind, "model/descriptor", "/")
+        if problem:
+            raise MDTrainError(problem)
         width = int(self.descriptor.dim_emb)
         self.fitting = build_tensor_fitting(
             fit,

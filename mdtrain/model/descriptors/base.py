@@ -166,11 +166,6 @@ class Descriptor(nn.Module):
         """The embedding nets (bf16 variants, net counts); empty when it has none."""
         return []
 
-    def gives_rotation(self) -> bool:
-        """Whether it has ``forward_with_rot`` (D and the rotation matrix ``gr`` (nf, N,
-        ``dim_emb``, 3) that the dipole and polar fittings contract with)."""
-        return hasattr(self, "forward_with_rot")
-
     # --- DeePMD-kit's model file (.dp)
     deepmd_types = ()  # the type names DeePMD-kit's serialised dicts use for it
 

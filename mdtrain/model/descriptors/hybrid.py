@@ -162,7 +162,7 @@ class DescriptorHybrid(Descriptor):
     def forward_with_rot(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
         """``(D, gr)``: D as `forward` gives it and the members' rotation matrices stacked
         (nf, N, sum of their ``dim_emb``, 3), as DeePMD-kit's hybrid concatenates them (every
-        member must have one: ``gives_rotation``)."""
+        member must have one: ``mdtrain.config.mixed_types.ROTATION_DESCRIPTORS``)."""
         lists = self.member_lists(diff, nlist, atype)
         out: list[Tensor] = []
         rot: list[Tensor] = []
@@ -184,9 +184,6 @@ class DescriptorHybrid(Descriptor):
             own_diff, own_nlist = (split_diff, split_nlist) if split else (diff, nlist)
             lists.append((own_diff.index_select(2, idx), own_nlist.index_select(2, idx)))
         return lists
-
-    def gives_rotation(self) -> bool:
-        return all(m.gives_rotation() for m in self.members)
 
     @property
     def dim_emb(self) -> int:
