@@ -212,6 +212,22 @@ def test_rotation_translation_and_permutation_invariance(case, periodic):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_frame_without_one_type(case):
+    """Only oxygens (a composition of mixed-type data may lack a type): the per-centre-type
+    paths meet an empty type; forces are still the energy's derivatives."""
+    model = model_of(case)
+    coord, box, atype = frame(True, seed=3)
+    coord, atype = coord[atype == 0], atype[atype == 0]
+    out = evaluate(model, coord, box, atype)
+    assert np.isfinite(out["energy"]) and np.abs(out["force"]).max() > 1e-6
+    plus, minus = coord.copy(), coord.copy()
+    plus[0, 1] += H
+    minus[0, 1] -= H
+    fd = -(energy(model, plus, box, atype) - energy(model, minus, box, atype)) / (2 * H)
+    assert out["force"][0, 1] == pytest.approx(fd, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_a_supercell_doubles_the_energy(case):
     model = model_of(case)
     coord, box, atype = frame(True, seed=5)

@@ -260,7 +260,10 @@ class DescriptorSeA(AngularRowsDescriptor):
             if centre < 0 or k % self.ntypes == centre:
                 t = k if centre < 0 else k // self.ntypes
                 block = rows[:, self.offsets[t] : self.offsets[t + 1]]  # (B, n, 4)
-                g = net(block[:, :, 0].reshape(-1, 1)).view(rows.shape[0], -1, self.neuron_out)
+                g = net(block[:, :, 0].reshape(-1, 1))
+                g = g.view(
+                    rows.shape[0], block.shape[1], self.neuron_out
+                )  # (no rows: a type absent)
                 tmat = tmat + torch.bmm(block.transpose(1, 2), g)
         return tmat
 

@@ -148,6 +148,9 @@ class DescriptorSeR(Descriptor):
             if centre < 0 or k % self.ntypes == centre:
                 t = k if centre < 0 else k // self.ntypes
                 block = rows[:, self.offsets[t] : self.offsets[t + 1]]  # (B, n, 1)
-                g = net(block.reshape(-1, 1)).view(rows.shape[0], -1, self.neuron_out)
+                g = net(block.reshape(-1, 1))
+                g = g.view(
+                    rows.shape[0], block.shape[1], self.neuron_out
+                )  # (no rows: a type absent)
                 acc = acc + g.sum(dim=1)
         return acc * (0.2 / self.nnei)  # DeePMD-kit's res_rescale 1/5
