@@ -20,7 +20,12 @@ from mdtrain.config.loader import (
     resolve_path,
     validate_config,
 )
-from mdtrain.config.mixed_types import MIXED_TYPES_DESCRIPTORS, mixed_types, shares_fitting_net
+from mdtrain.config.mixed_types import (
+    MIXED_TYPES_DESCRIPTORS,
+    mixed_list,
+    mixed_types,
+    shares_fitting_net,
+)
 from mdtrain.config.wording import format_problems
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "dump_config",
     "format_problems",
     "load_config",
+    "mixed_list",
     "mixed_types",
     "normalize_config",
     "parse_json",

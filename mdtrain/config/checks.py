@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mdtrain.config.mixed_types import integer_sel_problem
+from mdtrain.config.mixed_types import integer_sel_problem, rotation_problem
 from mdtrain.config.model_kind import linear_problems, network_sections
 from mdtrain.config.precision import committee_problem
 from mdtrain.config.wording import show
@@ -32,6 +32,11 @@ def cross_checks(config: dict) -> list[str]:
         ]
     top = network_sections(config.get("model"))
     fit = _get(config, "model.fitting_net") if top == [("model", config.get("model"))] else {}
+    if isinstance(fit, dict) and fit.get("type") in ("dipole", "polar"):
+        found = rotation_problem(
+            _get(config, "model.descriptor"), fit["type"], "model.descriptor", "."
+        )
+        problems += [found] if found else []
     return [
         *problems,
         *linear_problems(config.get("model")),

@@ -30,6 +30,7 @@ from mdtrain.model.deepmd_nets import (
     param_stats_in,
     param_stats_out,
     precision_in,
+    script_activations_out,
     to_numpy,
 )
 from mdtrain.model.descriptors import DESCRIPTORS, deepmd_descriptor_class
@@ -110,13 +111,7 @@ def model_def_script(model: torch.nn.Module) -> dict:
     cfg = model.get_model_config()
     keys = ("type_map", "descriptor", "fitting_net", "data_stat_nbatch", "atom_exclude_types")
     script = {k: cfg[k] for k in keys}
-    desc = script["descriptor"]
-    sections = [(s, f"model/descriptor/list[{k}]") for k, s in enumerate(desc.get("list", []))]
-    sections += [(desc, "model/descriptor"), (script["fitting_net"], "model/fitting_net")]
-    for section, where in sections:
-        if "activation_function" in section:
-            act = section["activation_function"]
-            section["activation_function"] = activation_out(act, where)
+    script_activations_out(script)
     script["fitting_net"].pop("atom_ener", None)
     return script
 

@@ -34,6 +34,17 @@ def activation_out(name: str, where: str) -> str:
     return name
 
 
+def script_activations_out(script: dict) -> None:
+    """The activation names of a ``model_def_script`` (descriptor, a hybrid's members, the
+    fitting) in DeePMD-kit's spelling, in place."""
+    desc = script["descriptor"]
+    sections = [(s, f"model/descriptor/list[{k}]") for k, s in enumerate(desc.get("list", []))]
+    sections += [(desc, "model/descriptor"), (script["fitting_net"], "model/fitting_net")]
+    for section, where in sections:
+        if "activation_function" in section:
+            section["activation_function"] = activation_out(section["activation_function"], where)
+
+
 def layer_dict(layer: torch.nn.Module, activation: str, resnet: bool, trainable: bool) -> dict:
     precision = PRECISION_NAMES[layer.weight.dtype]
     idt = layer.idt

@@ -15,7 +15,11 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.deepmd_format import descriptor_from_deepmd
-from mdtrain.model.deepmd_nets import Reader, activation_out, check_fitting_follows
+from mdtrain.model.deepmd_nets import (
+    Reader,
+    check_fitting_follows,
+    script_activations_out,
+)
 
 
 def standard_model_dict(model: torch.nn.Module, fitting: dict, size: int) -> dict:
@@ -56,11 +60,7 @@ def standard_def_script(model: torch.nn.Module, drop: tuple[str, ...] = ()) -> d
         "atom_exclude_types": [int(t) for t in model.excluded],
         "data_stat_nbatch": cfg["data_stat_nbatch"],
     }
-    for name in ("descriptor", "fitting_net"):
-        section = script[name]
-        section["activation_function"] = activation_out(
-            section["activation_function"], f"model/{name}"
-        )
+    script_activations_out(script)
     return script
 
 

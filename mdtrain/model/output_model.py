@@ -29,10 +29,9 @@ class OutputModel(nn.Module):
         self.model_config_json = json.dumps(cfg, sort_keys=True)
         self.type_map = list(cfg["type_map"])
         self.ntypes = len(self.type_map)
-        desc = cfg["descriptor"]
-        self.rcut = float(desc["rcut"])
-        self.sel = [int(s) for s in desc["sel"]]
-        self.descriptor = build_descriptor(desc, self.ntypes)
+        self.descriptor = build_descriptor(cfg["descriptor"], self.ntypes)
+        self.rcut = float(self.descriptor.rcut)  # the neighbour list's: a hybrid's largest
+        self.sel = [int(s) for s in self.descriptor.sel]  # per type, or [total]
         self.mixed_types = bool(self.descriptor.mixed_types)
         self.excluded = sorted(int(t) for t in excluded)
         shape = (self.ntypes, size)

@@ -1,4 +1,5 @@
-"""The tensor models: a descriptor with a rotation matrix (se_e2_a) + dipole or polar fitting (DeePMD-kit's
+"""The tensor models: a descriptor with a rotation matrix (se_e2_a, se_atten, se_atten_v2 or
+a hybrid of them) + dipole or polar fitting (DeePMD-kit's
 ``DipoleModel``/``PolarModel``), giving atomic and global (summed) tensors. No forces: the
 tensors are fitted and evaluated as they are.
 
@@ -12,7 +13,7 @@ atomic-model output bias: dipoles ignore it (as DeePMD-kit does); a polar model 
 
 from torch import Tensor
 
-from mdtrain.config.mixed_types import shares_fitting_net
+from mdtrain.config.mixed_types import rotation_problem, shares_fitting_net
 from mdtrain.errors import MDTrainError
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.fittings.config import excluded_types
@@ -68,12 +69,10 @@ class TensorModel(OutputModel):
         desc, fit = cfg["descriptor"], cfg["fitting_net"]
         self.kind = kind
         self.label, self.tensor_size = TENSOR_LABELS[self.kind]
-        if not hasattr(self.descriptor, "forward_with_rot"):
-            raise MDTrainError(
-                f"model/descriptor/type: {desc['type']!r} gives no rotation matrix, which a "
-                f"{self.kind} fitting needs (se_e2_a does)"
-            )
-        width = int(desc["neuron"][-1])
+        problem = rotation_problem(desc, self.kind, "model/descriptor", "/")
+        if problem:
+            raise MDTrainError(problem)
+        width = int(self.descriptor.dim_emb)
         self.fitting = build_tensor_fitting(
             fit,
             self.ntypes,

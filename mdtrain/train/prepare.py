@@ -18,7 +18,7 @@ import torch
 
 from mdtrain import distributed as dist_rt
 from mdtrain.batching import NeighborLimit
-from mdtrain.config import mixed_types, resolve_path
+from mdtrain.config import mixed_list, mixed_types, resolve_path
 from mdtrain.config.model_kind import PAIRTAB, model_type, parts
 from mdtrain.data import System, expand_systems, open_all, validate_system
 from mdtrain.data.labels import output_labels
@@ -245,7 +245,7 @@ def neighbor_limit(
     descriptor that mixes the types (its one sel counts them together)."""
     limits, sources = [], []
     training = config["training"]
-    if "descriptor" not in config["model"] or mixed_types(config["model"]["descriptor"]):
+    if "descriptor" not in config["model"] or mixed_list(config["model"]["descriptor"]):
         return None  # a type-mixed list, or linear_ener/pairtab: sel of several lists
     stat_path = neighbor_stat_file or training.get("neighbor_stat_file")
     if from_file and stat_path:

@@ -78,11 +78,64 @@ BATTERY: dict[str, dict] = {
         "seed": 1,
     },
 }
+# Other member lists a hybrid runs the battery with (variant {"members": name}): type-mixed
+# members beside per-type ones make the hybrid type-mixed (one list over all types, from
+# which the per-type members' blocks are drawn). The rcuts and sels differ so that members
+# see neighbours beyond their own rcut and blocks cut short.
+HYBRID_MEMBERS: dict[str, list[dict]] = {
+    "mixed": [
+        {
+            "type": "se_atten",
+            "sel": 30,
+            "rcut": 3.0,
+            "rcut_smth": 0.4,
+            "neuron": [4, 8],
+            "axis_neuron": 2,
+            "tebd_dim": 3,
+            "attn": 6,
+            "attn_layer": 1,
+        },
+        {"type": "se_e2_a", "sel": [8, 16], "rcut": 3.5, "rcut_smth": 0.5, "neuron": [4, 6]},
+    ],
+    "mixed-tebd": [
+        {
+            "type": "se_e2_r",
+            "sel": [6, 20],
+            "rcut": 2.8,
+            "rcut_smth": 0.5,
+            "neuron": [3, 6],
+            "type_one_side": True,  # (false has no .dp form)
+        },
+        {
+            "type": "se_e3_tebd",
+            "sel": 16,
+            "rcut": 2.6,
+            "rcut_smth": 0.5,
+            "neuron": [3, 4],
+            "tebd_dim": 2,
+        },
+        {
+            "type": "se_atten_v2",
+            "sel": 40,
+            "rcut": 3.5,
+            "rcut_smth": 0.5,
+            "neuron": [4, 6],
+            "axis_neuron": 2,
+            "tebd_dim": 3,
+            "attn": 4,
+            "attn_layer": 1,
+        },
+    ],
+}
 # Variants each run too: settings that change the arithmetic.
 VARIANTS: dict[str, list[dict]] = {
     "se_e2_a": [{"type_one_side": True}, {"type_one_side": False}],
     "se_e2_r": [{"type_one_side": True}, {"type_one_side": False}],
-    "hybrid": [{"type_one_side": True}, {"type_one_side": False}],
+    "hybrid": [
+        {"type_one_side": True},
+        {"type_one_side": False},
+        *({"members": name} for name in HYBRID_MEMBERS),
+    ],
     "se_atten": [
         {"tebd_input_mode": "concat"},
         {"tebd_input_mode": "strip", "smooth_type_embedding": True, "type_one_side": True},
@@ -97,6 +150,8 @@ def battery_config(name: str, variant: dict | None = None, **descriptor) -> dict
     """The model section of a tiny model with descriptor ``name`` (settings overridden)."""
     desc = copy.deepcopy(BATTERY[name])
     settings = {**(variant or {}), **descriptor}
+    if "members" in settings:  # another member list (HYBRID_MEMBERS)
+        desc[MEMBER_KEYS[name]] = copy.deepcopy(HYBRID_MEMBERS[settings.pop("members")])
     if name in MEMBER_KEYS:  # every member takes the settings (type_one_side: those with it)
         for k, member in enumerate(desc[MEMBER_KEYS[name]]):
             member.update(seed=k + 1, resnet_dt=True)
@@ -116,6 +171,15 @@ def battery_cases() -> list[tuple[str, dict]]:
     from mdtrain.model.descriptors import DESCRIPTORS
 
     return [(name, v) for name in DESCRIPTORS for v in VARIANTS.get(name, [{}])]
+
+
+def layout_cases() -> list[tuple[str, dict]]:
+    """Every registered descriptor with its own settings, and the hybrids of other member
+    lists (their neighbour list differs): what the slower tests (training, freezing) run."""
+    from mdtrain.model.descriptors import DESCRIPTORS
+
+    plain = [(name, {}) for name in DESCRIPTORS]
+    return plain + [("hybrid", {"members": name}) for name in HYBRID_MEMBERS]
 
 
 def case_id(case: tuple[str, dict]) -> str:

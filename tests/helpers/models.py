@@ -45,13 +45,34 @@ def set_random_stats(model: EnergyModel, seed: int = 0) -> EnergyModel:
     return model
 
 
-def make_tensor_model(kind: str, seed: int = 0, **fitting):
-    """A small dipole or polar `TensorModel` (se_e2_a of `BASE`) with random statistics,
-    random ``bias_atom_e`` and, for polar, random ``constant_matrix`` and ``out_bias``."""
+_ATTEN = {"sel": 40, "rcut": 3.5, "rcut_smth": 0.5, "neuron": [4, 8], "axis_neuron": 2}
+_ATTEN |= {"tebd_dim": 3, "attn": 6, "attn_layer": 1, "seed": 1}
+# descriptor sections of the tensor models the tests run (None: se_e2_a of `BASE`): those
+# with a rotation matrix, type-mixed ones (one fitting net for all types) included
+TENSOR_DESCRIPTORS: dict[str, dict | None] = {
+    "se_e2_a": None,
+    "se_atten": {"type": "se_atten", **_ATTEN},
+    "se_atten_v2": {"type": "se_atten_v2", **_ATTEN, "attn_layer": 2},
+    "hybrid-mixed": {
+        "type": "hybrid",
+        "list": [
+            {"type": "se_e2_a", "sel": [6, 12], "rcut": 3.0, "rcut_smth": 0.5, "neuron": [4, 6]},
+            {"type": "dpa1", **_ATTEN, "tebd_input_mode": "strip"},
+        ],
+    },
+}
+
+
+def make_tensor_model(kind: str, seed: int = 0, descriptor: str = "se_e2_a", **fitting):
+    """A small dipole or polar `TensorModel` (descriptor: a key of `TENSOR_DESCRIPTORS`)
+    with random statistics, random ``bias_atom_e`` and, for polar, random
+    ``constant_matrix`` and ``out_bias``."""
     from mdtrain.model.tensor import TensorModel
 
     cfg = small_config(fitting={"type": kind, "neuron": [16, 16], "seed": 2, **fitting})
     cfg["fitting_net"].pop("resnet_dt")
+    if TENSOR_DESCRIPTORS[descriptor] is not None:
+        cfg["descriptor"] = copy.deepcopy(TENSOR_DESCRIPTORS[descriptor])
     model = TensorModel(cfg)
     rng = np.random.default_rng(seed)
     random_env_stats(model.descriptor, rng)
@@ -98,8 +119,8 @@ def random_env_stats(desc, rng: np.random.Generator, davg_zero: bool = False) ->
     """Install random davg/dstd shaped as the descriptor's statistics give them: per centre
     type, a mean for the first group only (the radial column), a std per group; a
     hybrid's members each in turn."""
-    if hasattr(desc, "member_slots"):
-        for member, _ in desc.member_slots():
+    if hasattr(desc, "members"):
+        for member in desc.members:
             random_env_stats(member, rng, member.set_davg_zero)
         return
     davg = np.zeros((desc.ntypes, desc.nnei, desc.ncols))

@@ -24,10 +24,11 @@ def descriptor_stat_sums(model, coord, box, atype, nlist, shift) -> torch.Tensor
     """
     diff = model.pair_vectors(coord, box, nlist, shift)
     desc = model.descriptor
-    if hasattr(desc, "member_slots"):  # a hybrid: each member on its slots of the list
+    if hasattr(desc, "member_lists"):  # a hybrid: each member on its slots of the list
+        lists = desc.member_lists(diff, nlist, atype)
         parts = [
-            _sums(member, diff.index_select(2, idx), nlist.index_select(2, idx), atype)
-            for member, idx in desc.member_slots()
+            _sums(member, m_diff, m_nlist, atype)
+            for member, (m_diff, m_nlist) in zip(desc.members, lists, strict=True)
         ]
         return torch.cat(parts, dim=1)
     return _sums(desc, diff, nlist, atype)

@@ -3,6 +3,7 @@ the content hash of every file below a folder (nothing lost or changed)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -157,10 +158,13 @@ def snapshot(directory: str | os.PathLike) -> dict[str, str]:
     return found
 
 
-def make_tensor_project(root: str | os.PathLike, kind: str, numb_steps: int = 40) -> Path:
+def make_tensor_project(
+    root: str | os.PathLike, kind: str, numb_steps: int = 40, descriptor: dict | None = None
+) -> Path:
     """A dipole or polar project: training systems with frame labels (``dipole.npy``,
     ``polarizability.npy``) and with atomic ones, a validation system with both, and
-    ``input.json`` (hydrogens excluded, as in DeePMD-kit's water_tensor examples)."""
+    ``input.json`` (hydrogens excluded, as in DeePMD-kit's water_tensor examples; the
+    descriptor section ``descriptor`` instead of the tiny se_e2_a when given)."""
     root = Path(root)
     for name, seed, which in (
         ("global", 1, ("dipole", "polarizability")),
@@ -173,6 +177,8 @@ def make_tensor_project(root: str | os.PathLike, kind: str, numb_steps: int = 40
         write_npy_system(root / "data" / name, coords, types, ["O", "H"], boxes, extra=extra)
     config = tiny_config(numb_steps=numb_steps, disp_freq=numb_steps // 2, save_freq=numb_steps)
     config["model"]["atom_exclude_types"] = [1]
+    if descriptor is not None:
+        config["model"]["descriptor"] = copy.deepcopy(descriptor)
     config["model"]["fitting_net"] = {"type": kind, "neuron": [16, 16], "seed": 1}
     config["loss"] = {"type": "tensor", "pref": 1.0, "pref_atomic": 1.0}
     config["learning_rate"] = {"type": "exp", "start_lr": 1e-2, "stop_lr": 1e-3, "decay_steps": 10}

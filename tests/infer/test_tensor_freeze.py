@@ -23,6 +23,7 @@ from mdtrain.infer.calculator import MDTrainCalculator
 from mdtrain.infer.freeze import export_model
 from mdtrain.infer.load import load_model
 from mdtrain.neighbors.layout import layout_of
+from tests.helpers.models import TENSOR_DESCRIPTORS
 from tests.helpers.training import make_tensor_project
 
 
@@ -36,9 +37,22 @@ def _outputs(model, system) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy() for k, v in out.items()}
 
 
-@pytest.mark.parametrize("kind", ["dipole", "polar"])
-def test_tensor_model_freezes_to_pth_and_dp(tmp_path, monkeypatch, kind):
-    inp = make_tensor_project(tmp_path, kind, numb_steps=4)
+# (fitting, descriptor of TENSOR_DESCRIPTORS): type-mixed descriptors (one fitting net for
+# all types) too
+CASES = [
+    ("dipole", "se_e2_a"),
+    ("polar", "se_e2_a"),
+    ("dipole", "se_atten"),
+    ("polar", "se_atten_v2"),
+    ("dipole", "hybrid-mixed"),
+    ("polar", "hybrid-mixed"),
+]
+
+
+@pytest.mark.parametrize(("kind", "descriptor"), CASES)
+def test_tensor_model_freezes_to_pth_and_dp(tmp_path, monkeypatch, kind, descriptor):
+    desc = TENSOR_DESCRIPTORS[descriptor]
+    inp = make_tensor_project(tmp_path, kind, numb_steps=4, descriptor=desc)
     monkeypatch.chdir(tmp_path)
     assert main(["train", str(inp), "-o", "out"]) == 0
     for suffix in ("pth", "dp"):

@@ -39,7 +39,11 @@ EXPORTED = {
         "exclude": {"type_one_side": True, "exclude_types": [[1, 1]]},
     },
     "se_e3": {"plain": {}, "exclude": {"exclude_types": [[0, 1]], "set_davg_zero": True}},
-    "hybrid": {"one_side": {"type_one_side": True}},
+    "hybrid": {
+        "one_side": {"type_one_side": True},
+        "mixed": {"members": "mixed"},  # type-mixed: se_atten beside se_e2_a
+        "mixed-tebd": {"members": "mixed-tebd"},  # se_e2_r, se_e3_tebd, se_atten_v2
+    },
     "se_atten": {
         "concat": {},
         "strip": {"tebd_input_mode": "strip", "smooth_type_embedding": True},
@@ -60,9 +64,33 @@ TRAINED = {
         **dict.fromkeys(("rcut", "rcut_smth", "sel", "neuron", "axis_neuron"), None),
         **dict.fromkeys(("precision", "seed"), None),
     },
+    # type-mixed: se_atten beside se_e2_a (DeePMD-kit draws the se_e2_a blocks from the
+    # type-mixed list)
+    "hybrid-mixed": {
+        "type": "hybrid",
+        "list": [
+            {"type": "se_e2_a", "rcut": 3.0, "rcut_smth": 0.5, "sel": [8, 16], "neuron": [4, 8]},
+            {
+                "type": "se_atten",
+                "rcut": 4.0,
+                "rcut_smth": 0.5,
+                "sel": 40,
+                "neuron": [4, 8],
+                "axis_neuron": 2,
+                "tebd_dim": 3,
+                "attn": 6,
+                "attn_layer": 1,
+            },
+        ],
+        **dict.fromkeys(("rcut", "rcut_smth", "sel", "neuron", "axis_neuron"), None),
+        **dict.fromkeys(("precision", "seed"), None),
+    },
 }
-for _member in TRAINED["hybrid"]["list"]:
-    _member.update(type_one_side=True, precision="float64", seed=1)
+for _name in ("hybrid", "hybrid-mixed"):
+    for _member in TRAINED[_name]["list"]:
+        _member.update(precision="float64", seed=1)
+        if _member["type"] != "se_atten":
+            _member["type_one_side"] = True
 
 
 def ours(model, coord, atype, box) -> dict[str, np.ndarray]:
@@ -137,7 +165,7 @@ def test_mdtrain_reads_a_model_deepmd_trained(deepmd_pt, tmp_path, name):
     errors = deepmd_pt.driver(job, tmp_path)
     assert not errors, errors
     model = load_model(tmp_path / "model.dp")
-    assert model.get_model_config()["descriptor"]["type"] == name
+    assert model.get_model_config()["descriptor"]["type"] == TRAINED[name]["type"]
     mine = ours(model, test["coords"], test["types"], test["boxes"])
     theirs = dict(np.load(tmp_path / "pth.npz"))
     worst = {key: rel_diff(mine[key], theirs[key]) for key in KEYS}

@@ -20,7 +20,7 @@ from mdtrain.cli import main
 from mdtrain.model.deepmd_file import write_dp
 from tests.helpers.datagen import random_water_like
 from tests.helpers.deepmd import frames_npz, rel_diff
-from tests.helpers.models import evaluate, make_tensor_model
+from tests.helpers.models import TENSOR_DESCRIPTORS, evaluate, make_tensor_model
 from tests.helpers.training import make_tensor_project
 
 pytestmark = pytest.mark.interop
@@ -30,6 +30,11 @@ CASES = {
     "dipole_sel_type": ("dipole", {"sel_type": [0]}),
     "polar_full": ("polar", {"fit_diag": False, "scale": [0.7, 1.3]}),
     "polar_diag": ("polar", {"fit_diag": True, "sel_type": [0], "shift_diag": True}),
+    # type-mixed descriptors: one fitting net for all types, se_atten's rotation matrix
+    "dipole-se_atten": ("dipole", {"descriptor": "se_atten"}),
+    "polar_full-se_atten_v2": ("polar", {"fit_diag": False, "descriptor": "se_atten_v2"}),
+    "dipole-hybrid-mixed": ("dipole", {"sel_type": [0], "descriptor": "hybrid-mixed"}),
+    "polar_diag-hybrid-mixed": ("polar", {"scale": [0.7, 1.3], "descriptor": "hybrid-mixed"}),
 }
 
 
@@ -65,11 +70,20 @@ def test_deepmd_evaluates_the_tensor_export_as_mdtrain(deepmd, tmp_path, name):
     assert max(worst.values()) < 1e-10, worst
 
 
-@pytest.mark.parametrize(("kind", "printed"), [("dipole", "Dipole"), ("polar", "Polarizability")])
+TRAINED = [
+    ("dipole", "Dipole", "se_e2_a"),
+    ("polar", "Polarizability", "se_e2_a"),
+    ("dipole", "Dipole", "se_atten"),
+    ("polar", "Polarizability", "hybrid-mixed"),
+]
+
+
+@pytest.mark.parametrize(("kind", "printed", "descriptor"), TRAINED)
 def test_dp_test_prints_the_figures_of_mdtrain_test(
-    deepmd_pt, tmp_path, monkeypatch, kind, printed
+    deepmd_pt, tmp_path, monkeypatch, kind, printed, descriptor
 ):
-    inp = make_tensor_project(tmp_path, kind, numb_steps=20)
+    desc = TENSOR_DESCRIPTORS[descriptor]
+    inp = make_tensor_project(tmp_path, kind, numb_steps=20, descriptor=desc)
     monkeypatch.chdir(tmp_path)
     assert main(["train", str(inp), "-o", "out"]) == 0
     assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "model.dp"]) == 0

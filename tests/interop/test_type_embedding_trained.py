@@ -1,4 +1,5 @@
-"""The type-embedding descriptors (se_atten, se_atten_v2, se_e3_tebd) end to end against
+"""The type-embedding descriptors (se_atten, se_atten_v2, se_e3_tebd, and hybrids holding
+them beside per-type members) end to end against
 DeePMD-kit: a short mdtrain training on a small generated water data set, ``mdtrain freeze -o
 model.dp``, then ``mdtrain test -m model.dp`` and DeePMD-kit's PyTorch backend on the same
 file (``dp convert-backend model.dp model.pth``, ``dp --pt test -m model.pth``): the same
@@ -12,19 +13,26 @@ import json
 
 import pytest
 
-from tests.helpers.descriptor_battery import battery_config
+from tests.helpers.descriptor_battery import battery_config, case_id
 from tests.helpers.training import make_project, mdtrain_and_dp_test
 
 pytestmark = pytest.mark.interop
 
-NAMES = ("se_atten", "se_atten_v2", "se_e3_tebd")
+CASES = [
+    ("se_atten", {}),
+    ("se_atten_v2", {}),
+    ("se_e3_tebd", {}),
+    ("hybrid", {"members": "mixed"}),
+    ("hybrid", {"members": "mixed-tebd"}),
+]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_mdtrain_trained_model_dp_gives_deepmds_test_errors(deepmd_pt, tmp_path, name):
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_mdtrain_trained_model_dp_gives_deepmds_test_errors(deepmd_pt, tmp_path, case):
+    name = case_id(case)
     inp = make_project(tmp_path)
     config = json.loads(inp.read_text())
-    config["model"]["descriptor"] = battery_config(name)["descriptor"] | {"sel": "auto"}
+    config["model"]["descriptor"] = battery_config(*case, sel="auto")["descriptor"]
     config["training"]["numb_steps"] = 6
     inp.write_text(json.dumps(config))
     shown = mdtrain_and_dp_test(deepmd_pt, inp)

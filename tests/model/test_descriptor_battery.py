@@ -19,7 +19,13 @@ from mdtrain.model.descriptors import DESCRIPTORS, canonical_type
 from mdtrain.model.stats import collect_stat_batches, stat_batch_plan, stream_stat_inputs
 from mdtrain.neighbors.layout import layout_of
 from mdtrain.schema import discriminator_values, load_schema, resolve
-from tests.helpers.descriptor_battery import BATTERY, battery_cases, battery_config, case_id
+from tests.helpers.descriptor_battery import (
+    BATTERY,
+    battery_cases,
+    battery_config,
+    case_id,
+    layout_cases,
+)
 from tests.helpers.models import (
     batch,
     evaluate,
@@ -35,7 +41,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*deprecated:Deprecat
 
 CASES = battery_cases()
 IDS = [case_id(c) for c in CASES]
-NAMES = list(DESCRIPTORS)
+NAMED = layout_cases()
+NAMED_IDS = [case_id(c) for c in NAMED]
 H = 1e-5
 
 
@@ -102,7 +109,8 @@ def test_the_fitting_follows_the_descriptor_as_in_deepmd_kit(case):
     recomputed here from the descriptor, net by net."""
     model = model_of(case)
     cls = DESCRIPTORS[case[0]]
-    members = [DESCRIPTORS[m["type"]] for m in BATTERY[case[0]].get("list", [])]
+    desc = battery_config(*case)["descriptor"]
+    members = [DESCRIPTORS[canonical_type(m["type"])] for m in desc.get("list", [])]
     shared = any(getattr(c, "mixed_types", False) for c in [cls, *members])
     assert model.fitting.mixed_types is shared
     assert len(model.fitting.networks) == (1 if shared else model.ntypes)
@@ -204,6 +212,22 @@ def test_rotation_translation_and_permutation_invariance(case, periodic):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_frame_without_one_type(case):
+    """Only oxygens (a composition of mixed-type data may lack a type): the per-centre-type
+    paths meet an empty type; forces are still the energy's derivatives."""
+    model = model_of(case)
+    coord, box, atype = frame(True, seed=3)
+    coord, atype = coord[atype == 0], atype[atype == 0]
+    out = evaluate(model, coord, box, atype)
+    assert np.isfinite(out["energy"]) and np.abs(out["force"]).max() > 1e-6
+    plus, minus = coord.copy(), coord.copy()
+    plus[0, 1] += H
+    minus[0, 1] -= H
+    fd = -(energy(model, plus, box, atype) - energy(model, minus, box, atype)) / (2 * H)
+    assert out["force"][0, 1] == pytest.approx(fd, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_a_supercell_doubles_the_energy(case):
     model = model_of(case)
     coord, box, atype = frame(True, seed=5)
@@ -286,8 +310,8 @@ def test_checkpoint_state_rebuilds_the_same_model_and_scripts(case):
         np.testing.assert_allclose(out[key], ref[key], rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_calculator_freeze_and_test_commands(name, tmp_path):
+@pytest.mark.parametrize("case", NAMED, ids=NAMED_IDS)
+def test_calculator_freeze_and_test_commands(case, tmp_path):
     from ase import Atoms
 
     from mdtrain.cli import main
@@ -295,7 +319,7 @@ def test_calculator_freeze_and_test_commands(name, tmp_path):
     from mdtrain.train.checkpoint import save_checkpoint
     from tests.helpers.datagen import water_labeled, write_npy_system
 
-    model = model_of((name, {}))
+    model = model_of(case)
     ckpt = tmp_path / "model.ckpt.pt"
     save_checkpoint(
         ckpt, {"model_config": model.get_model_config(), "model_state": model.state_dict()}
@@ -345,8 +369,10 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
     desc = model.get_model_config()["descriptor"]
     same = {"seed": None, "precision": got.get("precision", "float64")}
     assert same["precision"] in ("default", "float64")
-    if "list" in desc:
-        desc["list"] = [m | same | {"precision": "float64"} for m in desc["list"]]
+    if "list" in desc:  # each member as the rule of its kind says
+        for m, back_m in zip(desc["list"], got["list"], strict=True):
+            assert back_m.get("precision") in ("default", "float64")
+            m |= {"seed": None, "precision": back_m.get("precision")}
     else:
         desc |= same
     assert got == desc
@@ -356,8 +382,8 @@ def test_deepmd_model_file_round_trip(case, tmp_path):
         np.testing.assert_array_equal(out[key], ref[key])
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_training_restarts_exactly(name, tmp_path):
+@pytest.mark.parametrize("case", NAMED, ids=NAMED_IDS)
+def test_training_restarts_exactly(case, tmp_path):
     """A short training run with the statistics and stat file, then the same run resumed from
     its middle checkpoint: the same parameters and learning curve, bit for bit."""
     import json
@@ -368,7 +394,7 @@ def test_training_restarts_exactly(name, tmp_path):
 
     inp = make_project(tmp_path, stat_file="stat.hdf5")
     config = json.loads(inp.read_text())
-    config["model"]["descriptor"] = battery_config(name, sel="auto")["descriptor"]
+    config["model"]["descriptor"] = battery_config(*case, sel="auto")["descriptor"]
     inp.write_text(json.dumps(config))
     out = tmp_path / "out"
     assert main(["train", str(inp), "-o", str(out)]) == 0

@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from tests.helpers.models import evaluate, make_tensor_model, triclinic, water_like
+from tests.helpers.models import (
+    TENSOR_DESCRIPTORS,
+    evaluate,
+    make_tensor_model,
+    triclinic,
+    water_like,
+)
 
 KINDS = [("dipole", {}), ("polar", {"fit_diag": False}), ("polar", {"fit_diag": True})]
+DESCRIPTORS = list(TENSOR_DESCRIPTORS)
 
 
 def _tensors(model, coord, box, atype):
@@ -28,10 +35,11 @@ def _rotate(t: np.ndarray, rot: np.ndarray) -> np.ndarray:
     return np.einsum("ji,njk,kl->nil", rot, t, rot)
 
 
+@pytest.mark.parametrize("descriptor", DESCRIPTORS)
 @pytest.mark.parametrize("periodic", [True, False])
 @pytest.mark.parametrize(("kind", "fit"), KINDS)
-def test_rotated_frame_gives_rotated_tensors(kind, fit, periodic):
-    model = make_tensor_model(kind, **fit)
+def test_rotated_frame_gives_rotated_tensors(kind, fit, periodic, descriptor):
+    model = make_tensor_model(kind, descriptor=descriptor, **fit)
     box = triclinic(6.0, seed=1) if periodic else None
     coord, atype = water_like(4, box, seed=3)
     rot = Rotation.random(random_state=7).as_matrix()
@@ -42,9 +50,10 @@ def test_rotated_frame_gives_rotated_tensors(kind, fit, periodic):
     np.testing.assert_allclose(total.reshape(turned.shape[1:]), turned.sum(0), atol=1e-12)
 
 
+@pytest.mark.parametrize("descriptor", DESCRIPTORS)
 @pytest.mark.parametrize(("kind", "fit"), KINDS)
-def test_translation_and_permutation_change_nothing(kind, fit):
-    model = make_tensor_model(kind, **fit)
+def test_translation_and_permutation_change_nothing(kind, fit, descriptor):
+    model = make_tensor_model(kind, descriptor=descriptor, **fit)
     box = triclinic(6.0, seed=2)
     coord, atype = water_like(4, box, seed=4)
     atomic, total = _tensors(model, coord, box, atype)
@@ -57,9 +66,10 @@ def test_translation_and_permutation_change_nothing(kind, fit):
     np.testing.assert_allclose(moved_total, total, atol=1e-11)
 
 
+@pytest.mark.parametrize("descriptor", DESCRIPTORS)
 @pytest.mark.parametrize("kind", ["dipole", "polar"])
-def test_types_outside_sel_type_give_zero(kind):
-    model = make_tensor_model(kind, sel_type=[0])
+def test_types_outside_sel_type_give_zero(kind, descriptor):
+    model = make_tensor_model(kind, descriptor=descriptor, sel_type=[0])
     assert model.sel_type() == [0]
     coord, atype = water_like(3, None, seed=5)
     atomic, total = _tensors(model, coord, None, atype)

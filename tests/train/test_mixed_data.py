@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mdtrain.cli import main
 from mdtrain.data import open_systems
@@ -112,3 +113,39 @@ def test_check_reports_a_bad_mixed_system_in_one_line(tmp_path, capsys):
         "FAILED: 2 problems",
     ]
     assert os.path.isfile(types)
+
+
+def test_a_type_mixed_hybrid_trains_freezes_and_tests_on_mixed_data(tmp_path):
+    """se_atten beside se_e2_a (a type-mixed hybrid, sel "auto" per member) on mixed-type
+    data with ``"mixed:2"``: trains, freezes to ``.dp``, and ``mdtrain test`` of the ``.dp``
+    gives the checkpoint's figures on every composition."""
+    path = _project(tmp_path, numb_steps=4, disp_freq=2, save_freq=4)
+    config = json.loads(path.read_text())
+    config["model"]["descriptor"] = {
+        "type": "hybrid",
+        "list": [
+            {"type": "se_atten", "sel": "auto", "rcut": 3.5, "rcut_smth": 0.5,
+             "neuron": [4, 8], "axis_neuron": 2, "tebd_dim": 3, "attn": 6, "attn_layer": 1},
+            {"type": "se_e2_a", "sel": "auto", "rcut": 3.0, "rcut_smth": 0.5, "neuron": [4, 6]},
+        ],
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    assert main(["check", str(path)]) == 0
+    out = tmp_path / "out"
+    assert main(["train", str(path), "-o", str(out)]) == 0
+    assert np.isfinite(lcurve_rows(out / "lcurve.out")[:, 1:]).all()
+    members = json.loads((out / "out.json").read_text())["model"]["descriptor"]["list"]
+    assert isinstance(members[0]["sel"], int) and len(members[1]["sel"]) == 3
+    frozen = tmp_path / "model.dp"
+    assert main(["freeze", str(out / "model.ckpt.pt"), "-o", str(frozen)]) == 0
+    figures = []
+    for model in (out / "model.ckpt.pt", frozen):
+        report = tmp_path / f"{model.name}.json"
+        args = ["test", "-m", str(model), "-s", str(tmp_path / "data" / "mixed")]
+        assert main([*args, "--json", str(report)]) == 0
+        figures.append(json.loads(report.read_text())["systems"])
+    assert len(figures[0]) == 3 and figures[0].keys() == figures[1].keys()
+    for name, ours in figures[0].items():
+        for key, value in ours.items():
+            if isinstance(value, float):
+                assert figures[1][name][key] == pytest.approx(value, rel=1e-12), (name, key)

@@ -1,13 +1,20 @@
 """The hybrid descriptor (DeePMD-kit's ``hybrid``): a list of descriptors, each with its
-own ``rcut`` and ``sel``, whose outputs are concatenated.
+own ``rcut`` and ``sel``, whose outputs are concatenated in list order.
 
-The model builds one neighbour list, as DeePMD-kit does: at the largest member ``rcut``,
-with per-type blocks of the element-wise largest ``sel``, nearest first. Member m sees the
-first ``sel_m[t]`` slots of each type block (``cut_index``): its nearest neighbours of each
-type; those of them beyond its own ``rcut`` get a switch of 0 in its environment matrix, so
-they count as padding does. Statistics are the members' own: the hybrid's groups are the
-members' groups suffixed by the member index (``r0``, ``a0``, ``r1``, ...), each pair's
-terms the members' terms (0 beyond a member's ``rcut``), its counts each member's slots.
+The model builds one neighbour list, as DeePMD-kit does, at the largest member ``rcut``.
+When no member is type-mixed it has per-type blocks of the element-wise largest ``sel``,
+nearest first, and member m sees the first ``sel_m[t]`` slots of each type block
+(``cut_index``): its nearest neighbours of each type. When a member is type-mixed (se_atten,
+se_e3_tebd, ...) the hybrid is type-mixed too (DeePMD-kit's ``mixed_types()`` of a hybrid is
+any member's): one list of the largest ``sum(sel_m)`` slots over all types, nearest first. A
+type-mixed member takes its first ``sel_m`` slots; the per-type members take per-type blocks
+drawn from that list (DeePMD-kit's ``nlist_distinguish_types``: the neighbours of each type
+in the list's order, ``split_sel[t]`` of them, the element-wise largest of the per-type
+members' ``sel``), then their own first ``sel_m[t]`` of each block. Either way, neighbours
+beyond a member's own ``rcut`` get a switch of 0 in its environment matrix, so they count as
+padding does. Statistics are the members' own: the hybrid's groups are the members' groups
+suffixed by the member index (``r0``, ``a0``, ``r1``, ...), each pair's terms the members'
+terms (0 beyond a member's ``rcut``), its counts each member's slots.
 """
 
 from typing import Any
@@ -37,28 +44,40 @@ class DescriptorHybrid(Descriptor):
     deepmd_types = ("hybrid",)
     members_key = "list"
     gathers_stats_in_search = False  # members' cut-offs differ from the search's
-    __jit_unused_properties__ = ["davg", "dstd"]
+    __jit_unused_properties__ = ["davg", "dstd", "dim_emb"]
 
     cut_starts: list[int]
+    split_sel: list[int]
+    member_split: list[bool]
 
     def __init__(self, members: list[Descriptor]) -> None:
         super().__init__()
         self.members = nn.ModuleList(members)
         self.ntypes = members[0].ntypes
-        self.sel = [max(m.sel[t] for m in members) for t in range(self.ntypes)]
+        self.mixed_types = any(m.mixed_types for m in members)
+        per_type = [m for m in members if not m.mixed_types]
+        # the per-type blocks drawn from a type-mixed list for the per-type members
+        split = [max(m.sel[t] for m in per_type) for t in range(self.ntypes)] if per_type else []
+        self.split_sel = split if self.mixed_types else []
+        self.member_split = [self.mixed_types and not m.mixed_types for m in members]
+        if self.mixed_types:
+            self.sel = [max(m.nnei for m in members)]
+        else:
+            self.sel = split
         self.nnei = sum(self.sel)
-        self.offsets = [sum(self.sel[:t]) for t in range(self.ntypes + 1)]
+        self.offsets = [sum(self.sel[:t]) for t in range(len(self.sel) + 1)]
         self.rcut = max(m.rcut for m in members)
         self.rcut_smth = min(m.rcut_smth for m in members)
         self.env_protection = 0.0
         self.set_davg_zero = False
-        self.mixed_types = False
         self.exclude_types = []
         self.has_exclusions = any(m.has_exclusions for m in members)
         index, starts = [], [0]
-        for m in members:
-            for t in range(self.ntypes):
-                index.extend(range(self.offsets[t], self.offsets[t] + m.sel[t]))
+        for m, own in zip(members, self.member_split, strict=True):
+            blocks = split if own else self.sel  # the list it is cut from
+            begin = [sum(blocks[:t]) for t in range(len(blocks))]
+            for t, count in enumerate(m.sel):
+                index.extend(range(begin[t], begin[t] + count))
             starts.append(len(index))
         self.register_buffer("cut_index", torch.tensor(index, dtype=torch.long), persistent=False)
         self.cut_starts = starts
@@ -81,23 +100,15 @@ class DescriptorHybrid(Descriptor):
             member_cls = _member_class(kind, f"{where}/list[{k}]") if kind is not None else None
             if member_cls is cls:
                 raise MDTrainError(f"{where}/list[{k}]/type: a hybrid cannot hold a hybrid")
-            if getattr(member_cls, "mixed_types", False):  # its list is not per type
-                raise MDTrainError(
-                    f"{where}/list[{k}]/type: {kind} (one type-mixed neighbour list) is not "
-                    "supported inside a hybrid yet; its members take per-type lists"
-                )
 
     @classmethod
     def list_cut(cls, desc: dict) -> tuple[float, list[int]]:
-        cuts = [_member_class(m["type"], "").list_cut(m) for m in desc["list"]]
-        return max(c[0] for c in cuts), [max(s) for s in zip(*(c[1] for c in cuts), strict=True)]
-
-    def member_slots(self) -> list[tuple[Descriptor, Tensor]]:
-        """Each member and the slots of the list it takes."""
-        return [
-            (m, self.cut_index[self.cut_starts[k] : self.cut_starts[k + 1]])
-            for k, m in enumerate(self.members)
-        ]
+        classes = [_member_class(m["type"], "") for m in desc["list"]]
+        cuts = [c.list_cut(m) for c, m in zip(classes, desc["list"], strict=True)]
+        rcut = max(c[0] for c in cuts)
+        if any(getattr(c, "mixed_types", False) for c in classes):  # one type-mixed list
+            return rcut, [max(sum(c[1]) for c in cuts)]
+        return rcut, [max(s) for s in zip(*(c[1] for c in cuts), strict=True)]
 
     @classmethod
     def from_config(cls, desc: dict, ntypes: int) -> "DescriptorHybrid":
@@ -142,12 +153,60 @@ class DescriptorHybrid(Descriptor):
     # --- evaluation
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """The members' D (nf, N, sum of their widths), each from its slots of the list."""
+        lists = self.member_lists(diff, nlist, atype)
         out: list[Tensor] = []
         for k, member in enumerate(self.members):
-            idx = self.cut_index[self.cut_starts[k] : self.cut_starts[k + 1]]
-            d = member(diff.index_select(2, idx), nlist.index_select(2, idx), atype)
-            out.append(d.to(self.dtype))
+            out.append(member(lists[k][0], lists[k][1], atype).to(self.dtype))
         return torch.cat(out, dim=-1)
+
+    def forward_with_rot(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """``(D, gr)``: D as `forward` gives it and the members' rotation matrices stacked
+        (nf, N, sum of their ``dim_emb``, 3), as DeePMD-kit's hybrid concatenates them (every
+        member must have one: ``mdtrain.config.mixed_types.ROTATION_DESCRIPTORS``)."""
+        lists = self.member_lists(diff, nlist, atype)
+        out: list[Tensor] = []
+        rot: list[Tensor] = []
+        for k, member in enumerate(self.members):
+            d, gr = member.forward_with_rot(lists[k][0], lists[k][1], atype)
+            out.append(d.to(self.dtype))
+            rot.append(gr.to(self.dtype))
+        return torch.cat(out, dim=-1), torch.cat(rot, dim=-2)
+
+    def member_lists(
+        self, diff: Tensor, nlist: Tensor, atype: Tensor
+    ) -> list[tuple[Tensor, Tensor]]:
+        """Each member's ``(diff, nlist)``: its slots of the list, or of the per-type blocks
+        drawn from it (``split_by_type``)."""
+        split_diff, split_nlist = self.split_by_type(diff, nlist, atype)
+        lists: list[tuple[Tensor, Tensor]] = []
+        for k, split in enumerate(self.member_split):
+            idx = self.cut_index[self.cut_starts[k] : self.cut_starts[k + 1]]
+            own_diff, own_nlist = (split_diff, split_nlist) if split else (diff, nlist)
+            lists.append((own_diff.index_select(2, idx), own_nlist.index_select(2, idx)))
+        return lists
+
+    @property
+    def dim_emb(self) -> int:
+        """Rows of the stacked rotation matrices (DeePMD-kit's ``get_dim_emb``)."""
+        return sum(int(m.dim_emb) for m in self.members)
+
+    def split_by_type(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """A type-mixed list as per-type blocks of ``split_sel`` slots (DeePMD-kit's
+        ``nlist_distinguish_types``): per type, its neighbours in the list's order, then -1
+        padding. The vectors follow their slots (padding: any value). Unchanged when no
+        member needs it."""
+        if len(self.split_sel) == 0:
+            return diff, nlist
+        valid = nlist >= 0
+        ntype = torch.where(valid, atype[nlist.clamp(min=0)], -1)
+        diffs: list[Tensor] = []
+        lists: list[Tensor] = []
+        for t, count in enumerate(self.split_sel):
+            pick = ntype == t
+            order = torch.sort((~pick).to(torch.uint8), dim=-1, stable=True)[1][..., :count]
+            lists.append(torch.where(pick.gather(2, order), nlist.gather(2, order), -1))
+            diffs.append(diff.gather(2, order.unsqueeze(-1).expand(-1, -1, -1, 3)))
+        return torch.cat(diffs, dim=2), torch.cat(lists, dim=2)
 
     # --- statistics
     @classmethod

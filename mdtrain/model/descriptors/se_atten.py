@@ -224,6 +224,12 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         return {"type": self.type_name, "sel": self.nnei, **{k: values[k] for k in kept}}
 
     @property
+    def dim_emb(self) -> int:
+        """Rows of the rotation matrix (DeePMD-kit's ``get_dim_emb``): a tensor fitting's
+        ``embedding_width``."""
+        return self.ng
+
+    @property
     def dim_out(self) -> int:
         return self.ng * self.axis_neuron + (self.tebd_dim if self.concat_output_tebd else 0)
 
@@ -243,6 +249,12 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """D (nf, N, dim_out) from ``diff`` (nf, N, sel, 3), ``nlist`` (nf, N, sel) with -1
         padding (any order of the slots gives the same D) and ``atype`` (N,)."""
+        return self.forward_with_rot(diff, nlist, atype)[0]
+
+    def forward_with_rot(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
+        """``(D, gr)``: D as `forward` gives it, and the rotation matrix ``gr`` (nf, N, ng, 3)
+        the dipole and polar fittings contract with: DeePMD-kit's ``rot_mat``, the columns
+        1..3 of ``T = GᵀR̃/sel`` (the l = 1 moments; it turns with the frame: ``gr R``)."""
         nf, natoms, nnei = nlist.shape
         diff = diff.to(self.dtype)
         rr, sw, valid = self.normalized_rows(diff, nlist, atype)
@@ -269,7 +281,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
         d = torch.matmul(t, t_axis.transpose(1, 2)).reshape(nf, natoms, self.ng * self.axis_neuron)
         if self.concat_output_tebd:
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
-        return d
+        return d, t[:, :, 1:4].reshape(nf, natoms, self.ng, 3)
 
     def _radial_std(self, atype: Tensor, nf: int) -> Tensor:
         """(nf·N, sel, 1): the radial dstd of each slot's centre type."""

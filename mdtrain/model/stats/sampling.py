@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mdtrain.config.mixed_types import mixed_types
+from mdtrain.config.mixed_types import mixed_list
 from mdtrain.data.params import ParamSpec, read_params
 from mdtrain.data.share import share_ranges
 from mdtrain.model.config import normalize_model_config
@@ -88,7 +88,7 @@ def collect_stat_batches(
         cfg = normalize_model_config(model_config)
         desc = cfg["descriptor"]
         rcut, sel = descriptor_class(desc["type"]).list_cut(desc)
-        layout = list_layout(mixed_types(desc))  # the model's lists: per type or type-mixed
+        layout = list_layout(mixed_list(desc))  # the model's lists: per type or type-mixed
     else:
         cfg, (rcut, sel, mixed) = model_config, cut
         layout = list_layout(mixed)
