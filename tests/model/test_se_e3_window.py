@@ -12,27 +12,16 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.descriptors.se_e3 import DescriptorSeT, DescriptorSeTPadded
-from tests.helpers.models import batch, set_random_stats
+from tests.helpers.models import batch, set_random_stats, small_config
 
-BASE = {
-    "type_map": ["O", "H"],
-    "descriptor": {
-        "type": "se_e3",
-        "sel": [10, 20],
-        "rcut": 3.5,
-        "rcut_smth": 0.5,
-        "neuron": [2, 4, 8],
-        "resnet_dt": True,
-        "seed": 3,
-    },
-    "fitting_net": {"neuron": [16, 16], "resnet_dt": True, "seed": 4},
-}
+SE_E3 = {"type": "se_e3", "sel": [10, 20], "neuron": [2, 4, 8], "seed": 3}
 
 
 def pair(descriptor: dict | None = None, angular_davg: bool = False):
     """The same model with the windowed sum and with the plain one."""
-    cfg = copy.deepcopy(BASE)
-    cfg["descriptor"].update(descriptor or {})
+    cfg = small_config({**SE_E3, **(descriptor or {})})
+    for key in ("axis_neuron", "type_one_side"):  # se_e2_a's keys, not se_e3's
+        del cfg["descriptor"][key]
     fast = set_random_stats(EnergyModel(cfg))
     if angular_davg:  # padded rows nonzero: every slot must enter
         with torch.no_grad():
