@@ -21,7 +21,7 @@ from mdtrain.model.descriptors.se_e2_a import (
     check_embedding_config,
     embedding_kwargs,
 )
-from mdtrain.model.network import EmbeddingNet, child_seed
+from mdtrain.model.network import EmbeddingNet, child_seed, residual_by_cat
 
 SE_E3_DEFAULTS: dict[str, Any] = {
     "type": "se_e3",
@@ -177,7 +177,12 @@ class DescriptorSeT(AngularRowsDescriptor):
                     weighted = g * twice
                 else:
                     weighted = g
-                emb = net(g.reshape(-1, 1)).view(g.shape[0], -1, self.neuron_out)
+                x = g.reshape(-1, 1)
+                for layer in net.layers:
+                    x = residual_by_cat(
+                        layer.product(x), x, layer.activation, layer.idt, layer.skip
+                    )
+                emb = x.view(g.shape[0], -1, self.neuron_out)
                 res = torch.bmm(weighted.unsqueeze(1), emb).squeeze(1)
                 out = out + res * (1.0 / float(self.sel[ti] * self.sel[tj]))
         return out.view(nf, natoms, self.neuron_out)
