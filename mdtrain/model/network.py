@@ -143,6 +143,21 @@ class ResidualLayer(nn.Module):
         return y
 
 
+def residual_by_cat(z: Tensor, x: Tensor, activation: str, idt: Tensor | None, skip: int) -> Tensor:
+    """``ResidualLayer.forward`` from its product ``z``, the doubled skip ``concat(x, x)``
+    built by a cat: its gradient is two slices added, not a sum over a middle axis of 2,
+    which costs more than the whole layer on the millions of rows of se_e3's pair nets. The
+    same values; the gradients to rounding (they accumulate in another order)."""
+    y = activate(z, activation)
+    if idt is not None:
+        y = y * idt
+    if skip == 1:
+        y = y + x
+    elif skip == 2:
+        y = y + torch.cat([x, x], dim=1)
+    return y
+
+
 def hidden_layers(
     n_in: int,
     neuron: list[int],
