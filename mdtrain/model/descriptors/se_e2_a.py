@@ -224,6 +224,12 @@ class DescriptorSeA(AngularRowsDescriptor):
             out = out.index_copy(1, idx, d.view(nf, -1, self.dim_out))
         return out
 
+    @property
+    def dim_emb(self) -> int:
+        """Rows of the rotation matrix (DeePMD-kit's ``get_dim_emb``): a tensor fitting's
+        ``embedding_width``."""
+        return self.neuron_out
+
     def forward_with_rot(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> tuple[Tensor, Tensor]:
         """``(D, gr)``: the descriptor as `forward` gives it, and the rotation matrix ``gr``
         (nf, N, M, 3) that tensor fittings contract with: DeePMD-kit's ``gr[..., 1:]``, i.e.
