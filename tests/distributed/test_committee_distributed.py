@@ -15,16 +15,12 @@ from tests.helpers.training import (
     load_params,
     make_project,
     max_param_diff,
-    train_on_ranks,
+    train_runs_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 180
 TOL = 1e-10
-
-
-def two_rank_train(inp, out: str, *extra: str):
-    return train_on_ranks(inp, out, *extra, timeout=TIMEOUT).check()
 
 
 def variant(inp, name: str, model_seed: int = 0, training_seed: int = 0, **training):
@@ -53,9 +49,13 @@ def test_two_rank_committee_members_equal_two_rank_single_runs(tmp_path):
         save_freq=3,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
     )
-    run = two_rank_train(inp, str(tmp_path / "committee"), "--ensemble", "2")
-    assert run.stderr.count("committee of 2 models (shared sampling)") == 1, run.stderr
-    two_rank_train(variant(inp, "single_1.json", model_seed=1), str(tmp_path / "single_1"))
+    single = variant(inp, "single_1.json", model_seed=1)
+    committee_log, _ = train_runs_on_ranks(
+        [(inp, tmp_path / "committee", ("--ensemble", "2"), {}),
+         (single, tmp_path / "single_1", (), {})],
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    assert committee_log.count("committee of 2 models (shared sampling)") == 1, committee_log
     assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)
 
 
@@ -70,7 +70,10 @@ def test_two_rank_committee_from_one_model_samples_per_member(tmp_path):
     start = str(tmp_path / "base" / "model.ckpt-1.pt")
     steps = {"numb_steps": 3, "save_freq": 3}
     committee = variant(inp, "committee.json", ensemble=2, **steps)
-    two_rank_train(committee, str(tmp_path / "committee"), "--init-model", start)
     single = variant(inp, "single_1.json", training_seed=1, **steps)
-    two_rank_train(single, str(tmp_path / "single_1"), "--init-model", start)
+    train_runs_on_ranks(
+        [(committee, tmp_path / "committee", ("--init-model", start), {}),
+         (single, tmp_path / "single_1", ("--init-model", start), {})],
+        timeout=TIMEOUT,
+    )  # fmt: skip
     assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)

@@ -16,7 +16,7 @@ import torch
 from mdtrain.distributed import GradientBuckets
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from tests.helpers.processes import run_workers
-from tests.helpers.training import lcurve_rows, load_params, make_project, train_on_ranks
+from tests.helpers.training import lcurve_rows, load_params, make_project, train_runs_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 ONE_PARAM = 8 / 2**20  # bucket_mb: a bucket per parameter tensor
@@ -161,10 +161,6 @@ def test_overlap_survives_an_oom_inside_the_last_backward_and_matches_the_bits()
     assert r0["votes"] == r1["votes"]
 
 
-def _two_rank_train(inp, env: dict):
-    return train_on_ranks(inp, inp.parent / "out", env=env, timeout=120)
-
-
 def _project(root, overlap: bool, **training: object):
     inp = make_project(root, numb_steps=4, save_freq=4, disp_freq=1, **training)
     config = json.loads(inp.read_text())
@@ -179,12 +175,12 @@ def test_training_with_overlap_on_and_off_gives_the_same_bits(tmp_path, oom):
     ``oom_on_rank1`` rank 1 runs out of memory (simulated, before each forward above 30
     atoms) and retries its steps in micro-batches while rank 0 waits with its gradients."""
     env = {"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"} if oom else {}
-    runs = {}
-    for overlap in (True, False):
-        inp = _project(tmp_path / str(overlap), overlap)
-        run = _two_rank_train(inp, env).check()
-        assert ("out of memory" in run.stderr) == oom
-        runs[overlap] = inp.parent / "out"
+    runs = {overlap: _project(tmp_path / str(overlap), overlap).parent for overlap in (True, False)}
+    logs = train_runs_on_ranks(
+        [(root / "input.json", root / "out", (), env) for root in runs.values()], timeout=120
+    )
+    assert all(("out of memory" in log) == oom for log in logs)
+    runs = {overlap: root / "out" for overlap, root in runs.items()}
     on, off = (runs[k] for k in (True, False))
     assert (on / "lcurve.out").read_text() == (off / "lcurve.out").read_text()
     assert len(lcurve_rows(on / "lcurve.out")) == 4
