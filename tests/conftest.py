@@ -67,23 +67,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _process_heavy_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """Work units (a group, or one test) with a ``multiprocess`` test first, the rest after;
-    within each, groups of more tests before smaller ones, else in collection order. xdist
-    hands units out in this order (``--no-loadscope-reorder`` in pyproject.toml), so the
-    minute-long multi-process tests start early on both workers and the many short tests fill
-    the end: otherwise the long ones of ``tests/train/`` came last, and one worker ran them
-    alone minutes after the other had finished. A group shares a module-scoped set-up (a
-    trained model, often) and runs as one piece on one worker: the larger the group, the
-    longer the piece, so they go out before the single tests (longest first, roughly), and
-    the last pieces handed out are single tests of seconds."""
+    """Work units (a group, or one test) with a ``multiprocess`` test first, the rest after,
+    each in collection order. xdist hands units out in this order (``--no-loadscope-reorder``
+    in pyproject.toml), so the minute-long multi-process tests start early on both workers and
+    the many short tests fill the end: otherwise the long ones of ``tests/train/`` came last,
+    and one worker ran them alone minutes after the other had finished."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         mark = item.get_closest_marker("xdist_group")
         name = (mark.kwargs.get("name") or mark.args[0]) if mark else item.nodeid
         units.setdefault(name, []).append(item)
     order = sorted(
-        units.values(),
-        key=lambda u: (not any(i.get_closest_marker("multiprocess") for i in u), -len(u)),
+        units.values(), key=lambda u: not any(i.get_closest_marker("multiprocess") for i in u)
     )
     return [item for unit in order for item in unit]
 
