@@ -15,16 +15,12 @@ from tests.helpers.training import (
     load_params,
     make_project,
     max_param_diff,
-    train_on_ranks,
+    train_runs_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 180
 TOL = 1e-10
-
-
-def two_rank_train(inp, out: str, *extra: str):
-    return train_on_ranks(inp, out, *extra, timeout=TIMEOUT).check()
 
 
 def variant(inp, name: str, model_seed: int = 0, training_seed: int = 0, **training):
@@ -46,31 +42,38 @@ def assert_same_run(a_dir, b_dir, step: int) -> None:
     assert max_param_diff(load_params(a_dir / name), load_params(b_dir / name)) < TOL
 
 
-def test_two_rank_committee_members_equal_two_rank_single_runs(tmp_path):
-    inp = make_project(
-        tmp_path,
-        numb_steps=3,
-        save_freq=3,
-        training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
-    )
-    run = two_rank_train(inp, str(tmp_path / "committee"), "--ensemble", "2")
-    assert run.stderr.count("committee of 2 models (shared sampling)") == 1, run.stderr
-    two_rank_train(variant(inp, "single_1.json", model_seed=1), str(tmp_path / "single_1"))
-    assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)
-
-
-def test_two_rank_committee_from_one_model_samples_per_member(tmp_path):
-    inp = make_project(
-        tmp_path,
-        numb_steps=1,
-        save_freq=1,
-        training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
-    )
-    assert main(["train", str(inp), "-o", str(tmp_path / "base")]) == 0  # the one model
-    start = str(tmp_path / "base" / "model.ckpt-1.pt")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[dict, str]:
+    """The runs of both tests below, in turn on one pair of rank processes: a committee of 2
+    and the single run of member 1's model seed, 3 steps; a committee of 2 and the single
+    run of member 1's training seed, each from one model's weights (trained here, 1 step,
+    one rank). The folders of both projects, and the first committee's log."""
     steps = {"numb_steps": 3, "save_freq": 3}
-    committee = variant(inp, "committee.json", ensemble=2, **steps)
-    two_rank_train(committee, str(tmp_path / "committee"), "--init-model", start)
-    single = variant(inp, "single_1.json", training_seed=1, **steps)
-    two_rank_train(single, str(tmp_path / "single_1"), "--init-model", start)
-    assert_same_run(tmp_path / "committee" / "member-1", tmp_path / "single_1", 3)
+    batch = {"training_data": {"systems": ["data/train_a", "data/train_b"], "batch_size": 1}}
+    seeds = make_project(tmp_path_factory.mktemp("seeds"), **steps, **batch)
+    single_seed = variant(seeds, "single_1.json", model_seed=1)
+    base = make_project(tmp_path_factory.mktemp("base"), numb_steps=1, save_freq=1, **batch)
+    assert main(["train", str(base), "-o", str(base.parent / "base")]) == 0  # the one model
+    start = ("--init-model", str(base.parent / "base" / "model.ckpt-1.pt"))
+    committee = variant(base, "committee.json", ensemble=2, **steps)
+    single_start = variant(base, "single_1.json", training_seed=1, **steps)
+    logs = train_runs_on_ranks(
+        [(seeds, seeds.parent / "committee", ("--ensemble", "2"), {}),
+         (single_seed, seeds.parent / "single_1", (), {}),
+         (committee, base.parent / "committee", start, {}),
+         (single_start, base.parent / "single_1", start, {})],
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    return {"seeds": seeds.parent, "start": base.parent}, logs[0]
+
+
+def test_two_rank_committee_members_equal_two_rank_single_runs(trained):
+    folders, committee_log = trained
+    assert committee_log.count("committee of 2 models (shared sampling)") == 1, committee_log
+    root = folders["seeds"]
+    assert_same_run(root / "committee" / "member-1", root / "single_1", 3)
+
+
+def test_two_rank_committee_from_one_model_samples_per_member(trained):
+    root = trained[0]["start"]
+    assert_same_run(root / "committee" / "member-1", root / "single_1", 3)

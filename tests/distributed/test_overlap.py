@@ -16,7 +16,7 @@ import torch
 from mdtrain.distributed import GradientBuckets
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from tests.helpers.processes import run_workers
-from tests.helpers.training import lcurve_rows, load_params, make_project, train_on_ranks
+from tests.helpers.training import lcurve_rows, load_params, make_project, train_runs_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 ONE_PARAM = 8 / 2**20  # bucket_mb: a bucket per parameter tensor
@@ -161,10 +161,6 @@ def test_overlap_survives_an_oom_inside_the_last_backward_and_matches_the_bits()
     assert r0["votes"] == r1["votes"]
 
 
-def _two_rank_train(inp, env: dict):
-    return train_on_ranks(inp, inp.parent / "out", env=env, timeout=120)
-
-
 def _project(root, overlap: bool, **training: object):
     inp = make_project(root, numb_steps=4, save_freq=4, disp_freq=1, **training)
     config = json.loads(inp.read_text())
@@ -173,19 +169,29 @@ def _project(root, overlap: bool, **training: object):
     return inp
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[tuple[bool, bool], tuple]:
+    """(oom, overlap): the output folder and log of a 4-step run on two ranks; all four runs
+    in turn on one pair of rank processes."""
+    root = tmp_path_factory.mktemp("overlap")
+    oom_env = {"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"}
+    cases = [(oom, overlap) for oom in (False, True) for overlap in (True, False)]
+    inputs = [_project(root / f"oom{oom}-overlap{overlap}", overlap) for oom, overlap in cases]
+    jobs = [(inp, inp.parent / "out", (), oom_env if oom else {})
+            for inp, (oom, _) in zip(inputs, cases, strict=True)]  # fmt: skip
+    logs = train_runs_on_ranks(jobs, timeout=120)
+    return {
+        case: (inp.parent / "out", log) for case, inp, log in zip(cases, inputs, logs, strict=True)
+    }
+
+
 @pytest.mark.parametrize("oom", [False, True], ids=["plain", "oom_on_rank1"])
-def test_training_with_overlap_on_and_off_gives_the_same_bits(tmp_path, oom):
+def test_training_with_overlap_on_and_off_gives_the_same_bits(trained, oom):
     """float64, 2 ranks, 4 steps, buckets of 2 kB (several for the tiny model); with
     ``oom_on_rank1`` rank 1 runs out of memory (simulated, before each forward above 30
     atoms) and retries its steps in micro-batches while rank 0 waits with its gradients."""
-    env = {"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"} if oom else {}
-    runs = {}
-    for overlap in (True, False):
-        inp = _project(tmp_path / str(overlap), overlap)
-        run = _two_rank_train(inp, env).check()
-        assert ("out of memory" in run.stderr) == oom
-        runs[overlap] = inp.parent / "out"
-    on, off = (runs[k] for k in (True, False))
+    (on, on_log), (off, off_log) = trained[oom, True], trained[oom, False]
+    assert ("out of memory" in on_log) == oom and ("out of memory" in off_log) == oom
     assert (on / "lcurve.out").read_text() == (off / "lcurve.out").read_text()
     assert len(lcurve_rows(on / "lcurve.out")) == 4
     a, b = load_params(on / "model.ckpt-4.pt"), load_params(off / "model.ckpt-4.pt")

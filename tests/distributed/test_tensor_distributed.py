@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from tests.helpers.processes import clean_env, run_process, torchrun_command
+from mdtrain.cli import main
 from tests.helpers.training import (
     load_params,
     make_tensor_project,
     max_param_diff,
-    mdtrain_command,
+    train_runs_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -29,38 +29,57 @@ def project(root, kind: str, batch_size: int, numb_steps: int = 1):
     return inp
 
 
-def train(inp, nproc: int, env: dict | None = None):
-    args = ["train", str(inp), "-o", str(inp.parent / "out")]
-    if nproc == 1:
-        cmd = mdtrain_command(*args)
-        return run_process(cmd, TIMEOUT, clean_env(env, threads=2), cwd=inp.parent).check()
-    cmd = torchrun_command("mdtrain", args, nproc, extra=["-m"])
-    return run_process(cmd, TIMEOUT, clean_env(env), cwd=inp.parent).check()
+def train(inp) -> None:
+    """One rank, in this process (the command's ``main``; no process group)."""
+    assert main(["train", str(inp), "-o", str(inp.parent / "out")]) == 0
+
+
+def train_two_ranks(*runs: tuple) -> list[str]:
+    """``(input, env)`` runs, in turn on the same two Gloo ranks (as torchrun starts them;
+    the launcher is not the subject here): their logs."""
+    jobs = [(inp, inp.parent / "out", (), env) for inp, env in runs]
+    return train_runs_on_ranks(jobs, timeout=TIMEOUT)
 
 
 def params(inp, step: int):
     return load_params(inp.parent / "out" / f"model.ckpt-{step}.pt")
 
 
-@pytest.mark.parametrize("kind", ["dipole", "polar"])
-def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, kind):
-    two = project(tmp_path / "two", kind, batch_size=1)
+KINDS = ("dipole", "polar")
+# 2 frames of 18 atoms per rank: rank 1 fails every batch of more than 30 atoms
+OOM_ON_RANK1 = {"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict[tuple[str, str], tuple]:
+    """Per kind, on two ranks: one step with batch 1 per rank ("two"), three steps with batch
+    2 per rank without ("ref") and with ("oom") an out-of-memory error on rank 1; every run in
+    turn on one pair of rank processes. ``(input, log)`` of each."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    runs = {}
+    for kind in KINDS:
+        runs[kind, "two"] = (project(root / kind / "two", kind, batch_size=1), {})
+        runs[kind, "ref"] = (project(root / kind / "ref", kind, batch_size=2, numb_steps=3), {})
+        oom = project(root / kind / "oom", kind, batch_size=2, numb_steps=3)
+        runs[kind, "oom"] = (oom, OOM_ON_RANK1)
+    logs = train_two_ranks(*runs.values())
+    return {key: (run[0], log) for (key, run), log in zip(runs.items(), logs, strict=True)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_ranks_equal_one_rank_with_double_batch(two_ranks, tmp_path, kind):
+    two = two_ranks[kind, "two"][0]
     one = project(tmp_path / "one", kind, batch_size=2)
     other = project(tmp_path / "other", kind, batch_size=1)
-    train(two, 2)
-    train(one, 1)
-    train(other, 1)
+    train(one)
+    train(other)
     a, b = params(two, 1), params(one, 1)
     assert max_param_diff(a, b) < 1e-10
     assert max_param_diff(a, params(other, 1)) > 1e-8  # another batch moves them elsewhere
 
 
-@pytest.mark.parametrize("kind", ["dipole", "polar"])
-def test_injected_oom_on_rank1_changes_nothing(tmp_path, kind):
-    ref = project(tmp_path / "ref", kind, batch_size=2, numb_steps=3)
-    oom = project(tmp_path / "oom", kind, batch_size=2, numb_steps=3)
-    train(ref, 2)
-    # 2 frames of 18 atoms per rank: rank 1 fails every batch of more than 30 atoms
-    run = train(oom, 2, env={"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"})
-    assert "out of memory" in run.stderr
+@pytest.mark.parametrize("kind", KINDS)
+def test_injected_oom_on_rank1_changes_nothing(two_ranks, kind):
+    (ref, _), (oom, oom_log) = two_ranks[kind, "ref"], two_ranks[kind, "oom"]
+    assert "out of memory" in oom_log
     assert max_param_diff(params(ref, 3), params(oom, 3)) < 1e-10

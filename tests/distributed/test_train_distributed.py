@@ -25,6 +25,7 @@ from tests.helpers.training import (
     make_project,
     max_param_diff,
     train_on_ranks,
+    train_runs_on_ranks,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -50,6 +51,26 @@ def single_train(inp, *extra: str) -> int:
     return main(["train", str(inp), "-o", str(inp.parent / "out"), *extra])
 
 
+BATCH_1 = {"training_data": {"systems": ["data/train_a", "data/train_b"], "batch_size": 1}}
+OOM_ON_RANK1 = {"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict[str, tuple]:
+    """The two-rank runs the tests below start from, in turn on one pair of rank processes:
+    ``(input, log)`` by name; the output of each is ``out/`` beside its input. "moves" is
+    for the test that continues it (and changes its folder)."""
+    runs = {
+        "two": (make_project(tmp_path_factory.mktemp("two"), numb_steps=1, **BATCH_1), {}),
+        "moves": (make_project(tmp_path_factory.mktemp("moves"), numb_steps=4, save_freq=2), {}),
+        "ref": (make_project(tmp_path_factory.mktemp("ref"), numb_steps=3), {}),
+        "oom": (make_project(tmp_path_factory.mktemp("oom"), numb_steps=3), OOM_ON_RANK1),
+    }
+    jobs = [(inp, inp.parent / "out", (), env) for inp, env in runs.values()]
+    logs = train_runs_on_ranks(jobs, timeout=TIMEOUT)
+    return {name: (run[0], log) for (name, run), log in zip(runs.items(), logs, strict=True)}
+
+
 def test_two_ranks_train_once_and_log_once(tmp_path):
     inp = make_project(tmp_path)
     run = torchrun_train(inp).check()
@@ -65,37 +86,27 @@ def test_two_ranks_train_once_and_log_once(tmp_path):
     assert log.count("finished at step 6") == 1, log
 
 
-def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
+def test_two_ranks_equal_one_rank_with_double_batch(two_ranks, tmp_path):
     """float64: one step with per-rank batch b on 2 ranks = one step with 2b on 1 rank."""
-    two = make_project(
-        tmp_path / "two",
-        numb_steps=1,
-        training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
-    )
+    two = two_ranks["two"][0]
     one = make_project(
         tmp_path / "one",
         numb_steps=1,
         training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 2},
     )
-    two_rank_train(two).check()
     assert single_train(one) == 0
     a = load_params(two.parent / "out" / "model.ckpt-1.pt")
     b = load_params(one.parent / "out" / "model.ckpt-1.pt")
     assert max_param_diff(a, b) < 1e-10
     # the step moved the parameters, so the comparison is not vacuous: a different batch differs
-    other = make_project(
-        tmp_path / "other",
-        numb_steps=1,
-        training_data={"systems": ["data/train_a", "data/train_b"], "batch_size": 1},
-    )
+    other = make_project(tmp_path / "other", numb_steps=1, **BATCH_1)
     assert single_train(other) == 0
     assert max_param_diff(a, load_params(other.parent / "out" / "model.ckpt-1.pt")) > 1e-8
 
 
-def test_checkpoints_move_between_world_sizes(tmp_path):
-    inp = make_project(tmp_path, numb_steps=4, save_freq=2)
-    two_rank_train(inp).check()
-    out = tmp_path / "out"
+def test_checkpoints_move_between_world_sizes(two_ranks):
+    inp = two_ranks["moves"][0]  # 4 steps on two ranks, saved every 2
+    out = inp.parent / "out"
     os.remove(out / "model.ckpt-4.pt")
     assert single_train(inp, "--restart", str(out / "model.ckpt-2.pt")) == 0
     assert lcurve_rows(out / "lcurve.out")[:, 0].tolist() == [1, 2, 4]
@@ -156,15 +167,10 @@ def test_rank0_failure_reaches_every_rank(tmp_path):
     assert "[rank 1]" in run.stderr
 
 
-def test_injected_oom_on_rank1_changes_nothing(tmp_path):
+def test_injected_oom_on_rank1_changes_nothing(two_ranks):
     """Only rank 1 runs out of memory: both ranks retry with micro-batches, same parameters."""
-    ref = make_project(tmp_path / "ref", numb_steps=3)
-    oom = make_project(tmp_path / "oom", numb_steps=3)
-    two_rank_train(ref).check()
-    run = two_rank_train(
-        oom, env={"MDTRAIN_SIMULATE_OOM_ATOMS": "30", "MDTRAIN_SIMULATE_OOM_RANKS": "1"}
-    ).check()
-    assert "out of memory" in run.stderr
+    (ref, ref_log), (oom, oom_log) = two_ranks["ref"], two_ranks["oom"]
+    assert "out of memory" in oom_log and "out of memory" not in ref_log
     a = load_params(ref.parent / "out" / "model.ckpt-3.pt")
     b = load_params(oom.parent / "out" / "model.ckpt-3.pt")
     assert max_param_diff(a, b) < 1e-8

@@ -11,15 +11,11 @@ import pytest
 import torch
 
 from tests.helpers.processes import run_workers
-from tests.helpers.training import make_project, train_on_ranks
+from tests.helpers.training import make_project, train_runs_on_ranks
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 180
 TYPES = ("Adam", "AdamW", "AdaMuon", "HybridMuon")
-
-
-def _train(inp, out, *extra: str) -> None:
-    train_on_ranks(inp, out, *extra, timeout=TIMEOUT).check()
 
 
 def _assert_same_state(a: dict, b: dict) -> None:
@@ -39,8 +35,13 @@ def test_zero_stage_1_equals_plain_data_parallelism_and_restarts_exactly(tmp_pat
     config = json.loads(inp.read_text())
     config["training"]["zero_stage"] = 1
     zero.write_text(json.dumps(config))
-    _train(inp, tmp_path / "plain")
-    _train(zero, tmp_path / "zero")
+    # the sharded run continues from its own step-3 checkpoint in the third run
+    restart = ("--restart", str(tmp_path / "zero" / "model.ckpt-3.pt"))
+    train_runs_on_ranks(
+        [(inp, tmp_path / "plain", (), {}), (zero, tmp_path / "zero", (), {}),
+         (zero, tmp_path / "again", restart, {})],
+        timeout=TIMEOUT,
+    )  # fmt: skip
     plain_curve = (tmp_path / "plain" / "lcurve.out").read_bytes()
     assert (tmp_path / "zero" / "lcurve.out").read_bytes() == plain_curve
     final = [
@@ -48,7 +49,6 @@ def test_zero_stage_1_equals_plain_data_parallelism_and_restarts_exactly(tmp_pat
     ]
     _assert_same_state(final[0], final[1])
     # the same checkpoint format as plain runs (compared above); the sharded one continued
-    _train(zero, tmp_path / "again", "--restart", str(tmp_path / "zero" / "model.ckpt-3.pt"))
     _assert_same_state(
         final[0], torch.load(tmp_path / "again" / "model.ckpt-6.pt", weights_only=True)
     )

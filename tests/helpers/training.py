@@ -19,7 +19,7 @@ from tests.helpers.datagen import (
     water_labeled,
     write_npy_system,
 )
-from tests.helpers.processes import CompletedRun, run_ranks
+from tests.helpers.processes import CompletedRun, free_port, run_ranks, spawn_workers
 
 
 def tiny_config(**training: object) -> dict:
@@ -93,6 +93,55 @@ def train_on_ranks(
     them, without its agent (``run_ranks``), in the input's folder; not yet checked."""
     cmd = mdtrain_command("train", str(inp), "-o", str(out), *extra)
     return run_ranks(cmd, nproc, timeout, env, cwd=inp.parent)
+
+
+def train_runs_on_ranks(
+    runs: list[tuple[Path, str | os.PathLike, tuple[str, ...], dict[str, str]]],
+    nproc: int = 2,
+    timeout: float = 180.0,
+) -> list[str]:
+    """Several ``mdtrain train inp -o out extra`` runs, one after the other, on the same
+    ``nproc`` rank processes (variables as torchrun gives them, one Gloo group per run on a
+    port of its own, ``env`` set for that run only), each run in its input's folder: the same
+    code path as ``train_on_ranks`` (the command's ``main``), without starting (and importing
+    torch in) two fresh processes per run. Fails unless every run ends with 0 on every rank;
+    returns each run's stderr, the ranks' joined in rank order."""
+    jobs = [
+        (str(Path(inp).parent), ["train", str(inp), "-o", str(out), *extra], env or {}, free_port())
+        for inp, out, extra, env in runs
+    ]
+    outcomes = spawn_workers(_train_runs, nproc, (jobs,), timeout * len(jobs))
+    failed = [o.describe() for o in outcomes if not o.ok]
+    assert not failed, "\n\n".join(failed)
+    logs = [o.stderr.split(_RUN_MARK)[1:] for o in outcomes]
+    return ["".join(parts) for parts in zip(*logs, strict=True)]
+
+
+_RUN_MARK = "\n--- next run ---\n"
+
+
+def _train_runs(jobs: list[tuple[str, list[str], dict[str, str], int]]) -> list[int]:
+    """On one rank: each job's ``main`` in turn; a non-zero exit code stops the rest."""
+    from mdtrain.cli import main
+
+    for cwd, argv, env, port in jobs:
+        sys.stderr.write(_RUN_MARK)
+        os.chdir(cwd)
+        os.environ["MASTER_PORT"] = str(port)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            code = main(argv)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        sys.stderr.flush()
+        if code != 0:
+            raise RuntimeError(f"{' '.join(argv)} (in {cwd}): exit code {code}")
+    return [0] * len(jobs)
 
 
 def load_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:

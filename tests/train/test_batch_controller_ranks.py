@@ -13,7 +13,7 @@ from mdtrain import memory
 from mdtrain.errors import MDTrainError
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from tests.helpers.micro_batch import TinyEnergyModel, grads, tiny_batch, tiny_loss
-from tests.helpers.processes import run_workers
+from tests.helpers.processes import free_port, run_workers
 
 pytestmark = pytest.mark.multiprocess
 NATOMS = 4
@@ -76,16 +76,36 @@ def _rank_main(steps: int) -> dict:
         torch.distributed.destroy_process_group()
 
 
-def _two_ranks(limit: int, ranks: str | None = None, steps: int = 2) -> list[dict]:
-    env = {memory.SIMULATE_ATOMS_ENV: str(limit)}
-    if ranks is not None:
-        env[memory.SIMULATE_RANKS_ENV] = ranks
-    return run_workers(_rank_main, 2, args=(steps,), timeout=90.0, env=env)
+# (simulated OOM above this many atoms, on these ranks (None: all), steps): one scenario each
+ONLY_RANK1, BOTH, NO_FRAME_FITS = (8, "1", 2), (6, None, 2), (3, "1", 2)
 
 
-def test_only_the_rank_that_runs_out_of_memory_splits_its_size():
+def _scenarios(cases: list[tuple[int, str | None, int, int]]) -> list[dict]:
+    """One rank: each scenario in turn, in a process group of its own (on its own port),
+    with its OOM settings in the environment (read at every forward)."""
+    results = []
+    for limit, ranks, steps, port in cases:
+        os.environ["MASTER_PORT"] = str(port)
+        os.environ[memory.SIMULATE_ATOMS_ENV] = str(limit)
+        os.environ.pop(memory.SIMULATE_RANKS_ENV, None)
+        if ranks is not None:
+            os.environ[memory.SIMULATE_RANKS_ENV] = ranks
+        results.append(_rank_main(steps))
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[tuple, tuple[dict, dict]]:
+    """Every scenario's outcome on ranks 0 and 1: the scenarios run in turn on one pair of
+    rank processes (each process imports torch once, not once per scenario)."""
+    cases = [(*case, free_port()) for case in (ONLY_RANK1, BOTH, NO_FRAME_FITS)]
+    r0, r1 = run_workers(_scenarios, 2, args=(cases,), timeout=150.0)
+    return {case[:3]: (a, b) for case, a, b in zip(cases, r0, r1, strict=True)}
+
+
+def test_only_the_rank_that_runs_out_of_memory_splits_its_size(two_ranks):
     # rank 1 (4 frames × 4 atoms) fails above 8 atoms: it needs micro-batches of 2 frames
-    r0, r1 = _two_ranks(8, ranks="1")
+    r0, r1 = two_ranks[ONLY_RANK1]
     assert r0["tried"] == [1, 1] and r1["tried"] == [1, 2, 2]  # rank 0 kept its gradients
     assert r0["used"] == [1, 1] and r1["used"] == [2, 2]
     assert r0["splits"] == {} and r1["splits"] == {16: 2}
@@ -94,10 +114,10 @@ def test_only_the_rank_that_runs_out_of_memory_splits_its_size():
     assert r0["grad_err"] < 1e-12 and r1["grad_err"] < 1e-12
 
 
-def test_ranks_of_different_sizes_split_to_different_depths_and_vote_alike():
+def test_ranks_of_different_sizes_split_to_different_depths_and_vote_alike(two_ranks):
     # 6 atoms fit on both ranks: rank 0 (6 frames) needs 1 frame per micro-batch (1, 2, 4, 8),
     # rank 1 (4 frames) too (1, 2, 4) and waits one attempt for rank 0
-    r0, r1 = _two_ranks(6)
+    r0, r1 = two_ranks[BOTH]
     assert r0["tried"] == [1, 2, 4, 6, 6] and r1["tried"] == [1, 2, 4, 4]
     assert r0["splits"] == {24: 8} and r1["splits"] == {16: 4}
     assert r0["oom_count"] == r1["oom_count"] == 3
@@ -105,8 +125,8 @@ def test_ranks_of_different_sizes_split_to_different_depths_and_vote_alike():
     assert r0["grad_err"] < 1e-12 and r1["grad_err"] < 1e-12
 
 
-def test_two_ranks_fail_together_when_a_frame_does_not_fit():
-    r0, r1 = _two_ranks(3, ranks="1")  # not even one 4-atom frame fits on rank 1
+def test_two_ranks_fail_together_when_a_frame_does_not_fit(two_ranks):
+    r0, r1 = two_ranks[NO_FRAME_FITS]  # not even one 4-atom frame fits on rank 1
     assert "system sys1: a single frame of 4 atoms" in r1["error"]
     assert "another rank" in r0["error"]
     assert r0["votes"] == r1["votes"]
