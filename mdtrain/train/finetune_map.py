@@ -65,20 +65,41 @@ def _net_pairs(desc: torch.nn.Module, mapping: list, n_old: int) -> list[tuple[i
     return [(c + t * n_new, oc + ot * n_old) for c, oc in known for t, ot in known]
 
 
-def _type_embedding(state: dict, old_state: dict, prefix: str, mapping: list) -> None:
+def _one_hot_skip(ntypes: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """What a first layer's skip connection adds to the one-hot input of each type: the
+    identity (width ntypes), two of them side by side (2 ntypes), or nothing."""
+    eye = torch.eye(ntypes, dtype=dtype)
+    if width == ntypes:
+        return eye
+    if width == 2 * ntypes:
+        return torch.cat([eye, eye], dim=1)
+    return torch.zeros(ntypes, width, dtype=dtype)
+
+
+def _type_embedding(
+    state: dict, old_state: dict, prefix: str, mapping: list, embedding: torch.nn.Module
+) -> None:
     """Every parameter of a type-embedding descriptor from the pretrained one, but the
     rows of the type embedding's first layer (one per type, from a one-hot input) of types
-    new to it, which stay fresh."""
+    new to it, which stay fresh. Where that layer has a skip connection (``tebd_dim`` equal
+    to the number of types or twice it) the skip adds the type's own one-hot vector, which
+    moves with the index: as DeePMD-kit's ``change_type_map`` does, each row keeps its
+    output by taking the old skip in and the new one out (exact: the layer is linear)."""
     rows = f"{prefix}type_embedding.net.layers.0.weight"
+    first = embedding.net.layers[0]
+    if first.activation != "linear" or first.idt is not None:
+        raise ValueError(f"{rows}: only a linear type embedding without timestep is mapped")
     for key in [k for k in state if k.startswith(prefix)]:
         if key in (f"{prefix}davg", f"{prefix}dstd") or key not in old_state:
             continue
         if key != rows:
             state[key] = old_state[key].clone()
             continue
+        old, new = old_state[key], state[key]
+        old_skip, new_skip = (_one_hot_skip(*w.shape, w.dtype) for w in (old, new))
         for t, o in enumerate(mapping):
             if o is not None:
-                state[key][t] = old_state[key][o]
+                new[t] = old[o] + old_skip[o] - new_skip[t] if first.resnet else old[o]
 
 
 def _stats(state: dict, old_state: dict, prefix: str, mapping: list, old_sel, new_sel) -> None:
@@ -115,7 +136,7 @@ def map_descriptor(
             map_descriptor(state, old_state, sub, member, old_cfg["list"][k], mapping, n_old)
         return
     if desc.mixed_types:
-        _type_embedding(state, old_state, prefix, mapping)
+        _type_embedding(state, old_state, prefix, mapping, desc.type_embedding)
         _stats(state, old_state, prefix, mapping, None, None)
         return
     for new, old in _net_pairs(desc, mapping, n_old):

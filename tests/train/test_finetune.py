@@ -150,14 +150,19 @@ def test_checkpoint_and_dp_carry_min_nbor_dist(pretrained, tmp_path):
     assert load_dp(dp)["min_nbor_dist"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_type_mixed_descriptor_keeps_its_one_fitting_net(tmp_path):
+@pytest.mark.parametrize("tebd_dim", [3, 2, 4], ids=["no_skip", "skip", "double_skip"])
+def test_type_mixed_descriptor_keeps_its_one_fitting_net(tmp_path, tebd_dim):
     """se_atten: one fitting net for all types (DeePMD-kit's rule), kept whole; the
-    reversed type_map gives the same forces on the same atoms."""
+    reversed type_map gives the same forces on the same atoms, also where the type
+    embedding's first layer adds its one-hot input (tebd_dim 2 or 4 for two types)."""
     from tests.helpers.descriptor_battery import battery_config
 
     inp = make_project(tmp_path / "pre", numb_steps=2)
     config = json.loads(inp.read_text())
-    config["model"]["descriptor"] = battery_config("se_atten")["descriptor"]
+    config["model"]["descriptor"] = {
+        **battery_config("se_atten")["descriptor"],
+        "tebd_dim": tebd_dim,
+    }
     inp.write_text(json.dumps(config))
     assert train(inp) == 0
     source = inp.parent / "out" / "model.ckpt.pt"
