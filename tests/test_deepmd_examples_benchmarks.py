@@ -131,3 +131,15 @@ def test_inputs_paths_short_run_and_systems(tmp_path):
     assert ex.dp_atomic(data / "data_0") and not ex.dp_atomic(data / "data_1")
     (data / "data_0" / "set.000" / "dipole.npy").write_bytes(b"")
     assert not ex.dp_atomic(data / "data_0")
+
+
+def test_atomic_only_dos_is_skipped_for_dp(tmp_path):
+    s = tmp_path / "atomic_system" / "set.000"
+    s.mkdir(parents=True)
+    for name in ("atom_dos.npy", "atom_ener.npy", "energy.npy"):
+        (s / name).write_bytes(b"")
+    assert ex.needs_global(s.parent)
+    (s / "dos.npy").write_bytes(b"")
+    assert not ex.needs_global(s.parent)  # atom_ener beside energy: not a reason
+    (s / "atom_band.npy").write_bytes(b"")
+    assert ex.needs_global(s.parent)
