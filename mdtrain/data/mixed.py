@@ -202,7 +202,10 @@ class _Headers:
 
 class CompositionStore:
     """The frames of one composition of a mixed-type system, as a store a `System` reads:
-    its rows of each set, its real atoms only, sorted by type in every frame."""
+    its rows of each set, its real atoms only, sorted by type in every frame. Its atoms
+    change from frame to frame in the files: no atomic tensor of ``sel_type`` atoms only."""
+
+    fixed_atoms = False
 
     def __init__(
         self,

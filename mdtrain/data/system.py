@@ -17,12 +17,14 @@ import numpy as np
 
 from mdtrain.data.hdf5 import H5Store
 from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported from here too)
+    ATOMIC_TENSORS,
     EXTRA_LABELS,
     FREE_WIDTH,
     LABELS,
     LAYOUT,
     PARAMS,
     TENSOR_LABELS,
+    scatter_selected,
 )
 from mdtrain.data.npy import NpyStore
 from mdtrain.data.stores import open_store
@@ -68,7 +70,8 @@ class System:
         positions_only: bool = False,
     ):
         """``outputs``: label files of the model's outputs beyond the fixed ones (DOS,
-        properties): name -> (values per frame or per atom, per atom). ``positions_only``:
+        properties): name -> (values per frame or per atom, per atom); an `OutputLabels`'
+        ``sel_type``: atomic tensor files may hold those atoms only. ``positions_only``:
         read and check the coordinates and cells now (what a neighbour search needs), the
         label files when `labels` is first asked (``neighbor-stat`` never asks)."""
         self._store = store
@@ -98,6 +101,11 @@ class System:
         self.natoms = len(own)
         model_types, self.elements = remap_types(self.path, own, self._own_map, self.type_map)
         self.atom_order, self.atype, self._reorder = sort_by_type(model_types)
+        sel = getattr(outputs, "sel_type", None)  # a mixed-type composition: all atoms only
+        self._selected = None if sel is None or not getattr(store, "fixed_atoms", True) else (
+            np.isin(np.asarray(model_types), sel))  # fmt: skip
+        self._nsel = -1 if self._selected is None else int(self._selected.sum())
+        self._sel_layout: set[tuple[str, str]] = set()  # (set, array) of those atoms only
         self.periodic = not store.nopbc()
         self._widths: dict[str, int] = {}
         self._reshaped: set[tuple[str, str]] = set()  # (set, array) read as (nframes, -1)
@@ -151,9 +159,15 @@ class System:
         if name in FREE_WIDTH:  # checked against the model (or the loss) by their users
             return self._free_width(name, shape, self._store.where(set_name, name + ".npy"),
                                     per_atom)  # fmt: skip
-        if len(shape) == 0 or math.prod(shape[1:]) != expected:
+        values = math.prod(shape[1:]) if len(shape) else -1
+        nsel = -1 if self._selected is None or name not in ATOMIC_TENSORS else self._nsel
+        if values == width * nsel != expected:
+            self._sel_layout.add((set_name, name))
+        elif values != expected:
             where = self._store.where(set_name, name + ".npy")
             unit = f" ({self.natoms} atoms in type.raw)" if per_atom else ""
+            if nsel >= 0:
+                unit += f" or [nframes, {width * nsel}] (its {nsel} atoms of sel_type)"
             what = f" (the model's {name}: {width} per {'atom' if per_atom else 'frame'})"
             raise MDTrainError(
                 f"{where}: shape {list(shape)} does not match [nframes, {expected}]{unit}"
@@ -235,8 +249,11 @@ class System:
         return label in self.labels
 
     def _read(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
-        """Rows of one array as float64 (n, values per frame)."""
-        return np.asarray(self.stored_rows(set_info, name, rows), dtype=np.float64)
+        """Rows of one array as float64 (n, values per frame), all atoms."""
+        data = np.asarray(self.stored_rows(set_info, name, rows), dtype=np.float64)
+        if (set_info.name, name) in self._sel_layout:
+            return scatter_selected(data, self._selected, self._layout[name][0])
+        return data
 
     def stored_rows(self, set_info: SetInfo, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, unique) of one array of a set as stored, (n, values per
