@@ -13,6 +13,7 @@ import pytest
 from mdtrain.cli import main
 from mdtrain.data import expand_systems, open_all, open_system, open_systems, validate_system
 from mdtrain.data.hdf5 import close_h5
+from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
 from tests.helpers.datagen import mixed_labeled, write_hdf5_system, write_npy_system
 
@@ -311,3 +312,26 @@ def test_type_raw_placeholders_are_not_read_as_elements(tmp_path):
     data["type_map"] = ["Zz", *data["type_map"]]
     path = write_npy_system(tmp_path / "mixed", **data)
     assert [s.nframes for s in open_systems(path, ["O", "H", "X"])] == [1, 1, 1]
+
+
+def test_atomic_tensors_of_a_mixed_system_cover_every_atom_slot(mixed):
+    """A dipole model's sel_type leaves a mixed-type system's atomic tensor files as they
+    are (every atom slot, read for the real atoms); rows for some atoms only are refused,
+    since the selected atoms change from frame to frame."""
+    path, data = mixed
+    model = {"type_map": MODEL_MAP, "fitting_net": {"type": "dipole", "sel_type": [0]}}
+    outputs = output_labels(model)
+    assert outputs.sel_type == (0,)
+    for set_name, n in (("set.000", 4), ("set.001", 4), ("set.002", 1)):
+        values = np.arange(n * 36, dtype=np.float64).reshape(n, 36)
+        np.save(os.path.join(path, set_name, "atomic_dipole.npy"), values)
+    plain = open_systems(path, MODEL_MAP)
+    with_sel = open_systems(path, MODEL_MAP, outputs)
+    for a, b in zip(plain, with_sel, strict=True):
+        frames = range(a.nframes)
+        np.testing.assert_array_equal(
+            a.frames(frames)["atomic_dipole"], b.frames(frames)["atomic_dipole"]
+        )
+    np.save(os.path.join(path, "set.000", "atomic_dipole.npy"), np.ones((4, 15)))
+    with pytest.raises(MDTrainError, match=r"atomic_dipole.npy: shape \[4, 15\] does not match"):
+        open_systems(path, MODEL_MAP, outputs)
