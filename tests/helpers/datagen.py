@@ -14,6 +14,7 @@ applied to positions and cell together, in eV. For a pair potential this is
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 
@@ -239,6 +240,22 @@ def write_npy_system(
         for name, values in arrays.items():
             np.save(os.path.join(path, set_name, name + ".npy"), values[rows])
     return path
+
+
+def shuffled_copy(src, dst, order: np.ndarray) -> None:
+    """The deepmd/npy system ``src`` copied to ``dst`` with its atoms in ``order``: type.raw,
+    coordinates and the per-atom arrays (``atom_*``, ``atomic_*``) of set.000."""
+    shutil.copytree(src, dst)
+    types = np.loadtxt(os.path.join(src, "type.raw"), dtype=int)
+    np.savetxt(os.path.join(dst, "type.raw"), types[order], fmt="%d")
+    set_dir = os.path.join(dst, "set.000")
+    for name in os.listdir(set_dir):
+        stem = name.removesuffix(".npy")
+        if stem == "coord" or stem.startswith(("atom_", "atomic_")):
+            values = np.load(os.path.join(set_dir, name))
+            nf = values.shape[0]
+            values = values.reshape(nf, len(types), -1)[:, order].reshape(nf, -1)
+            np.save(os.path.join(set_dir, name), values)
 
 
 def write_hdf5_system(

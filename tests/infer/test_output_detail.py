@@ -6,7 +6,6 @@ file order (a system with its atoms shuffled gives the shuffled rows), and a par
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,23 +14,11 @@ from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.data.labels import output_labels
 from mdtrain.infer.load import load_model
+from tests.helpers.datagen import shuffled_copy
 from tests.helpers.models import evaluate
 from tests.helpers.output_data import make_output_project
 
 SUFFIX = {"dos": ("dos", "ados"), "property": ("property", "aproperty")}
-
-
-def _shuffled_copy(src, dst, order: np.ndarray) -> None:
-    """``src`` with its atoms in ``order`` (type.raw, coordinates and per-atom labels)."""
-    shutil.copytree(src, dst)
-    types = np.loadtxt(src / "type.raw", dtype=int)
-    np.savetxt(dst / "type.raw", types[order], fmt="%d")
-    for path in (dst / "set.000").glob("*.npy"):
-        values = np.load(path)
-        if path.stem == "coord" or path.stem.startswith("atom_"):
-            nf = values.shape[0]
-            values = values.reshape(nf, len(types), -1)[:, order].reshape(nf, -1)
-            np.save(path, values)
 
 
 @pytest.mark.parametrize("kind", ["dos", "property"])
@@ -42,7 +29,7 @@ def test_detail_files_and_parity(tmp_path, monkeypatch, kind):
     assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "m.dp"]) == 0
     natoms = len(np.loadtxt(tmp_path / "data" / "valid" / "type.raw"))
     order = np.random.default_rng(0).permutation(natoms)
-    _shuffled_copy(tmp_path / "data" / "valid", tmp_path / "data" / "shuffled", order)
+    shuffled_copy(tmp_path / "data" / "valid", tmp_path / "data" / "shuffled", order)
     args = ["test", "-m", "m.dp", "-s", "data/valid", "data/shuffled", "-d", "detail.txt"]
     assert main([*args, "--parity", "p.png", "--json", "t.json"]) == 0
     assert (tmp_path / "p.png").stat().st_size > 0

@@ -6,13 +6,12 @@ its atoms shuffled gives the same frame tensors and the atomic ones in its own o
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from mdtrain.cli import main
 from mdtrain.infer.load import load_model
+from tests.helpers.datagen import shuffled_copy
 from tests.helpers.models import evaluate, make_model, save_tiny_checkpoint
 from tests.helpers.training import make_project, make_tensor_project
 
@@ -21,18 +20,6 @@ HEAD = {
     "dipole": "data_x data_y data_z pred_x pred_y pred_z",
     "polar": " ".join(f"{p}_p{a}{b}" for p in ("data", "pred") for a in "xyz" for b in "xyz"),
 }
-
-
-def _shuffled_copy(src, dst, order: np.ndarray) -> None:
-    """``src`` with its atoms in ``order`` (type.raw, coordinates and atomic labels)."""
-    shutil.copytree(src, dst)
-    types = np.loadtxt(src / "type.raw", dtype=int)
-    np.savetxt(dst / "type.raw", types[order], fmt="%d")
-    for path in (dst / "set.000").glob("*.npy"):
-        if path.stem == "coord" or path.stem.startswith("atomic_"):
-            values = np.load(path)
-            nf = values.shape[0]
-            np.save(path, values.reshape(nf, len(types), -1)[:, order].reshape(nf, -1))
 
 
 def _in_file_order(model, system) -> list[dict]:
@@ -55,7 +42,7 @@ def test_tensor_detail_files_and_parity(tmp_path, monkeypatch, kind):
     valid = tmp_path / "data" / "valid"
     atype = np.loadtxt(valid / "type.raw", dtype=int)
     order = np.random.default_rng(0).permutation(len(atype))
-    _shuffled_copy(valid, tmp_path / "data" / "shuffled", order)
+    shuffled_copy(valid, tmp_path / "data" / "shuffled", order)
     systems = ["-s", "data/valid", "data/shuffled"]
     assert main(["test", "-m", "m.dp", *systems, "-d", "frame.txt", "--parity", "p.png"]) == 0
     assert main(["test", "-m", "m.dp", *systems, "-d", "atom.txt", "-a"]) == 0

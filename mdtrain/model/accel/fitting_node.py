@@ -144,14 +144,9 @@ class _SplitByType(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: Tensor | None):
-        k, nf, *_ = ctx.shape
-        known = [(idx, g) for idx, g in zip(ctx.groups, grads, strict=True) if g is not None]
-        if not known:
+        if all(g is None for g in grads):
             return None, None
-        out = _scatter_target(known[0][1], ctx.shape, ctx.groups, len(known))
-        for idx, g in known:
-            out.index_copy_(2, idx, g.reshape(k, nf, len(idx), *ctx.shape[3:]))
-        return out, None
+        return _merged(ctx.shape, ctx.groups, grads), None
 
 
 class _MergeByType(torch.autograd.Function):
@@ -163,11 +158,7 @@ class _MergeByType(torch.autograd.Function):
     def forward(ctx, groups: list[Tensor], natoms: int, *parts: Tensor) -> Tensor:
         ctx.groups = groups
         first = parts[0]
-        shape = (*first.shape[:2], natoms, *first.shape[3:])
-        out = _scatter_target(first, shape, groups, len(groups))
-        for idx, part in zip(groups, parts, strict=True):
-            out.index_copy_(2, idx, part)
-        return out
+        return _merged((*first.shape[:2], natoms, *first.shape[3:]), groups, parts)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -175,11 +166,17 @@ class _MergeByType(torch.autograd.Function):
         return None, None, *(grad.index_select(2, idx) for idx in ctx.groups)
 
 
-def _scatter_target(like: Tensor, shape, groups: list[Tensor], written: int) -> Tensor:
-    """The tensor the per-type parts are written into: uninitialised where they cover every
-    atom, zeros where some atoms are in no group or some parts are missing."""
-    covered = written == len(groups) and sum(len(i) for i in groups) == shape[2]
-    return like.new_empty(shape) if covered else like.new_zeros(shape)
+def _merged(shape, groups: list[Tensor], parts: Sequence[Tensor | None]) -> Tensor:
+    """Per-type parts (None: missing) written in atom order into one (K, nf, N, ...) tensor
+    of ``shape``: uninitialised where they cover every atom, zeros where some atoms are in
+    no group or some parts are missing."""
+    known = [(idx, p) for idx, p in zip(groups, parts, strict=True) if p is not None]
+    covered = len(known) == len(groups) and sum(len(i) for i in groups) == shape[2]
+    like = known[0][1]
+    out = like.new_empty(shape) if covered else like.new_zeros(shape)
+    for idx, part in known:
+        out.index_copy_(2, idx, part.reshape(*shape[:2], len(idx), *shape[3:]))
+    return out
 
 
 def _stacked(params: Sequence[Tensor]) -> Tensor:
