@@ -1,19 +1,12 @@
-"""The fitting node's per-type split and merge (``fitting_node._SplitByType``,
-``_MergeByType``, a committee's and one model's) against plain ``index_select`` /
-``zeros().index_copy()``: the same values and gradients, bit for bit, also with an atom type
-absent from the frame and with a type's output unused."""
+"""The committee fitting node's per-type split and merge (``fitting_node._SplitByType``,
+``_MergeByType``) against plain ``index_select`` / ``zeros().index_copy()``: the same values and
+gradients, bit for bit, also with an atom type absent from the frame and with a type's
+output unused."""
 
 import pytest
 import torch
 
-from mdtrain.model.accel.fitting_node import (
-    _MergeByType,
-    _SplitByType,
-    _ValueAndInputGrad,
-    fitting_with_grad,
-)
-from mdtrain.model.accel.layout import layer_layout, layer_params
-from mdtrain.model.fitting import EnergyFitting
+from mdtrain.model.accel.fitting_node import _MergeByType, _SplitByType
 
 
 def _groups(atype: torch.Tensor, ntypes: int) -> list[torch.Tensor]:
@@ -73,43 +66,3 @@ def test_split_and_merge_gradcheck():
         torch.randn(2, 1, len(i), 3, dtype=torch.float64, requires_grad=True) for i in groups
     )
     assert torch.autograd.gradcheck(lambda *p: _MergeByType.apply(groups, 5, *p), parts)
-
-
-def _indexed_fitting(fitting: EnergyFitting, descriptor: torch.Tensor, atype: torch.Tensor):
-    """``fitting_with_grad`` written with index_select / zeros().index_copy() per type."""
-    nf, natoms, dim_in = descriptor.shape
-    out = torch.zeros(nf, natoms, dtype=torch.float64)
-    grad = torch.zeros(nf, natoms, dim_in, dtype=fitting.dtype)
-    for c, net in enumerate(fitting.networks):
-        idx = torch.nonzero(atype == c).view(-1)
-        d_c = descriptor.index_select(1, idx).reshape(-1, dim_in).to(fitting.dtype)
-        layout = layer_layout(net.layers[:-1])
-        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *layer_params(net.layers))
-        out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
-        grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, dim_in))
-    return out, grad
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("atype", [[1, 0, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1]])
-def test_fitting_with_grad_equals_index_copy(dtype, atype):
-    """One model's fitting node (K = 1 of the committee's split and merge) gives the energies,
-    dE/dD, and the gradients of D and of every parameter of the per-type formulation."""
-    atype = torch.tensor(atype)
-    fitting = EnergyFitting(2, 12, [8, 8, 16], resnet_dt=True, dtype=dtype, seed=4)
-    base = torch.randn(2, 6, 12, dtype=dtype)
-    weights = torch.randn(2, 6, 12, dtype=dtype), torch.randn(2, 6, dtype=torch.float64)
-    results = []
-    for fn in (fitting_with_grad, _indexed_fitting):
-        fitting.zero_grad(set_to_none=True)
-        d = base.clone().requires_grad_(True)
-        energy, grad = fn(fitting, d, atype)
-        ((grad * weights[0]).sum() + (energy * weights[1]).sum()).backward()
-        params = [p.grad.clone() if p.grad is not None else None for p in fitting.parameters()]
-        results.append((energy.detach(), grad.detach(), d.grad, params))
-    new, ref = results
-    assert new[0].dtype == torch.float64 and new[1].dtype == dtype
-    for a, b in zip(new[:3], ref[:3], strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(new[3], ref[3], strict=True):
-        assert (a is None and b is None) or torch.equal(a, b)
