@@ -11,8 +11,11 @@ virials are derivatives), e.g. under ``torch.enable_grad()``.
 An exported program is traced with its derivatives: ``make_fx`` records the forward and
 autograd's backward as one graph of ATen operations (``torch.export`` itself refuses
 ``autograd.grad`` inside a forward in torch 2.13), which ``torch.export`` then exports with
-the frame and atom counts free. Before it is written, the program is run on frames of other
-sizes, periodic and not, and compared with the model.
+the frame and atom counts free. The parts whose sizes a fast path reads from values are
+traced in their forms over every slot (`mdtrain.model.export_form`). Before it is written,
+the program is run on frames of other sizes, periodic and not, and compared with the model.
+Models without forces (dipole, polar, DOS, property) are exported the same way, their
+outputs as their forwards give them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.infer.load import FROZEN_METADATA, quiet_jit
 from mdtrain.infer.program import PROGRAM_METADATA
 from mdtrain.model.backend import as_reference
+from mdtrain.model.export_form import export_form
 from mdtrain.model.pair_energy import PairTableEnergy
 from mdtrain.neighbors.layout import layout_of
 
@@ -63,12 +67,6 @@ def export_model(
     model: torch.nn.Module, output: str | os.PathLike, extra: dict | None = None
 ) -> None:
     """Save ``export_program(model)`` with its metadata as ``output`` (``.pt2``)."""
-    kind = getattr(model, "kind", None)
-    if getattr(model, "output", None) is not None or getattr(model, "label", None):
-        raise MDTrainError(
-            f"freeze: a {kind} model is not exported to .pt2 (energy models are); "
-            "freeze it to .pth or .dp"
-        )
     output = _check_directory(output)
     program = export_program(model)
     metadata = _metadata(model, "mdtrain-exported", extra)
@@ -86,7 +84,10 @@ def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
     virials as one ``torch.export`` program, checked (see the module docstring). A model with
     frame/atomic parameters takes them as its last inputs: ``fparam`` (nframes,
     numb_fparam), then ``aparam`` (nframes, natoms, numb_aparam), each only when it has them."""
-    model = ParamsForward(copy.deepcopy(as_reference(model)).cpu().eval())
+    reference = as_reference(model)
+    eager = ParamsForward(copy.deepcopy(reference).cpu().eval())
+    # the parts with a window read from values, over every slot (model/export_form.py)
+    model = ParamsForward(export_form(reference).cpu().eval())
     # sizes apart from each other and from the fixed ones (3, the neighbours, the parameter
     # widths), which tracing would tie to them
     fixed = {3, sum(model.sel), *model.widths}
@@ -107,7 +108,7 @@ def export_program(model: torch.nn.Module) -> torch.export.ExportedProgram:
         raise MDTrainError(f"freeze: the model cannot be exported ({first})") from exc
     run = program.module()
     for nframes, size, periodic in ((1, natoms + 4, True), (3, natoms + 2, False)):
-        _check_program(run, model, example_frames(model, nframes, size, periodic))
+        _check_program(run, eager, example_frames(model, nframes, size, periodic))
     return program
 
 
@@ -128,6 +129,8 @@ class ParamsForward(torch.nn.Module):
         self.mixed_types = bool(getattr(model, "mixed_types", False))
 
     def forward(self, coord, atype, box, nlist, shift, *params: torch.Tensor):
+        if not self.widths:  # (a dipole or polar model takes no parameters)
+            return self.model(coord, atype, box, nlist, shift)
         rest = list(params)
         fparam = rest.pop(0) if self.numb_fparam else None
         aparam = rest.pop(0) if self.numb_aparam else None
@@ -170,7 +173,7 @@ def _check_program(program: Callable, model: torch.nn.Module, inputs: tuple) -> 
     with torch.no_grad():
         got = program(*inputs)
         want = model(*inputs)
-    for key in ("energy", "atom_energy", "force", "virial"):
+    for key in want:
         if not torch.allclose(got[key], want[key], rtol=1e-7, atol=1e-7):
             worst = float((got[key] - want[key]).abs().max())
             raise MDTrainError(
@@ -187,9 +190,23 @@ def _metadata(model: torch.nn.Module, kind: str, extra: dict | None) -> dict:
         "type_map": list(model.type_map),
         "rcut": float(model.rcut),
         "sel": [int(s) for s in model.sel],
+        "mixed_types": bool(getattr(model, "mixed_types", False)),  # the list's layout
         "model_config": model.get_model_config(),
+        "outputs": output_attributes(model),
         **(extra or {}),
     }
+
+
+def output_attributes(model: torch.nn.Module) -> dict:
+    """What a model without forces says of its outputs (`mdtrain.infer.program.ExportedModel`
+    takes them): a dipole or polar model's ``kind``, ``label`` and ``tensor_size``, a DOS or
+    property model's ``kind`` and ``output``, and either's ``atom_keep`` (per type); empty for
+    an energy model."""
+    names = ("kind", "label", "tensor_size", "output")
+    found = {k: getattr(model, k) for k in names if getattr(model, k, None) is not None}
+    if "label" not in found and "output" not in found:
+        return {}
+    return {**found, "atom_keep": [float(v) for v in model.atom_keep]}
 
 
 def _check_directory(output: str | os.PathLike) -> str:

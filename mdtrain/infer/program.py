@@ -1,15 +1,19 @@
 """Exported programs (``.pt2``, written by ``mdtrain freeze -o model.pt2``), read as modules
-with the EnergyModel forward.
+with the eager model's forward.
 
 The file is ``torch.export.save``'s archive of one program, loadable without mdtrain
 (``torch.export.load(path).module()``). Its inputs are those of the EnergyModel, except
 that the cell is always a tensor: ``coord`` (nf, N, 3) float64, ``atype`` (N,) int64,
 ``box`` (nf, 3, 3) float64 (zeros for non-periodic frames, whose ``shift`` is zero),
 ``nlist`` (nf, N, nnei) int64 and ``shift`` (nf, N, nnei, 3) int64 as
-``mdtrain.neighbors.nlist.build_nlist`` makes them; nf and N are free. It returns the dict
-``energy``, ``atom_energy``, ``force``, ``virial``: the derivatives are operations of the
-program's graph (traced from autograd), so it runs without autograd, under ``no_grad`` too.
-Beside it, ``extra/mdtrain.json`` holds the metadata a frozen ``.pth`` file holds.
+``mdtrain.neighbors.nlist.build_nlist`` makes them (a type-mixed model's one list,
+``mixed_types`` in the metadata); nf and N are free. An energy model's program returns the
+dict ``energy``, ``atom_energy``, ``force``, ``virial``: the derivatives are operations of
+the program's graph (traced from autograd), so it runs without autograd, under ``no_grad``
+too. A dipole or polar model's returns ``<label>`` and ``atom_<label>``, a DOS or property
+model's ``<name>`` and ``atom_<name>``, as their eager forwards. Beside it,
+``extra/mdtrain.json`` holds the metadata a frozen ``.pth`` file holds, and for the models
+without forces what `mdtrain test` and the calculator ask of them (``outputs``).
 """
 
 from __future__ import annotations
@@ -40,20 +44,33 @@ def is_exported_program(path: str | os.PathLike) -> bool:
 
 
 class ExportedModel(nn.Module):
-    """An exported program behind the EnergyModel forward (``box`` may be None) and its
-    attributes ``type_map``, ``rcut`` and ``sel``; ``metadata`` is what freeze stored."""
+    """An exported program behind the eager model's forward (``box`` may be None) and its
+    attributes ``type_map``, ``rcut``, ``sel`` and ``mixed_types`` (and a model without
+    forces' ``kind``, ``label`` or ``output``, ``atom_keep``); ``metadata`` is what freeze
+    stored."""
 
-    def __init__(self, program: nn.Module, metadata: dict) -> None:
+    def __init__(
+        self, program: nn.Module, metadata: dict, device: str | torch.device = "cpu"
+    ) -> None:
         super().__init__()
         self.program = program
         self.metadata = metadata
         self.type_map = [str(t) for t in metadata["type_map"]]
         self.rcut = float(metadata["rcut"])
         self.sel = [int(s) for s in metadata["sel"]]
+        self.mixed_types = bool(metadata.get("mixed_types", False))  # the list's layout
         self.backend = "exported"
         config = metadata.get("model_config")
         self.model_config_json = json.dumps(config) if isinstance(config, dict) else ""
         self.params = ParamSpec.of(config) if isinstance(config, dict) else ParamSpec()
+        # a model without forces: its kind and output names (infer/freeze.output_attributes)
+        outputs = metadata.get("outputs") or {}
+        if outputs:
+            keep = torch.tensor(outputs["atom_keep"], dtype=torch.float64, device=device)
+            self.register_buffer("atom_keep", keep)
+            for name in ("kind", "label", "tensor_size", "output"):
+                if name in outputs:
+                    setattr(self, name, outputs[name])
 
     def train(self, mode: bool = True) -> ExportedModel:
         """Only records the mode: an exported program has none (it refuses ``eval()``)."""
@@ -104,7 +121,7 @@ def load_program(path: str, device: str | torch.device = "cpu") -> ExportedModel
     except Exception as exc:  # corrupt archives raise several kinds
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise MDTrainError(f"model {path}: cannot load the exported program ({first})") from None
-    return ExportedModel(module, metadata)
+    return ExportedModel(module, metadata, device)
 
 
 def read_program_metadata(path: str | os.PathLike) -> dict:

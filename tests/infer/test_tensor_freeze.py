@@ -1,8 +1,8 @@
 """Dipole and polar models frozen to ``.pth`` (TorchScript) and ``.dp``: the TorchScript
 module itself, the model ``mdtrain`` rebuilds from either file and ``mdtrain test`` give the
 checkpoint's outputs (float64, to 1e-12; atomic RMSEs over the atoms of ``sel_type``, as
-``dp test -a``); ``.pt2`` is refused in one line; the ASE
-calculator reads the ``.pth``. (Scripting once failed: ``from __future__ import
+``dp test -a``); the ASE calculator reads the ``.pth`` (``.pt2``:
+tests/infer/test_export_registry.py). (Scripting once failed: ``from __future__ import
 annotations`` in model/tensor.py, and a branch on the fitting's class.)"""
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from mdtrain.batching import make_batch
 from mdtrain.cli import main
 from mdtrain.data import open_system
 from mdtrain.data.labels import output_labels
-from mdtrain.errors import MDTrainError
 from mdtrain.infer.calculator import MDTrainCalculator
-from mdtrain.infer.freeze import export_model
 from mdtrain.infer.load import load_model
 from mdtrain.neighbors.layout import layout_of
 from tests.helpers.models import TENSOR_DESCRIPTORS
@@ -57,11 +55,7 @@ def test_tensor_model_freezes_to_pth_and_dp(tmp_path, monkeypatch, kind, descrip
     assert main(["train", str(inp), "-o", "out"]) == 0
     for suffix in ("pth", "dp"):
         assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", f"m.{suffix}"]) == 0
-    assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", "m.pt2"]) == 1
-    assert not (tmp_path / "m.pt2").exists()
     trained = load_model(tmp_path / "out" / "model.ckpt.pt")
-    with pytest.raises(MDTrainError, match=f"^freeze: a {kind} model is not exported to .pt2"):
-        export_model(trained, tmp_path / "m.pt2")
     label = trained.label
     system = open_system(
         str(tmp_path / "data" / "valid"), ["O", "H"], output_labels(trained.get_model_config())

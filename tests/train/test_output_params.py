@@ -1,7 +1,8 @@
 """DOS and property models with frame and atomic parameters (``numb_fparam``, ``numb_aparam``,
 as DeePMD-kit's DOS and property fittings take them): ``mdtrain check`` and ``train`` (the
 parameters' statistics installed), ``freeze`` to ``.dp`` and ``.pth`` (both give the
-checkpoint's outputs, which depend on the parameters; ``.pt2`` is refused in one line), ``mdtrain test`` on both (figures
+checkpoint's outputs, which depend on the parameters; ``.pt2``:
+tests/infer/test_export_registry.py), ``mdtrain test`` on both (figures
 recomputed here from those outputs) and the ASE calculator (parameters from ``atoms.info``
 and ``atoms.arrays``)."""
 
@@ -21,7 +22,6 @@ from mdtrain.data.labels import output_labels
 from mdtrain.data.params import ParamSpec
 from mdtrain.errors import MDTrainError
 from mdtrain.infer.calculator import MDTrainCalculator
-from mdtrain.infer.freeze import export_model
 from mdtrain.infer.load import load_model
 from mdtrain.neighbors.layout import layout_of
 from tests.helpers.output_data import make_output_project
@@ -50,8 +50,6 @@ def test_parameters_train_freeze_test_and_calculate(tmp_path, monkeypatch, kind)
     assert float(trained.fitting.aparam_avg[0]) < -0.5  # about -1
     for suffix in ("dp", "pth"):
         assert main(["freeze", "-c", "out/model.ckpt.pt", "-o", f"m.{suffix}"]) == 0
-    with pytest.raises(MDTrainError, match=f"a {kind} model is not exported to .pt2"):
-        export_model(trained, tmp_path / "m.pt2")
     cfg = trained.get_model_config()
     system = open_system(str(tmp_path / "data" / "valid"), ["O", "H"], output_labels(cfg))
     name = trained.output

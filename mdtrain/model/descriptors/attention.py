@@ -179,10 +179,7 @@ class AttentionStack(nn.ModuleList):
         real = int(mask.sum(dim=1).max()) if mask.shape[0] > 0 else 0
         window = real + 1 if self.smooth else real
         if window >= nnei:  # nothing to leave out
-            inputs = attention_inputs(mask, sw, r_hat, self.smooth, self.dotr, 0)
-            for layer in self:
-                g = layer(g, inputs[0], inputs[1], inputs[2])
-            return g
+            return self.full(g, mask, sw, r_hat)
         window = max(window, 1)
         order = torch.sort((~mask).to(torch.int8), dim=1, stable=True)[1]  # real slots first
         head, tail = order[:, :window], order[:, window:]
@@ -199,6 +196,27 @@ class AttentionStack(nn.ModuleList):
             1, order, torch.arange(nnei, device=order.device).expand_as(order)
         )
         return _rows(torch.cat([active, idle], dim=1), inverse)
+
+    def full(self, g: Tensor, mask: Tensor, sw: Tensor, r_hat: Tensor) -> Tensor:
+        """The layers on every slot of ``g``, the empty ones included."""
+        inputs = attention_inputs(mask, sw, r_hat, self.smooth, self.dotr, 0)
+        for layer in self:
+            g = layer(g, inputs[0], inputs[1], inputs[2])
+        return g
+
+    def for_export(self) -> "FullAttentionStack":
+        """This stack without the window (`mdtrain.model.export_form`)."""
+        return FullAttentionStack(list(self), self.smooth, self.dotr)
+
+
+class FullAttentionStack(AttentionStack):
+    """The layers on every slot, no window: the window's width is read from the mask's
+    values, which a ``torch.export`` program cannot do (its sizes are fixed when traced or
+    symbolic in the inputs' sizes). The same layers and parameter names; the results are
+    `AttentionStack`'s to rounding (tests/infer/test_export_registry.py)."""
+
+    def forward(self, g: Tensor, mask: Tensor, sw: Tensor, r_hat: Tensor) -> Tensor:
+        return self.full(g, mask, sw, r_hat)
 
 
 def _rows(x: Tensor, index: Tensor) -> Tensor:

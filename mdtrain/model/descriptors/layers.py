@@ -80,8 +80,9 @@ class DenseLayer(nn.Module):
         if self.resnet and self.n_out == self.n_in:
             y = y + x
         elif self.resnet and self.n_out == 2 * self.n_in:  # + [x, x], without building it
-            shape = y.shape
-            y = (y.reshape(-1, 2, self.n_in) + x.reshape(-1, 1, self.n_in)).reshape(shape)
+            # (the leading sizes kept, not flattened to -1: torch.export cannot prove the
+            # product of a free atom count back)
+            y = (y.unflatten(-1, [2, self.n_in]) + x.unsqueeze(-2)).flatten(-2)
         return y
 
     def to_deepmd(self) -> dict:

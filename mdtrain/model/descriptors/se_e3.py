@@ -21,6 +21,7 @@ from mdtrain.model.descriptors.se_e2_a import (
     check_embedding_config,
     embedding_kwargs,
 )
+from mdtrain.model.export_form import recast
 from mdtrain.model.network import EmbeddingNet, child_seed, residual_by_cat
 
 SE_E3_DEFAULTS: dict[str, Any] = {
@@ -149,6 +150,10 @@ class DescriptorSeT(AngularRowsDescriptor):
                 out.append(int(((flat[:, lo : lo + n] >= 0).to(place.dtype) * place).max()))
         return out
 
+    def for_export(self) -> "DescriptorSeT":
+        """This descriptor summing every slot (`mdtrain.model.export_form`)."""
+        return recast(self, DescriptorSeTAllSlots)
+
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """Descriptor D (nf, N, neuron[-1]) in the descriptor dtype.
 
@@ -188,6 +193,15 @@ class DescriptorSeT(AngularRowsDescriptor):
         return out.view(nf, natoms, self.neuron_out)
 
 
+class DescriptorSeTAllSlots(DescriptorSeT):
+    """se_e3 whose sums see every slot of each type block (the symmetric half kept): the
+    windows are read from the list's values, which a ``torch.export`` program cannot do.
+    Equal to `DescriptorSeT` to rounding (the slots past the windows add exactly 0)."""
+
+    def block_windows(self, nlist: Tensor) -> list[int]:
+        return [int(n) for n in self.sel]
+
+
 class DescriptorSeTPadded(DescriptorSeT):
     """The plain se_e3 sum over every pair of slots, padding included: the reference the
     windowed, symmetric ``DescriptorSeT.forward`` is tested against."""
@@ -207,3 +221,6 @@ class DescriptorSeTPadded(DescriptorSeT):
             res = torch.bmm(g.reshape(g.shape[0], 1, -1), emb).squeeze(1)
             out = out + res * (1.0 / float(max(self.sel[ti] * self.sel[tj], 1)))  # 0 slots: res 0
         return out.view(nf, natoms, self.neuron_out)
+
+    def for_export(self) -> "DescriptorSeTPadded":
+        return self  # no window to leave out
