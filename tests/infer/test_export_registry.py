@@ -32,7 +32,12 @@ from mdtrain.model import EnergyModel
 from mdtrain.model.combined_build import build_combined_model
 from mdtrain.model.descriptors import DESCRIPTORS
 from tests.helpers.committee import read_model_devi
-from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
+from tests.helpers.datagen import (
+    random_water_like,
+    tensor_labels,
+    water_labeled,
+    write_npy_system,
+)
 from tests.helpers.descriptor_battery import battery_config, case_id, layout_cases
 from tests.helpers.models import (
     INVARIANT_CASES,
@@ -42,6 +47,7 @@ from tests.helpers.models import (
     save_tiny_checkpoint,
     set_random_stats,
 )
+from tests.helpers.output_data import dos_labels
 from tests.helpers.pair_tables import write_table, zbl_table
 
 #: (frames, atoms, periodic) the programs run at: sizes other than the traced ones (2 or 5
@@ -59,15 +65,17 @@ def energy_model(case: tuple[str, dict], **fitting) -> EnergyModel:
 
 
 def combined_model(kind: str, table) -> torch.nn.Module:
-    """DP+ZBL with an se_atten part, or ``linear_ener`` of an se_atten part, an se_e2_a
-    part and a pair table."""
+    """DP+ZBL with an se_atten part, ``linear_ener`` of an se_atten part, an se_e2_a part
+    and a pair table, or the table alone (``pairtab``)."""
     atten = battery_config("se_atten")
+    pairtab = {"type": "pairtab", "tab_file": str(table), "rcut": 3.0, "sel": 40}
+    if kind == "pairtab":
+        return build_combined_model({**pairtab, "type_map": ["O", "H"]}).eval()
     if kind == "zbl":
         cfg = {**atten, "use_srtab": str(table), "sw_rmin": 0.8, "sw_rmax": 1.2}
     else:
         plain = battery_config("se_e2_a")
         plain["descriptor"].update(rcut=2.5, sel=[6, 12], seed=5)
-        pairtab = {"type": "pairtab", "tab_file": str(table), "rcut": 3.0, "sel": 40}
         cfg = {"type": "linear_ener", "type_map": ["O", "H"],
                "models": [atten, plain, pairtab], "weights": [0.5, -2.0, 0.25]}  # fmt: skip
     model = build_combined_model(cfg)
@@ -110,6 +118,22 @@ def assert_calculators_agree(program, model) -> None:
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+def assert_test_figures_agree(model, program: str, labels, tmp_path) -> None:
+    """``mdtrain test`` on ``program`` gives the figures of ``model``'s checkpoint, on a
+    system with ``labels(coords, types)``."""
+    coords, types, boxes = random_water_like(2, 4, 6.0, seed=2)
+    extra = labels(coords, types)
+    system = write_npy_system(tmp_path / "sys", coords, types, ["O", "H"], boxes, extra=extra)
+    figures = []
+    for path in (save_tiny_checkpoint(tmp_path / "m.pt", model), program):
+        out = tmp_path / "res.json"
+        assert main(["test", "-m", path, "-s", system, "--json", str(out)]) == 0
+        figures.append(json.loads(out.read_text())["total"])
+    assert len(figures[0]) > 2 and figures[1].keys() == figures[0].keys()
+    for key, value in figures[0].items():
+        assert figures[1][key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+
+
 def exported(model, path) -> ExportedModel:
     export_model(model, path)
     return load_model(path)
@@ -146,6 +170,8 @@ def test_tensor_models(kind, descriptor, tmp_path):
     torch.testing.assert_close(program.atom_keep, model.atom_keep, rtol=0, atol=0)
     assert_program_equals_model(program, model)
     assert_calculators_agree(program, model)
+    if descriptor == "se_atten":  # (loading a program takes seconds: one descriptor)
+        assert_test_figures_agree(model, str(tmp_path / "m.pt2"), tensor_labels, tmp_path)
 
 
 @pytest.mark.slow
@@ -156,10 +182,13 @@ def test_dos_and_property_models(case, tmp_path):
     assert (program.kind, program.output) == (model.kind, model.output)
     assert_program_equals_model(program, model)
     assert_calculators_agree(program, model)
+    if case == "dos":  # (loading a program takes seconds: one case)
+        labels = lambda c, t: dos_labels(c, t, 6.0, model.width)  # noqa: E731
+        assert_test_figures_agree(model, str(tmp_path / "m.pt2"), labels, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["zbl", "linear_ener"])
+@pytest.mark.parametrize("kind", ["zbl", "linear_ener", "pairtab"])
 def test_combined_models_with_a_type_mixed_part(kind, tmp_path):
     table = write_table(tmp_path / "t.txt", zbl_table(["O", "H"], 0.2, 4.0, 0.02, zero_from=3.6))
     model = combined_model(kind, table)
