@@ -143,7 +143,10 @@ def test_program_metadata(exported, program):
     assert meta["model_config"] == tiny_model().get_model_config()
 
 
+@pytest.mark.slow
 def test_calculator_test_and_model_devi_take_a_program(exported, tmp_path):
+    """(Slow: ``mdtrain test`` and ``model-devi`` each load the program, seconds; the default
+    run has their type-mixed cases in tests/infer/test_export_registry.py.)"""
     ckpt, path = exported
     coords, types, boxes = random_water_like(2, 8, 6.4, seed=7, triclinic=True)
     symbols = ["OH"[t] for t in types]
