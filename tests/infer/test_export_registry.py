@@ -1,8 +1,8 @@
 """``mdtrain freeze -o model.pt2`` over the descriptor registry and the model kinds: every
 registered descriptor (and the hybrids with type-mixed members), the dipole and polar models
 of the descriptors with a rotation matrix, DOS and property models, the combined models
-(DP+ZBL, ``linear_ener`` with a table, each with a type-mixed part) and frame/atomic
-parameters. One export each, run at two atom and frame counts other than the traced ones
+(DP+ZBL and ``linear_ener`` with a table, each with a type-mixed part, and a table alone)
+and frame/atomic parameters. One export each, run at two atom and frame counts other than the traced ones
 (periodic and not): every output equals the eager model's to 1e-12 in float64, forces and
 virials included. The type-mixed descriptors' fast paths read sizes from values (se_atten's
 attention window, se_e3's block windows); the program runs their forms over every slot
