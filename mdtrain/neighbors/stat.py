@@ -39,7 +39,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.nlist import NeighborSearch
 from mdtrain.neighbors.stat_count import ChunkStat, count_chunk, count_window
 from mdtrain.neighbors.stat_result import NeighborStat, SystemNeighborStat
-from mdtrain.neighbors.window import search_chunks
+from mdtrain.neighbors.window import search_chunks, search_window
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
@@ -236,13 +236,17 @@ def compute_neighbor_stat(
 
 
 def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None, visit_frames=None):
-    """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
+    """Read, count and merge every chunk of frames; yields once per frame (for progress).
+    Without a visitor, the small cells' pairs are counted, not listed (`search_window`)."""
     index = {id(total): k for k, total in enumerate(totals)}
     sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
     vectors = visit is not None or visit_frames is not None
-    for window, pairs in search_chunks(_read_chunks(totals), single, multi, vectors, *sizes):
+    windows = search_chunks(_read_chunks(totals), single, multi, vectors, *sizes, not vectors)
+    for window, search, pairs in windows:
         found = count_window([c[0].atype for c in window], [c[1] for c in window], pairs, ntypes)
         if found is None:  # frame by frame, chunk by chunk: the first problem is reported
+            if pairs.counted:  # which needs every frame's pairs listed
+                pairs = search_window(search, [c[-2:] for c in window], vectors)
             found = []
             for (total, rows, coords, boxes), searched in zip(window, pairs.per_frame()):
                 seen = _frame_visitor(index[id(total)], visit, visit_frames)

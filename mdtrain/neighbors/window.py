@@ -10,17 +10,20 @@ operations over a single small frame costs about what the library does.
 
 The result keeps the pairs as the searches give them, one part per search (a part's pairs
 lie frame after frame), so that whoever only counts them needs no reordering; `frame_order`
-and `per_frame` put them frame after frame when a visitor needs each frame's pairs.
+and `per_frame` put them frame after frame when a visitor needs each frame's pairs. Asked to
+``count`` (the neighbour statistics without a visitor), the small cells' pairs are counted,
+not listed (`image_count.pair_counts`: each pair with its number of images within rcut).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mdtrain.neighbors import images
+from mdtrain.neighbors.image_count import pair_counts
 from mdtrain.neighbors.nlist import NeighborSearch
 
 
@@ -37,19 +40,37 @@ class Part:
 
 
 @dataclass
+class Counted:
+    """Pairs of small cells counted, not listed (`image_count.pair_counts`): ``frame``
+    (window frame of each pair, non-decreasing), ``i``, ``j``, ``times`` (its images within
+    rcut); ``frames`` the window frames counted, ``lowest`` their shortest distances."""
+
+    frame: np.ndarray
+    i: np.ndarray
+    j: np.ndarray
+    times: np.ndarray
+    frames: np.ndarray
+    lowest: np.ndarray
+
+
+@dataclass
 class WindowPairs:
     """The half-list pairs of the frames of several batches. Frame ``f`` of batch ``b`` is
     window frame ``starts[b] + f``; ``sizes`` counts each frame's pairs; ``failed`` holds the
     frames without pairs to give: None for one not searched (coordinates or cell not finite,
-    a cell without volume: the caller reports it), or the library's ValueError."""
+    a cell without volume: the caller reports it), or the library's ValueError. The frames
+    of ``counted`` have their pairs counted only (`frame_order` and `per_frame` refuse)."""
 
     starts: np.ndarray  # (batches + 1,)
     sizes: np.ndarray  # (frames,) int64
     parts: list[Part]
     failed: dict[int, ValueError | None]
+    counted: list[Counted] = field(default_factory=list)
 
     def frame_order(self) -> Part:
         """All pairs as one part, frame after frame (each frame's pairs in search order)."""
+        if self.counted:
+            raise ValueError("the pairs of counted frames are not listed: search listing them")
         if len(self.parts) == 1:
             return self.parts[0]
         joined = [np.concatenate([getattr(p, name) for p in self.parts]) for name in
@@ -83,10 +104,11 @@ def search_window(
     search: NeighborSearch,
     batches: list[tuple[np.ndarray, np.ndarray | None]],
     vectors: bool = False,
+    count: bool = False,
 ) -> WindowPairs:
     """Half-list pairs of the frames of ``batches`` ``(coords (F, N, 3), boxes (F, 3, 3) or
     None)``, each searched as the module's docstring says (``search.small_cells`` False:
-    every frame by the library)."""
+    every frame by the library; ``count``: the small cells' pairs counted, not listed)."""
     lengths = [len(coords) for coords, _ in batches]
     starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     nframes = int(starts[-1])
@@ -103,7 +125,7 @@ def search_window(
         usable[rows], counts[rows], checked[rows] = found[1], found[2], True
     batch_of = np.repeat(np.arange(len(batches)), lengths)
     natoms = np.array([coords.shape[1] for coords, _ in batches], dtype=np.int64)[batch_of]
-    parts, failed = [], {}
+    parts, failed, counted = [], {}, []
     where = np.flatnonzero(small)
     if len(where):  # frames of one atom count and cell size together
         keys = np.column_stack((natoms[where], counts[where]))
@@ -116,10 +138,14 @@ def search_window(
             if size not in stacked:
                 stacked[size] = _stacked(batches, in_cell & (natoms == size), size)
             all_coords, all_boxes, row = stacked[size]
+            coords, boxes = all_coords[row[members]], all_boxes[row[members]]
+            if count and not vectors:
+                frame, i, j, times, lowest = pair_counts(coords, boxes, search.rcut)
+                counted.append(Counted(members[frame], i, j, times, members, lowest))
+                continue
             frame, i, j, _, dist, vec = images.image_pairs(
-                all_coords[row[members]], all_boxes[row[members]], search.rcut, shifts=False,
-                vectors=vectors,
-            )  # fmt: skip
+                coords, boxes, search.rcut, shifts=False, vectors=vectors
+            )
             parts.append(Part(members[frame], i, j, dist, vec))
     library: list[tuple] = []
     for g in np.flatnonzero(~small).tolist():
@@ -142,10 +168,12 @@ def search_window(
     sizes = np.zeros(nframes, dtype=np.int64)
     for part in parts:
         sizes += np.bincount(part.frame, minlength=nframes)
+    for c in counted:
+        sizes += np.bincount(c.frame, c.times, minlength=nframes).astype(np.int64)
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         parts.append(Part(empty, empty, empty, np.zeros(0), np.zeros((0, 3)) if vectors else None))
-    return WindowPairs(starts, sizes, parts, failed)
+    return WindowPairs(starts, sizes, parts, failed, counted)
 
 
 def _stacked(batches: list[tuple], inside: np.ndarray, size: int) -> tuple:
@@ -164,29 +192,31 @@ def search_chunks(
     vectors: bool,
     atoms_per_window: int = 1 << 16,
     threaded_min_atoms: int = 128,
-) -> Iterator[tuple[list[tuple], WindowPairs]]:
-    """``(chunks, pairs)`` for windows of chunks of frames ``(..., coords (F, N, 3), boxes or
-    None)``, ``pairs`` their `search_window`. Chunks of frames of fewer than
-    ``threaded_min_atoms`` atoms are searched together by ``single``, a window of about
-    ``atoms_per_window`` atoms at a time (so that the small cells of many systems share
-    their vectorised passes); larger ones alone, by ``multi`` (threads)."""
+    count: bool = False,
+) -> Iterator[tuple[list[tuple], NeighborSearch, WindowPairs]]:
+    """``(chunks, search, pairs)`` for windows of chunks of frames ``(..., coords (F, N, 3),
+    boxes or None)``, ``pairs`` their `search_window` by ``search`` (``count``: see there).
+    Chunks of frames of fewer than ``threaded_min_atoms`` atoms are searched together by
+    ``single``, a window of about ``atoms_per_window`` atoms at a time (so that the small
+    cells of many systems share their vectorised passes); larger ones alone, by ``multi``
+    (threads)."""
     window: list[tuple] = []
     atoms = 0
     for chunk in chunks:
         coords = chunk[-2]
         if coords.shape[1] >= threaded_min_atoms:
-            yield from _searched(window, single, vectors)
-            yield from _searched([chunk], multi, vectors)
+            yield from _searched(window, single, vectors, count)
+            yield from _searched([chunk], multi, vectors, count)
             window, atoms = [], 0
             continue
         if window and atoms + coords.shape[0] * coords.shape[1] > atoms_per_window:
-            yield from _searched(window, single, vectors)
+            yield from _searched(window, single, vectors, count)
             window, atoms = [], 0
         window.append(chunk)
         atoms += coords.shape[0] * coords.shape[1]
-    yield from _searched(window, single, vectors)
+    yield from _searched(window, single, vectors, count)
 
 
-def _searched(window: list[tuple], search: NeighborSearch, vectors: bool):
+def _searched(window: list[tuple], search: NeighborSearch, vectors: bool, count: bool):
     if window:
-        yield window, search_window(search, [c[-2:] for c in window], vectors)
+        yield window, search, search_window(search, [c[-2:] for c in window], vectors, count)
