@@ -29,6 +29,7 @@ from mdtrain.neighbors.images import (
 )
 
 _CANDIDATES_PER_PASS = 1 << 18  # (frame, pair, image) candidates evaluated together
+_FAR = 1e300  # Å²: the squared length given to the candidates left out
 
 
 def pair_counts(
@@ -65,18 +66,19 @@ def _count_pass(coords, boxes, size: np.ndarray, rcut: float) -> tuple:
     found = candidates(coords, boxes, size, rcut)
     base, step = found.base, found.step
     nimages = step.shape[1]
-    # |base + step|² = s² + 2 s·b + b²: one product of (F, K, 5) and (F, 5, P)
-    left = np.empty((nframes, nimages, 5))
+    # |base + step|² = s² + 2 s·b + b²: one product of (F, K, 6) and (F, 6, P), whose last
+    # terms put an atom's pairs with its own images that the half list leaves out far away
+    left = np.empty((nframes, nimages, 6))
     left[:, :, :3] = 2.0 * step
     left[:, :, 3] = 1.0
     left[:, :, 4] = _squares(step.transpose(0, 2, 1))
-    right = np.empty((nframes, 5, npairs))
+    left[:, :, 5] = np.where(found.own, 0.0, _FAR)
+    right = np.zeros((nframes, 6, npairs))
     right[:, :3] = base.transpose(0, 2, 1)
     right[:, 3] = _squares(right[:, :3])
     right[:, 4] = 1.0
+    right[:, 5, diagonal(natoms)] = 1.0
     r2 = np.matmul(left, right)  # (F, K, P)
-    own = diagonal(natoms)
-    r2[:, :, own] = np.where(found.own[:, :, None], r2[:, :, own], np.inf)
     low, high = length_bounds(rcut)
     count_type = np.uint8 if nimages < 256 else np.int64
     times = np.add.reduce(r2 < low, axis=1, dtype=count_type).astype(np.int64).ravel()
