@@ -5,7 +5,8 @@ each type and the shortest distance, not every (pair, image) within rcut.
 Why: for thousands of small cells, listing the pairs (`images.image_pairs`: every image of
 every pair within rcut, its distance computed, then counted) cost most of a
 ``neighbor-stat`` run's search. Here the candidates are the same (`images.candidates`), but
-for each pair only the number of its images within rcut is kept.
+for each pair only the number of its images within rcut is kept, and summed per atom and
+type by one small product per frame.
 
 How: the squared lengths of every candidate come from one matrix product per frame, laid
 out images first (F, K, P), so that counting a pair's images is a sum of whole rows. A
@@ -32,37 +33,40 @@ _CANDIDATES_PER_PASS = 1 << 18  # (frame, pair, image) candidates evaluated toge
 _FAR = 1e300  # Å²: the squared length given to the candidates left out
 
 
-def pair_counts(
-    coords: np.ndarray, boxes: np.ndarray, rcut: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For frames ``coords`` (F, N, 3) in cells ``boxes`` (F, 3, 3) (with volume): the
-    half-list pairs (i <= j) that have an image within ``rcut``, ``(frame, i, j, times)``
-    ordered by frame, ``times`` the number of such images (an atom's own images: each ±n
-    once, as in the half list); and each frame's shortest distance (F,) (inf: no pair)."""
+def neighbor_counts(
+    coords: np.ndarray, boxes: np.ndarray, types: np.ndarray, ntypes: int, rcut: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For frames ``coords`` (F, N, 3) in cells ``boxes`` (F, 3, 3) (with volume) of atoms
+    of ``types`` (F, N) (< ``ntypes``): each atom's number of neighbours of each type within
+    ``rcut``, images included (F, N, ntypes); each frame's number of half-list pairs (F,)
+    (an atom's own images: each ±n once); and each frame's shortest distance (F,) (inf: no
+    pair)."""
     coords = np.ascontiguousarray(coords, dtype=np.float64)
     boxes = np.ascontiguousarray(boxes, dtype=np.float64)
-    lowest = np.full(len(coords), np.inf)
-    groups, mixed = pass_groups(coords, boxes, rcut, _CANDIDATES_PER_PASS)
-    parts = []
-    for chosen, size in groups:
-        frame, i, j, times, low = _count_pass(coords[chosen], boxes[chosen], size, rcut)
-        parts.append((chosen[frame], i, j, times))
-        lowest[chosen] = low
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty, lowest
-    frame, i, j, times = (np.concatenate([p[n] for p in parts]) for n in range(4))
-    if mixed:
-        order = np.argsort(frame, kind="stable")
-        frame, i, j, times = frame[order], i[order], j[order], times[order]
-    return frame, i, j, times, lowest
-
-
-def _count_pass(coords, boxes, size: np.ndarray, rcut: float) -> tuple:
-    """`pair_counts` of a few frames of one cell size; ``frame`` numbers these frames."""
     nframes, natoms = coords.shape[:2]
-    pair_i, pair_j = upper_pairs(natoms)
-    npairs = len(pair_i)
+    counts = np.zeros((nframes, natoms, ntypes), dtype=np.int64)
+    pairs = np.zeros(nframes, dtype=np.int64)
+    lowest = np.full(nframes, np.inf)
+    onehot = (types[:, :, None] == np.arange(ntypes)).astype(np.float64)  # (F, N, T)
+    full, own = _pair_grid(natoms), diagonal(natoms)
+    for chosen, size in pass_groups(coords, boxes, rcut, _CANDIDATES_PER_PASS)[0]:
+        times, lowest[chosen] = _count_pass(coords[chosen], boxes[chosen], size, rcut)
+        pairs[chosen] = times.sum(axis=1)
+        # atom i sees the images of pair (i, j) or (j, i) as neighbours of j's type; those
+        # of the pair (i, i) count twice (each image n and its mirror -n)
+        times = times.astype(np.float64)
+        by_atom = np.take(times, full, axis=1).reshape(len(chosen), natoms, natoms)
+        found = np.matmul(by_atom, onehot[chosen])
+        found += times[:, own, None] * onehot[chosen]
+        counts[chosen] = found.astype(np.int64)
+    return counts, pairs, lowest
+
+
+def _count_pass(coords, boxes, size: np.ndarray, rcut: float) -> tuple[np.ndarray, np.ndarray]:
+    """Of a few frames of one cell size: each pair's number of images within rcut (F, P)
+    (pairs as `images.upper_pairs` orders them) and each frame's shortest distance (F,)."""
+    nframes, natoms = coords.shape[:2]
+    npairs = len(upper_pairs(natoms)[0])
     found = candidates(coords, boxes, size, rcut)
     base, step = found.base, found.step
     nimages = step.shape[1]
@@ -103,9 +107,16 @@ def _count_pass(coords, boxes, size: np.ndarray, rcut: float) -> tuple:
     inside = dist < rcut
     lowest = np.full(nframes, np.inf)
     np.minimum.at(lowest, f[c][inside], dist[inside])
-    listed = np.flatnonzero(times)
-    f, p = np.divmod(listed, npairs)
-    return f, np.take(pair_i, p), np.take(pair_j, p), times[listed], lowest
+    return times.reshape(nframes, npairs), lowest
+
+
+def _pair_grid(natoms: int) -> np.ndarray:
+    """(N * N,): the position among `images.upper_pairs` of the pair (min(i, j), max(i, j))
+    of each (i, j)."""
+    pair_i, pair_j = upper_pairs(natoms)
+    grid = np.zeros((natoms, natoms), dtype=np.int64)
+    grid[pair_i, pair_j] = grid[pair_j, pair_i] = np.arange(len(pair_i))
+    return grid.ravel()
 
 
 def _squares(vectors: np.ndarray) -> np.ndarray:

@@ -260,7 +260,8 @@ def _run(totals: _Totals, ntypes: int, single, multi, visit=None, visit_frames=N
     Without a visitor, the small cells' pairs are counted, not listed (`search_window`)."""
     sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
     vectors = visit is not None or visit_frames is not None
-    windows = search_chunks(_read_chunks(totals), single, multi, vectors, *sizes, not vectors)
+    counting = 0 if vectors else ntypes  # no visitor: small cells counted, not listed
+    windows = search_chunks(_read_chunks(totals), single, multi, vectors, *sizes, counting)
     for window, search, pairs in windows:
         which = [c[0] for c in window]
         found = count_window([totals.atypes[k] for k in which], [c[1] for c in window], pairs,
@@ -269,7 +270,7 @@ def _run(totals: _Totals, ntypes: int, single, multi, visit=None, visit_frames=N
             if pairs.counted:  # which needs every frame's pairs listed
                 pairs = search_window(search, [c[-2:] for c in window], vectors)
             chunks = []
-            for (k, rows, coords, boxes), searched in zip(window, pairs.per_frame()):
+            for (k, rows, _, coords, boxes), searched in zip(window, pairs.per_frame()):
                 seen = _frame_visitor(k, visit, visit_frames)
                 chunks.append(count_chunk(single.rcut, totals.systems[k].path, totals.atypes[k],
                                           ntypes, rows, coords, boxes, seen, searched))  # fmt: skip
@@ -277,7 +278,7 @@ def _run(totals: _Totals, ntypes: int, single, multi, visit=None, visit_frames=N
         elif vectors:
             _visit_window(window, pairs, which, visit, visit_frames)
         totals.merge(which, found)
-        for _, rows, _, _ in window:
+        for _, rows, *_ in window:
             yield from rows
 
 
@@ -304,18 +305,19 @@ def _visit_window(window: list[tuple], pairs, systems: list[int], visit, visit_f
         visit_frames(np.repeat(systems, lengths), frames, pairs.sizes, whole.i, whole.j,
                      whole.vec)  # fmt: skip
     if visit is not None:
-        for (_, rows, _, _), system, searched in zip(window, systems, pairs.per_frame(),
+        for (_, rows, *_), system, searched in zip(window, systems, pairs.per_frame(),
                                                        strict=True):  # fmt: skip
             for frame, (i, j, _, vec) in zip(rows.tolist(), searched, strict=True):
                 visit(system, frame, i, j, vec)
 
 
 def _read_chunks(totals: _Totals):
-    """(system index, frame indices, coords (n, natoms, 3), boxes (n, 3, 3) or None)."""
+    """(system index, frame indices, atom types, coords (n, natoms, 3), boxes (n, 3, 3) or
+    None)."""
     for k, (system, frames) in enumerate(zip(totals.systems, totals.rows, strict=True)):
         for rows in _frame_chunks(frames, int(system.natoms)):
             data = system.frames(rows, labels=())  # positions and cells only
             coords = np.ascontiguousarray(data["coord"], dtype=np.float64)
             boxes = data.get("box") if system.periodic else None
             boxes = None if boxes is None else np.ascontiguousarray(boxes, dtype=np.float64)
-            yield k, rows, coords, boxes
+            yield k, rows, totals.atypes[k], coords, boxes

@@ -84,12 +84,9 @@ def count_window(
         counts += np.bincount(keys, minlength=total * ntypes)
         first = np.flatnonzero(np.diff(part.frame, prepend=-1))  # each frame's first pair
         lowest[part.frame[first]] = np.minimum.reduceat(part.dist, first)
-    for counted in pairs.counted:  # pairs with their number of images within rcut
-        base = atom_start[counted.frame]
-        i, j = base + counted.i, base + counted.j
-        keys = np.concatenate((i * ntypes + atype[j], j * ntypes + atype[i]))
-        times = np.concatenate((counted.times, counted.times))
-        counts += np.bincount(keys, times, minlength=total * ntypes).astype(np.int64)
+    for counted in pairs.counted:  # each atom's neighbours, counted per type
+        atoms = atom_start[counted.frames, None] + np.arange(counted.counts.shape[1])
+        counts.reshape(total, ntypes)[atoms.ravel()] += counted.counts.reshape(-1, ntypes)
         lowest[counted.frames] = counted.lowest
     if (lowest < OVERLAP_DISTANCE).any():
         return None

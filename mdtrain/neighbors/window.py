@@ -10,9 +10,9 @@ operations over a single small frame costs about what the library does.
 
 The result keeps the pairs as the searches give them, one part per search (a part's pairs
 lie frame after frame), so that whoever only counts them needs no reordering; `frame_order`
-and `per_frame` put them frame after frame when a visitor needs each frame's pairs. Asked to
-``count`` (the neighbour statistics without a visitor), the small cells' pairs are counted,
-not listed (`image_count.pair_counts`: each pair with its number of images within rcut).
+and `per_frame` put them frame after frame when a visitor needs each frame's pairs. Given
+the atoms' types (the neighbour statistics without a visitor), the small cells' neighbours
+are counted per atom and type, not listed (`image_count.neighbor_counts`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mdtrain.neighbors import images
-from mdtrain.neighbors.image_count import pair_counts
+from mdtrain.neighbors.image_count import neighbor_counts
 from mdtrain.neighbors.nlist import NeighborSearch
 
 
@@ -41,15 +41,12 @@ class Part:
 
 @dataclass
 class Counted:
-    """Pairs of small cells counted, not listed (`image_count.pair_counts`): ``frame``
-    (window frame of each pair, non-decreasing), ``i``, ``j``, ``times`` (its images within
-    rcut); ``frames`` the window frames counted, ``lowest`` their shortest distances."""
+    """Frames of small cells whose neighbours were counted, not listed
+    (`image_count.neighbor_counts`): the window ``frames`` (F,), each atom's neighbours of
+    each type ``counts`` (F, N, ntypes), and each frame's shortest distance ``lowest``."""
 
-    frame: np.ndarray
-    i: np.ndarray
-    j: np.ndarray
-    times: np.ndarray
     frames: np.ndarray
+    counts: np.ndarray
     lowest: np.ndarray
 
 
@@ -104,11 +101,13 @@ def search_window(
     search: NeighborSearch,
     batches: list[tuple[np.ndarray, np.ndarray | None]],
     vectors: bool = False,
-    count: bool = False,
+    types: list[np.ndarray] | None = None,
+    ntypes: int = 0,
 ) -> WindowPairs:
     """Half-list pairs of the frames of ``batches`` ``(coords (F, N, 3), boxes (F, 3, 3) or
     None)``, each searched as the module's docstring says (``search.small_cells`` False:
-    every frame by the library; ``count``: the small cells' pairs counted, not listed)."""
+    every frame by the library; ``types``, each batch's atom types (N,) below ``ntypes``:
+    the small cells' neighbours counted, not listed)."""
     lengths = [len(coords) for coords, _ in batches]
     starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     nframes = int(starts[-1])
@@ -125,7 +124,7 @@ def search_window(
         usable[rows], counts[rows], checked[rows] = found[1], found[2], True
     batch_of = np.repeat(np.arange(len(batches)), lengths)
     natoms = np.array([coords.shape[1] for coords, _ in batches], dtype=np.int64)[batch_of]
-    parts, failed, counted = [], {}, []
+    parts, failed, counted, sizes_counted = [], {}, [], []
     where = np.flatnonzero(small)
     if len(where):  # frames of one atom count and cell size together
         keys = np.column_stack((natoms[where], counts[where]))
@@ -136,12 +135,14 @@ def search_window(
             members = where[kind == k]
             size = int(kinds[k][0])
             if size not in stacked:
-                stacked[size] = _stacked(batches, in_cell & (natoms == size), size)
-            all_coords, all_boxes, row = stacked[size]
+                stacked[size] = _stacked(batches, in_cell & (natoms == size), size, types)
+            all_coords, all_boxes, all_types, row = stacked[size]
             coords, boxes = all_coords[row[members]], all_boxes[row[members]]
-            if count and not vectors:
-                frame, i, j, times, lowest = pair_counts(coords, boxes, search.rcut)
-                counted.append(Counted(members[frame], i, j, times, members, lowest))
+            if all_types is not None and not vectors:
+                atoms = all_types[row[members]]
+                found = neighbor_counts(coords, boxes, atoms, ntypes, search.rcut)
+                counted.append(Counted(members, found[0], found[2]))
+                sizes_counted.append((members, found[1]))
                 continue
             frame, i, j, _, dist, vec = images.image_pairs(
                 coords, boxes, search.rcut, shifts=False, vectors=vectors
@@ -168,21 +169,27 @@ def search_window(
     sizes = np.zeros(nframes, dtype=np.int64)
     for part in parts:
         sizes += np.bincount(part.frame, minlength=nframes)
-    for c in counted:
-        sizes += np.bincount(c.frame, c.times, minlength=nframes).astype(np.int64)
+    for members, npairs in sizes_counted:
+        sizes[members] += npairs
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         parts.append(Part(empty, empty, empty, np.zeros(0), np.zeros((0, 3)) if vectors else None))
     return WindowPairs(starts, sizes, parts, failed, counted)
 
 
-def _stacked(batches: list[tuple], inside: np.ndarray, size: int) -> tuple:
+def _stacked(batches: list[tuple], inside: np.ndarray, size: int, types) -> tuple:
     """The window frames ``inside`` (the periodic ones of ``size`` atoms) as one array of
-    coordinates and one of cells, and each window frame's row in them (-1: not there)."""
-    chosen = [(c, b) for c, b in batches if b is not None and c.shape[1] == size]
+    coordinates, one of cells and (``types`` given: each batch's) one of atom types, and each
+    window frame's row in them (-1: not there)."""
+    chosen = [b for b, (c, box) in enumerate(batches) if box is not None and c.shape[1] == size]
     row = np.full(len(inside), -1, dtype=np.int64)
     row[inside] = np.arange(int(inside.sum()))
-    return np.concatenate([c for c, _ in chosen]), np.concatenate([b for _, b in chosen]), row
+    coords = np.concatenate([batches[b][0] for b in chosen])
+    boxes = np.concatenate([batches[b][1] for b in chosen])
+    if types is None:
+        return coords, boxes, None, row
+    lengths = [len(batches[b][0]) for b in chosen]
+    return coords, boxes, np.repeat(np.stack([types[b] for b in chosen]), lengths, axis=0), row
 
 
 def search_chunks(
@@ -192,10 +199,11 @@ def search_chunks(
     vectors: bool,
     atoms_per_window: int = 1 << 16,
     threaded_min_atoms: int = 128,
-    count: bool = False,
+    ntypes: int = 0,
 ) -> Iterator[tuple[list[tuple], NeighborSearch, WindowPairs]]:
-    """``(chunks, search, pairs)`` for windows of chunks of frames ``(..., coords (F, N, 3),
-    boxes or None)``, ``pairs`` their `search_window` by ``search`` (``count``: see there).
+    """``(chunks, search, pairs)`` for windows of chunks of frames ``(..., atom types (N,),
+    coords (F, N, 3), boxes or None)``, ``pairs`` their `search_window` by ``search``
+    (``ntypes`` > 0: the small cells' neighbours counted, not listed: see there).
     Chunks of frames of fewer than ``threaded_min_atoms`` atoms are searched together by
     ``single``, a window of about ``atoms_per_window`` atoms at a time (so that the small
     cells of many systems share their vectorised passes); larger ones alone, by ``multi``
@@ -205,18 +213,20 @@ def search_chunks(
     for chunk in chunks:
         coords = chunk[-2]
         if coords.shape[1] >= threaded_min_atoms:
-            yield from _searched(window, single, vectors, count)
-            yield from _searched([chunk], multi, vectors, count)
+            yield from _searched(window, single, vectors, ntypes)
+            yield from _searched([chunk], multi, vectors, ntypes)
             window, atoms = [], 0
             continue
         if window and atoms + coords.shape[0] * coords.shape[1] > atoms_per_window:
-            yield from _searched(window, single, vectors, count)
+            yield from _searched(window, single, vectors, ntypes)
             window, atoms = [], 0
         window.append(chunk)
         atoms += coords.shape[0] * coords.shape[1]
-    yield from _searched(window, single, vectors, count)
+    yield from _searched(window, single, vectors, ntypes)
 
 
-def _searched(window: list[tuple], search: NeighborSearch, vectors: bool, count: bool):
+def _searched(window: list[tuple], search: NeighborSearch, vectors: bool, ntypes: int):
     if window:
-        yield window, search, search_window(search, [c[-2:] for c in window], vectors, count)
+        types = [c[-3] for c in window] if ntypes else None
+        yield window, search, search_window(search, [c[-2:] for c in window], vectors, types,
+                                            ntypes)  # fmt: skip
