@@ -47,7 +47,6 @@ def neighbor_counts(
     counts = np.zeros((nframes, natoms, ntypes), dtype=np.int64)
     pairs = np.zeros(nframes, dtype=np.int64)
     lowest = np.full(nframes, np.inf)
-    onehot = (types[:, :, None] == np.arange(ntypes)).astype(np.float64)  # (F, N, T)
     full, own = _pair_grid(natoms), diagonal(natoms)
     for chosen, size in pass_groups(coords, boxes, rcut, _CANDIDATES_PER_PASS)[0]:
         times, lowest[chosen] = _count_pass(coords[chosen], boxes[chosen], size, rcut)
@@ -55,9 +54,10 @@ def neighbor_counts(
         # atom i sees the images of pair (i, j) or (j, i) as neighbours of j's type; those
         # of the pair (i, i) count twice (each image n and its mirror -n)
         times = times.astype(np.float64)
+        onehot = (types[chosen, :, None] == np.arange(ntypes)).astype(np.float64)  # (F, N, T)
         by_atom = np.take(times, full, axis=1).reshape(len(chosen), natoms, natoms)
-        found = np.matmul(by_atom, onehot[chosen])
-        found += times[:, own, None] * onehot[chosen]
+        found = np.matmul(by_atom, onehot)
+        found += times[:, own, None] * onehot
         counts[chosen] = found.astype(np.int64)
     return counts, pairs, lowest
 
