@@ -203,23 +203,25 @@ def neighbor_stat_result(
     coordinates; not needed for ``sel``). ``report``: log the warnings (one rank does).
     """
     results = []
+    # Python numbers of every system at once (numpy's scalars one by one cost more)
+    lonely, first_lonely = partial.lonely.tolist(), partial.first_lonely.tolist()
+    min_dist, max_counts = partial.min_dist.tolist(), partial.max_counts.tolist()
+    max_total = partial.max_total.tolist()
     for k, system in enumerate(systems):
-        lonely = int(partial.lonely[k])
-        if lonely and report:
+        if lonely[k] and report:
             log.warning(
                 "system %s: some atom has no neighbour within rcut = %g Å (frame %d; %d of "
-                "%d frames)", system.path, rcut, int(partial.first_lonely[k]), lonely,
-                system.nframes,
+                "%d frames)", system.path, rcut, first_lonely[k], lonely[k], system.nframes,
             )  # fmt: skip
         results.append(
             SystemNeighborStat(
                 path=system.path,
                 nframes=int(system.nframes),
                 natoms=int(system.natoms),
-                min_nbor_dist=float(partial.min_dist[k]),
-                max_nbor_size=[int(n) for n in partial.max_counts[k]],
+                min_nbor_dist=min_dist[k],
+                max_nbor_size=max_counts[k],
                 fingerprint=dict(system.fingerprint()) if fingerprints else {},
-                max_nbor_total=int(partial.max_total[k]),
+                max_nbor_total=max_total[k],
             )
         )
     ntypes = partial.max_counts.shape[1]
