@@ -80,8 +80,9 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        paths = expand_systems(entries, base_dir)
-        systems = open_all(paths, type_map, positions_only=True)  # labels are not read
+        listings: dict = {}  # each system folder listed once, when it is found
+        paths = expand_systems(entries, base_dir, listings)
+        systems = open_all(paths, type_map, positions_only=True, listings=listings)
         stat = compute_neighbor_stat(systems, rcut, len(type_map))
         content = write_neighbor_stat(args.output, stat, type_map, sel_ratio)
     finally:

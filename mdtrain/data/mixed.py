@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from mdtrain.data.hdf5 import H5Store
-from mdtrain.data.npy import NpyStore
+from mdtrain.data.npy import Listing, NpyStore
 from mdtrain.data.stores import open_store
 from mdtrain.data.system import MixedTypeFound, SetInfo, System
 from mdtrain.errors import MDTrainError
@@ -38,12 +38,13 @@ def open_systems(
     type_map: list[str] | None = None,
     outputs: dict | None = None,
     positions_only: bool = False,
+    listing: Listing | None = None,
 ) -> list[System]:
     """The systems stored at ``path``: one `System`, or one per composition of a mixed-type
     system (see the module doc); ``outputs``: the label files of the model's outputs
     (`mdtrain.data.labels.output_labels`); ``positions_only``: see `System` (a mixed-type
-    system's compositions are checked whole)."""
-    store = open_store(path, list_sets=not positions_only)
+    system's compositions are checked whole); ``listing``: see `open_store`."""
+    store = open_store(path, not positions_only, listing)
     try:
         return [System(store, type_map, outputs, positions_only)]
     except MixedTypeFound:
@@ -55,9 +56,14 @@ def open_all(
     type_map: list[str] | None = None,
     outputs: dict | None = None,
     positions_only: bool = False,
+    listings: dict[str, Listing] | None = None,
 ) -> list[System]:
-    """`open_systems` of every path, in order, as one list."""
-    return [s for path in paths for s in open_systems(path, type_map, outputs, positions_only)]
+    """`open_systems` of every path, in order, as one list; ``listings``: the folders'
+    entries that `expand_systems` gave (each used once: see `open_store`)."""
+    if not listings:
+        return [s for path in paths for s in open_systems(path, type_map, outputs, positions_only)]
+    return [s for path in paths for s in open_systems(path, type_map, outputs, positions_only,
+                                                      listings.pop(path, None))]  # fmt: skip
 
 
 class MixedSystem:

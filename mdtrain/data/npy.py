@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -123,6 +124,26 @@ MAX_KEPT_BYTES = 64 << 20  # what the stores of a process keep at most, in all
 _kept_total = 0
 
 
+class Listing(NamedTuple):
+    """A system folder's entries, each with whether it is a file, and its ``set.*``
+    folders, sorted."""
+
+    files: dict[str, bool]
+    sets: list[str]
+
+
+def folder_listing(entries: Iterable[os.DirEntry]) -> Listing:
+    """The `Listing` of a folder from its ``os.scandir`` entries (which know their types:
+    no system call per entry)."""
+    files: dict[str, bool] = {}
+    sets = []
+    for entry in entries:
+        if entry.name.startswith("set.") and entry.is_dir():
+            sets.append(entry.name)
+        files[entry.name] = entry.is_file()
+    return Listing(files, sorted(sets))
+
+
 class NpyStore:
     """Read access to one system directory.
 
@@ -134,19 +155,21 @@ class NpyStore:
     ``list_sets`` False a set's folder is listed only when its arrays are asked for
     (`listed_arrays`): a header is read straight away (an absent file costs one failed
     open), cheaper when a few arrays are read (coordinates and cells, for neighbour
-    statistics).
+    statistics). ``listing``: the folder's entries, when whoever found the system has just
+    listed them (`expand_systems`), so that it is not listed again.
     """
 
     kind = "deepmd/npy"
 
-    def __init__(self, path: str, list_sets: bool = True):
+    def __init__(self, path: str, list_sets: bool = True, listing: Listing | None = None):
         self.path = path
         self._list_sets = list_sets
         self._headers: dict[tuple[str, str], NpyHeader] = {}
         self._kept: dict[tuple[str, str], np.ndarray] = {}
         self._kept_bytes = 0
-        self._files: dict[str, bool] | None = None  # the folder's entries: is it a file
-        self._sets: list[str] = []
+        # the folder's entries (is it a file), and its sets
+        self._files: dict[str, bool] | None = None if listing is None else listing.files
+        self._sets: list[str] = [] if listing is None else list(listing.sets)
         self._arrays: dict[str, frozenset[str]] = {}  # each set's entries
 
     def __del__(self) -> None:
@@ -167,13 +190,8 @@ class NpyStore:
     def _listing(self) -> dict[str, bool]:
         """The folder's entries, each with whether it is a file (listed once)."""
         if self._files is None:
-            files: dict[str, bool] = {}
-            sets = []
-            for entry in os.scandir(self.path):
-                if entry.name.startswith("set.") and entry.is_dir():
-                    sets.append(entry.name)
-                files[entry.name] = entry.is_file()
-            self._files, self._sets = files, sorted(sets)
+            with os.scandir(self.path) as entries:
+                self._files, self._sets = folder_listing(entries)
         return self._files
 
     def _text(self, name: str) -> str | None:

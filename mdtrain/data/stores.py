@@ -8,14 +8,19 @@ import os
 
 from mdtrain.data.hdf5 import H5Store, find_h5_systems, is_hdf5, split_h5_path
 from mdtrain.data.lmdb_store import LmdbStore, is_lmdb, single_group
-from mdtrain.data.npy import NpyStore
+from mdtrain.data.npy import Listing, NpyStore
 from mdtrain.errors import MDTrainError
 
 
-def open_store(path: str, list_sets: bool = True) -> NpyStore | H5Store | LmdbStore:
+def open_store(
+    path: str, list_sets: bool = True, listing: Listing | None = None
+) -> NpyStore | H5Store | LmdbStore:
     """The storage of the system at ``path`` (checked to exist; nothing else is read);
-    ``list_sets``: see `NpyStore`."""
+    ``list_sets``: see `NpyStore`; ``listing``: the entries of the folder ``path``, just
+    listed by `expand_systems` (then it is not looked at again)."""
     path = str(path)
+    if listing is not None and "#" not in path and not listing.files.get("data.mdb"):
+        return NpyStore(path, list_sets, listing)
     if is_lmdb(path):
         return LmdbStore(path if "#" in path else single_group(path))
     if "#" in path:

@@ -293,6 +293,8 @@ class System:
             result["coord"] = out["coord"].reshape(n, natoms, 3)[:, order]
         if positions and self.periodic:
             result["box"] = out["box"].reshape(n, 3, 3)
+        if not wanted:  # positions only (neighbour searches): nothing more to sort out
+            return result
         if "energy" in out:
             result["energy"] = out["energy"][:, 0]
         if "force" in out:
@@ -383,12 +385,8 @@ class System:
                     rows = np.arange(start, min(start + step, set_info.nframes))
                     data = self._store.rows(set_info.name, name, rows)
                     digest.update(np.ascontiguousarray(data, dtype="<f8").data)
-        return {
-            "path": self.path,
-            "nframes": self.nframes,
-            "natoms": self.natoms,
-            "sha256": digest.hexdigest(),
-        }
+        return {"path": self.path, "nframes": self.nframes, "natoms": self.natoms,
+                "sha256": digest.hexdigest()}  # fmt: skip
 
 
 def _bounds(index: np.ndarray) -> tuple[int, int]:

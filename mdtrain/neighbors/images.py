@@ -24,10 +24,12 @@ for ``n`` lexicographically positive (its mirror ``-n`` is the same pair).
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
 _MARGIN = 1e-9  # on the image ranges (fractional) and, relative, on the distance pre-filter
+# (`length_bounds`)
 _CANDIDATES_PER_PASS = 1 << 17  # (frame, pair, image) candidates evaluated together
 MAX_CANDIDATES = 1 << 14  # per frame; larger frames go to the library (see `small_cells`)
 MIN_HEIGHT = 1e-3  # Å: flatter cells are left to the library (which reports them)
@@ -62,6 +64,13 @@ def image_counts(heights: np.ndarray, rcut: float) -> np.ndarray:
     return np.floor(2.0 * (rcut / heights + _MARGIN)).astype(np.int64) + 1
 
 
+def length_bounds(rcut: float) -> tuple[float, float]:
+    """Squared lengths, as ``b² + 2 b·s + s²`` gives them, below which a candidate surely lies
+    within ``rcut`` and at or above which it surely does not: rounding moves them by far
+    less than these margins (``_MARGIN`` relative, and absolute)."""
+    return rcut * rcut * (1.0 - _MARGIN) - _MARGIN, rcut * rcut * (1.0 + _MARGIN) + _MARGIN
+
+
 def finite_frame(coord: np.ndarray, box: np.ndarray | None) -> bool:
     """Whether a frame's coordinates (and cell) are all finite numbers."""
     return bool(np.isfinite(coord).all() and (box is None or np.isfinite(box).all()))
@@ -94,6 +103,24 @@ def small_cells(
     return small, ok, counts
 
 
+def pass_groups(coords: np.ndarray, boxes: np.ndarray, rcut: float, per_pass: int):
+    """The frames to search together: ``(rows, images per axis)`` for the frames of one cell
+    size, at most about ``per_pass`` candidates (frame, pair, image) at a time, and whether
+    there are several cell sizes (then the frames come out of order)."""
+    nframes, natoms = coords.shape[:2]
+    counts = image_counts(plane_heights(boxes), rcut)
+    if (counts == counts[:1]).all():  # cells of one size (usual): no grouping to do
+        kinds, kind = counts[:1], np.zeros(nframes, dtype=np.int64)
+    else:  # frames of one cell size together
+        kinds, kind = np.unique(counts, axis=0, return_inverse=True)
+    found = []
+    for index, size in enumerate(kinds):
+        rows = np.flatnonzero(kind.ravel() == index) if len(kinds) > 1 else np.arange(nframes)
+        step = max(1, per_pass // (natoms * natoms * int(np.prod(size))))
+        found.extend((rows[a : a + step], size) for a in range(0, len(rows), step))
+    return found, len(kinds) > 1
+
+
 def image_pairs(
     coords: np.ndarray,
     boxes: np.ndarray,
@@ -109,28 +136,19 @@ def image_pairs(
     """
     coords = np.ascontiguousarray(coords, dtype=np.float64)
     boxes = np.ascontiguousarray(boxes, dtype=np.float64)
-    nframes, natoms = coords.shape[:2]
-    counts = image_counts(plane_heights(boxes), rcut)
-    if (counts == counts[:1]).all():  # cells of one size (usual): no grouping to do
-        kinds, kind = counts[:1], np.zeros(nframes, dtype=np.int64)
-    else:  # frames of one cell size together
-        kinds, kind = np.unique(counts, axis=0, return_inverse=True)
+    groups, mixed = pass_groups(coords, boxes, rcut, _CANDIDATES_PER_PASS)
     parts = []
-    for index, size in enumerate(kinds):
-        rows = np.flatnonzero(kind.ravel() == index) if len(kinds) > 1 else np.arange(nframes)
-        step = max(1, _CANDIDATES_PER_PASS // (natoms * natoms * int(np.prod(size))))
-        for a in range(0, len(rows), step):
-            chosen = rows[a : a + step]
-            part = _pass(coords[chosen], boxes[chosen], size, rcut, shifts or full, vectors)
-            part[0] = chosen[part[0]]
-            parts.append(part)
+    for chosen, size in groups:
+        part = _pass(coords[chosen], boxes[chosen], size, rcut, shifts or full, vectors)
+        part[0] = chosen[part[0]]
+        parts.append(part)
     if len(parts) == 1:
         frame, i, j, shift, dist, vec = parts[0]
     elif parts:
         frame, i, j, dist = (np.concatenate([p[n] for p in parts]) for n in (0, 1, 2, 4))
         shift = np.concatenate([p[3] for p in parts]) if parts[0][3] is not None else None
         vec = np.concatenate([p[5] for p in parts]) if vectors else None
-        if len(kinds) > 1:
+        if mixed:
             order = np.argsort(frame, kind="stable")
             frame, i, j, dist = (a[order] for a in (frame, i, j, dist))
             shift = None if shift is None else shift[order]
@@ -148,12 +166,22 @@ def image_pairs(
     return frame, i, j, (shift if shifts else None), dist, (vec if vectors else None)
 
 
-def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool, vectors: bool) -> list:
-    """Half-list pairs of a few frames: every candidate (frame, pair i <= j, image) at once
-    (``vectors`` False: the vectors are not kept, which the statistics do not need)."""
-    nframes, natoms = coords.shape[:2]
-    pair_i, pair_j = _upper(natoms)
-    npairs = len(pair_i)
+class Candidates(NamedTuple):
+    """Every image of every pair i <= j that may lie within rcut, for a few frames of one
+    cell size: pair ``p`` (``upper_pairs``) of frame ``f`` takes ``j``'s images
+    ``first[f, p] + offsets[k]``, whose vectors from ``i`` are ``base[f, p] + step[f, k]``."""
+
+    base: np.ndarray  # (F, P, 3): coord_j - coord_i + first @ box
+    first: np.ndarray  # (F, P, 3) float: each pair's first image, in the original coordinates
+    step: np.ndarray  # (F, K, 3): offsets @ box
+    offsets: np.ndarray  # (K, 3) int
+    own: np.ndarray  # (F, K) bool: the images an atom's pair with itself takes (n > 0)
+
+
+def candidates(coords: np.ndarray, boxes: np.ndarray, size: np.ndarray, rcut: float) -> Candidates:
+    """The candidates of frames ``coords`` (F, N, 3) in cells ``boxes`` of ``size`` images
+    per axis (see the module's docstring)."""
+    pair_i, pair_j = upper_pairs(coords.shape[1])
     inverse = np.linalg.inv(boxes)
     frac = coords @ inverse  # (F, N, 3)
     fold = np.floor(frac)
@@ -167,18 +195,28 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool, vectors: b
     base += first @ boxes  # (F, P, 3): coord_j - coord_i + first @ box
     offsets = np.array(list(itertools.product(*(range(int(k)) for k in size))))
     step = offsets.astype(np.float64) @ boxes  # (F, K, 3)
-    nimages = len(offsets)
-    r2 = np.matmul(base, step.transpose(0, 2, 1))  # |base + step|² = b² + 2 b·s + s²
-    r2 *= 2.0
-    r2 += np.einsum("fpa,fpa->fp", base, base)[:, :, None]
-    r2 += np.einsum("fka,fka->fk", step, step)[:, None, :]
-    near = r2 < rcut * rcut * (1.0 + _MARGIN) + _MARGIN
     # an atom's own images (i = j, d = 0): each ±n pair once (n lexicographically
     # positive), never the atom itself (n = 0)
     own = offsets[None] + np.ceil(-reach)[:, None, :].astype(np.int64)  # (F, K, 3): n
     lead = np.where(own[..., 0] != 0, own[..., 0],
                     np.where(own[..., 1] != 0, own[..., 1], own[..., 2]))  # fmt: skip
-    near[:, _diagonal(natoms)] &= (lead > 0)[:, None, :]
+    return Candidates(base, first, step, offsets, lead > 0)
+
+
+def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool, vectors: bool) -> list:
+    """Half-list pairs of a few frames: every candidate (frame, pair i <= j, image) at once
+    (``vectors`` False: the vectors are not kept, which the statistics do not need)."""
+    natoms = coords.shape[1]
+    pair_i, pair_j = upper_pairs(natoms)
+    npairs = len(pair_i)
+    base, first, step, offsets, own = candidates(coords, boxes, size, rcut)
+    nimages = len(offsets)
+    r2 = np.matmul(base, step.transpose(0, 2, 1))  # |base + step|² = b² + 2 b·s + s²
+    r2 *= 2.0
+    r2 += np.einsum("fpa,fpa->fp", base, base)[:, :, None]
+    r2 += np.einsum("fka,fka->fk", step, step)[:, None, :]
+    near = r2 < length_bounds(rcut)[1]
+    near[:, diagonal(natoms)] &= own[:, None, :]
     flat = np.flatnonzero(near)
     fp = flat // nimages
     k = flat - fp * nimages
@@ -204,7 +242,7 @@ def _pass(coords, boxes, size: np.ndarray, rcut: float, shifts: bool, vectors: b
 _UPPER: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _upper(natoms: int) -> tuple[np.ndarray, np.ndarray]:
+def upper_pairs(natoms: int) -> tuple[np.ndarray, np.ndarray]:
     """The pairs i <= j of ``natoms`` atoms: (P,) i and (P,) j."""
     pairs = _UPPER.get(natoms)
     if pairs is None:
@@ -212,6 +250,7 @@ def _upper(natoms: int) -> tuple[np.ndarray, np.ndarray]:
     return pairs
 
 
-def _diagonal(natoms: int) -> np.ndarray:
-    """The positions of the pairs (i, i) among `_upper`'s."""
-    return np.flatnonzero(_upper(natoms)[0] == _upper(natoms)[1])
+def diagonal(natoms: int) -> np.ndarray:
+    """The positions of the pairs (i, i) among `upper_pairs`'."""
+    pair_i, pair_j = upper_pairs(natoms)
+    return np.flatnonzero(pair_i == pair_j)

@@ -37,9 +37,9 @@ import numpy as np
 
 from mdtrain.errors import MDTrainError
 from mdtrain.neighbors.nlist import NeighborSearch
-from mdtrain.neighbors.stat_count import ChunkStat, count_chunk, count_window
+from mdtrain.neighbors.stat_count import WindowStat, count_chunk, count_window
 from mdtrain.neighbors.stat_result import NeighborStat, SystemNeighborStat
-from mdtrain.neighbors.window import search_chunks
+from mdtrain.neighbors.window import search_chunks, search_window
 from mdtrain.progress import progress as progress_bar
 
 log = logging.getLogger("mdtrain.neighbors")
@@ -55,6 +55,8 @@ _THREADED_MIN_ATOMS = 128  # smaller frames are searched faster by a single thre
 
 def _frame_chunks(rows: range, natoms: int) -> list[np.ndarray]:
     step = max(1, min(_MAX_FRAMES_PER_READ, _ATOMS_PER_READ // max(natoms, 1)))
+    if 0 < len(rows) <= step:  # one chunk (small systems)
+        return [np.arange(rows.start, rows.stop)]
     return [np.arange(a, min(a + step, rows.stop)) for a in range(rows.start, rows.stop, step)]
 
 
@@ -70,28 +72,58 @@ def default_threads() -> int:
     return max(1, min(cores, 8))
 
 
-class _SystemTotals:
-    """Running statistics of one system over the frames searched, merged chunk by chunk."""
+class _Totals:
+    """Running statistics of every system over its frames ``rows[s]``, merged a window of
+    chunks at a time (arrays over the systems)."""
 
-    def __init__(self, system, ntypes: int, rows: range | None = None) -> None:
-        self.system = system
-        self.rows = range(int(system.nframes)) if rows is None else rows
-        self.atype = np.asarray(system.atype, dtype=np.int64)
-        if len(self.atype) and (self.atype.min() < 0 or self.atype.max() >= ntypes):
+    def __init__(self, systems: Sequence, ntypes: int, rows: Sequence[range] | None) -> None:
+        self.systems = systems
+        self.rows = [range(int(s.nframes)) for s in systems] if rows is None else list(rows)
+        self.atypes = [np.asarray(s.atype, dtype=np.int64) for s in systems]
+        _check_types(systems, self.atypes, ntypes)
+        self.min_dist = np.full(len(systems), math.inf)
+        self.max_counts = np.zeros((len(systems), ntypes), dtype=np.int64)
+        self.max_total = np.zeros(len(systems), dtype=np.int64)
+        self.lonely: dict[int, list[int]] = {}  # system -> frames where some atom is alone
+
+    def merge(self, which: list[int], found: WindowStat) -> None:
+        """Merge the statistics of a window's chunks, chunk ``c`` of system ``which[c]``."""
+        index = np.asarray(which, dtype=np.int64)
+        np.minimum.at(self.min_dist, index, found.min_dist)
+        np.maximum.at(self.max_counts, index, found.max_counts)
+        np.maximum.at(self.max_total, index, found.max_total)
+        for c, frames in found.lonely.items():
+            self.lonely.setdefault(which[c], []).extend(frames)
+
+    def partial(self) -> NeighborPartial:
+        lonely = [self.lonely.get(k, []) for k in range(len(self.systems))]
+        return NeighborPartial(
+            min_dist=self.min_dist,
+            max_counts=self.max_counts,
+            lonely=np.array([len(f) for f in lonely], dtype=np.int64),
+            first_lonely=np.array(
+                [min(f, default=int(s.nframes)) for f, s in zip(lonely, self.systems)],
+                dtype=np.int64,
+            ),
+            searched=np.array([len(r) for r in self.rows], dtype=np.int64),
+            max_total=self.max_total,
+        )
+
+
+def _check_types(systems: Sequence, atypes: list[np.ndarray], ntypes: int) -> None:
+    """Every atom type indexes the type map; else the first system that does not is named."""
+    if not atypes or any(len(a) == 0 for a in atypes):
+        checks = [(s, a) for s, a in zip(systems, atypes, strict=True) if len(a)]
+    else:  # all systems at once; the loop below only finds the culprit
+        every = np.concatenate(atypes)
+        ok = every.min() >= 0 and every.max() < ntypes
+        checks = [] if ok else list(zip(systems, atypes, strict=True))
+    for system, atype in checks:
+        if atype.min() < 0 or atype.max() >= ntypes:
             raise MDTrainError(
-                f"system {system.path}: atom types go up to {int(self.atype.max())} but "
+                f"system {system.path}: atom types go up to {int(atype.max())} but "
                 f"the type_map has {ntypes} types"
             )
-        self.min_dist = math.inf
-        self.max_counts = np.zeros(ntypes, dtype=np.int64)
-        self.max_total = 0
-        self.lonely: list[int] = []
-
-    def merge(self, chunk: ChunkStat) -> None:
-        self.min_dist = min(self.min_dist, chunk.min_dist)
-        self.max_total = max(self.max_total, chunk.max_total)
-        np.maximum(self.max_counts, chunk.max_counts, out=self.max_counts)
-        self.lonely.extend(chunk.lonely)
 
 
 @dataclass
@@ -148,26 +180,14 @@ def neighbor_stat_partial(
     if rows is not None and len(rows) != len(systems):
         raise ValueError(f"{len(rows)} frame ranges for {len(systems)} systems")
     rcut = float(rcut)
-    totals = [
-        _SystemTotals(system, ntypes, None if rows is None else rows[k])
-        for k, system in enumerate(systems)
-    ]
-    nframes = sum(len(t.rows) for t in totals)
+    totals = _Totals(systems, ntypes, rows)
+    nframes = sum(len(r) for r in totals.rows)
     threads = default_threads() if threads is None else max(1, int(threads))
     single, multi = NeighborSearch(rcut), NeighborSearch(rcut, threads)
     passes = _run(totals, ntypes, single, multi, visit, visit_frames)
     for _ in progress_bar(passes, nframes, desc, progress):
         pass
-    return NeighborPartial(
-        min_dist=np.array([t.min_dist for t in totals], dtype=np.float64),
-        max_counts=np.array([t.max_counts for t in totals], dtype=np.int64).reshape(-1, ntypes),
-        lonely=np.array([len(t.lonely) for t in totals], dtype=np.int64),
-        first_lonely=np.array(
-            [min(t.lonely, default=int(t.system.nframes)) for t in totals], dtype=np.int64
-        ),
-        searched=np.array([len(t.rows) for t in totals], dtype=np.int64),
-        max_total=np.array([t.max_total for t in totals], dtype=np.int64),
-    )
+    return totals.partial()
 
 
 def neighbor_stat_result(
@@ -183,23 +203,25 @@ def neighbor_stat_result(
     coordinates; not needed for ``sel``). ``report``: log the warnings (one rank does).
     """
     results = []
+    # Python numbers of every system at once (numpy's scalars one by one cost more)
+    lonely, first_lonely = partial.lonely.tolist(), partial.first_lonely.tolist()
+    min_dist, max_counts = partial.min_dist.tolist(), partial.max_counts.tolist()
+    max_total = partial.max_total.tolist()
     for k, system in enumerate(systems):
-        lonely = int(partial.lonely[k])
-        if lonely and report:
+        if lonely[k] and report:
             log.warning(
                 "system %s: some atom has no neighbour within rcut = %g Å (frame %d; %d of "
-                "%d frames)", system.path, rcut, int(partial.first_lonely[k]), lonely,
-                system.nframes,
+                "%d frames)", system.path, rcut, first_lonely[k], lonely[k], system.nframes,
             )  # fmt: skip
         results.append(
             SystemNeighborStat(
                 path=system.path,
                 nframes=int(system.nframes),
                 natoms=int(system.natoms),
-                min_nbor_dist=float(partial.min_dist[k]),
-                max_nbor_size=[int(n) for n in partial.max_counts[k]],
+                min_nbor_dist=min_dist[k],
+                max_nbor_size=max_counts[k],
                 fingerprint=dict(system.fingerprint()) if fingerprints else {},
-                max_nbor_total=int(partial.max_total[k]),
+                max_nbor_total=max_total[k],
             )
         )
     ntypes = partial.max_counts.shape[1]
@@ -235,23 +257,30 @@ def compute_neighbor_stat(
     return neighbor_stat_result(systems, rcut, partial, fingerprints)
 
 
-def _run(totals: list[_SystemTotals], ntypes: int, single, multi, visit=None, visit_frames=None):
-    """Read, count and merge every chunk of frames; yields once per frame (for progress)."""
-    index = {id(total): k for k, total in enumerate(totals)}
+def _run(totals: _Totals, ntypes: int, single, multi, visit=None, visit_frames=None):
+    """Read, count and merge every chunk of frames; yields once per frame (for progress).
+    Without a visitor, the small cells' pairs are counted, not listed (`search_window`)."""
     sizes = (_ATOMS_PER_READ, _THREADED_MIN_ATOMS)
     vectors = visit is not None or visit_frames is not None
-    for window, pairs in search_chunks(_read_chunks(totals), single, multi, vectors, *sizes):
-        found = count_window([c[0].atype for c in window], [c[1] for c in window], pairs, ntypes)
+    counting = 0 if vectors else ntypes  # no visitor: small cells counted, not listed
+    windows = search_chunks(_read_chunks(totals), single, multi, vectors, *sizes, counting)
+    for window, search, pairs in windows:
+        which = [c[0] for c in window]
+        found = count_window([totals.atypes[k] for k in which], [c[1] for c in window], pairs,
+                             ntypes)  # fmt: skip
         if found is None:  # frame by frame, chunk by chunk: the first problem is reported
-            found = []
-            for (total, rows, coords, boxes), searched in zip(window, pairs.per_frame()):
-                seen = _frame_visitor(index[id(total)], visit, visit_frames)
-                found.append(count_chunk(single.rcut, total.system.path, total.atype, ntypes,
-                                         rows, coords, boxes, seen, searched))  # fmt: skip
+            if pairs.counted:  # which needs every frame's pairs listed
+                pairs = search_window(search, [c[-2:] for c in window], vectors)
+            chunks = []
+            for (k, rows, _, coords, boxes), searched in zip(window, pairs.per_frame()):
+                seen = _frame_visitor(k, visit, visit_frames)
+                chunks.append(count_chunk(single.rcut, totals.systems[k].path, totals.atypes[k],
+                                          ntypes, rows, coords, boxes, seen, searched))  # fmt: skip
+            found = WindowStat.of_chunks(chunks, ntypes)
         elif vectors:
-            _visit_window(window, pairs, [index[id(c[0])] for c in window], visit, visit_frames)
-        for (total, rows, _, _), chunk in zip(window, found, strict=True):
-            total.merge(chunk)
+            _visit_window(window, pairs, which, visit, visit_frames)
+        totals.merge(which, found)
+        for _, rows, *_ in window:
             yield from rows
 
 
@@ -278,19 +307,19 @@ def _visit_window(window: list[tuple], pairs, systems: list[int], visit, visit_f
         visit_frames(np.repeat(systems, lengths), frames, pairs.sizes, whole.i, whole.j,
                      whole.vec)  # fmt: skip
     if visit is not None:
-        for (_, rows, _, _), system, searched in zip(window, systems, pairs.per_frame(),
+        for (_, rows, *_), system, searched in zip(window, systems, pairs.per_frame(),
                                                        strict=True):  # fmt: skip
             for frame, (i, j, _, vec) in zip(rows.tolist(), searched, strict=True):
                 visit(system, frame, i, j, vec)
 
 
-def _read_chunks(totals: list[_SystemTotals]):
-    """(system totals, frame indices, coords (n, natoms, 3), boxes (n, 3, 3) or None)."""
-    for total in totals:
-        system = total.system
-        for rows in _frame_chunks(total.rows, int(system.natoms)):
+def _read_chunks(totals: _Totals):
+    """(system index, frame indices, atom types, coords (n, natoms, 3), boxes (n, 3, 3) or
+    None)."""
+    for k, (system, frames) in enumerate(zip(totals.systems, totals.rows, strict=True)):
+        for rows in _frame_chunks(frames, int(system.natoms)):
             data = system.frames(rows, labels=())  # positions and cells only
             coords = np.ascontiguousarray(data["coord"], dtype=np.float64)
             boxes = data.get("box") if system.periodic else None
             boxes = None if boxes is None else np.ascontiguousarray(boxes, dtype=np.float64)
-            yield total, rows, coords, boxes
+            yield k, rows, totals.atypes[k], coords, boxes

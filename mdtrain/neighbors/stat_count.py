@@ -36,10 +36,29 @@ class ChunkStat:
     max_total: int = 0  # neighbours of all types together
 
 
+@dataclass
+class WindowStat:
+    """The statistics of the chunks of a window, as arrays over its chunks."""
+
+    min_dist: np.ndarray  # (chunks,) float64
+    max_counts: np.ndarray  # (chunks, ntypes) int64
+    max_total: np.ndarray  # (chunks,) int64
+    lonely: dict[int, list[int]]  # chunk -> frames where some atom has no neighbour
+
+    @classmethod
+    def of_chunks(cls, chunks: list[ChunkStat], ntypes: int) -> WindowStat:
+        return cls(
+            np.array([c.min_dist for c in chunks], dtype=np.float64),
+            np.array([c.max_counts for c in chunks], dtype=np.int64).reshape(-1, ntypes),
+            np.array([c.max_total for c in chunks], dtype=np.int64),
+            {b: c.lonely for b, c in enumerate(chunks) if c.lonely},
+        )
+
+
 def count_window(
     atypes: list[np.ndarray], rows: list[np.ndarray], pairs: WindowPairs, ntypes: int
-) -> list[ChunkStat] | None:
-    """The `ChunkStat` of each chunk of a window (its atom types ``atypes[b]`` and frame
+) -> WindowStat | None:
+    """The statistics of each chunk of a window (its atom types ``atypes[b]`` and frame
     numbers ``rows[b]``) from its pairs, all frames at once; None when some frame needs
     `count_chunk` (see the module's docstring)."""
     if pairs.failed or not pairs.sizes.all():
@@ -65,6 +84,10 @@ def count_window(
         counts += np.bincount(keys, minlength=total * ntypes)
         first = np.flatnonzero(np.diff(part.frame, prepend=-1))  # each frame's first pair
         lowest[part.frame[first]] = np.minimum.reduceat(part.dist, first)
+    for counted in pairs.counted:  # each atom's neighbours, counted per type
+        atoms = atom_start[counted.frames, None] + np.arange(counted.counts.shape[1])
+        counts.reshape(total, ntypes)[atoms.ravel()] += counted.counts.reshape(-1, ntypes)
+        lowest[counted.frames] = counted.lowest
     if (lowest < OVERLAP_DISTANCE).any():
         return None
     counts = counts.reshape(total, ntypes)
@@ -72,13 +95,13 @@ def count_window(
     lonely = np.logical_or.reduceat(per_atom == 0, atom_start[:-1])  # per frame
     chunk_atoms = atom_start[pairs.starts[:-1]]
     max_counts = np.maximum.reduceat(counts, chunk_atoms, axis=0)
-    max_total = np.maximum.reduceat(per_atom, chunk_atoms).tolist()
-    min_dist = np.minimum.reduceat(lowest, pairs.starts[:-1]).tolist()
-    out = []
-    for b, frames in enumerate(rows):
-        alone = lonely[pairs.starts[b] : pairs.starts[b + 1]]
-        out.append(ChunkStat(min_dist[b], max_counts[b], frames[alone].tolist(), int(max_total[b])))
-    return out
+    max_total = np.maximum.reduceat(per_atom, chunk_atoms)
+    min_dist = np.minimum.reduceat(lowest, pairs.starts[:-1])
+    alone: dict[int, list[int]] = {}
+    for g in np.flatnonzero(lonely).tolist():  # window frame g: chunk b's frame g - starts[b]
+        b = int(np.searchsorted(pairs.starts, g, side="right")) - 1
+        alone.setdefault(b, []).append(int(rows[b][g - pairs.starts[b]]))
+    return WindowStat(min_dist, max_counts, max_total, alone)
 
 
 def min_distance_beyond(rcut: float, coord: np.ndarray, box: np.ndarray | None) -> float:

@@ -364,6 +364,29 @@ def test_directory_expansion_follows_links_once(tmp_path):
     assert expand_systems(str(linked)) == _walk_reference(str(linked))
 
 
+def test_listings_of_the_walk_open_the_same_systems(tmp_path, water_data, monkeypatch):
+    """The folder entries `expand_systems` hands over (``listings``) open each system as
+    listing it afresh does, and the folders are not listed again."""
+    from mdtrain.data import open_all
+
+    for name in ("a", "b/sys1", "b/deep/sys2"):
+        write_npy_system(tmp_path / "root" / name, **water_data)
+    (tmp_path / "root" / "a" / "nopbc").write_text("")
+    listings: dict = {}
+    found = expand_systems("root", str(tmp_path), listings)
+    assert found == expand_systems("root", str(tmp_path)) and sorted(listings) == sorted(found)
+    assert listings[found[0]].sets == ["set.000"] and listings[found[0]].files["nopbc"]
+    fresh = open_all(found, ["O", "H"], positions_only=True)
+    listed = []
+    monkeypatch.setattr(os, "scandir", lambda path: listed.append(path) or os.listdir(path))
+    handed = open_all(found, ["O", "H"], positions_only=True, listings=listings)
+    assert listed == [] and listings == {}  # each listing used once, nothing listed again
+    for a, b in zip(fresh, handed, strict=True):
+        assert (a.path, a.natoms, a.nframes, a.periodic, a.sets) == (
+            b.path, b.natoms, b.nframes, b.periodic, b.sets)  # fmt: skip
+        _same_frames(a.frames(range(a.nframes)), b.frames(range(b.nframes)))
+
+
 def test_hdf5_expansion(tmp_path, water_data):
     h5 = tmp_path / "data.h5"
     for group in ("train/w2", "train/w1", "valid/w3"):
