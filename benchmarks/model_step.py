@@ -189,6 +189,24 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             train_step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        events = prof.events()
+        aten = [e for e in events if e.name.startswith("aten::")]
+        outer = [e for e in aten if not _inside_aten(e)]
+        nodes = [e for e in events if e.name.startswith("autograd::engine::evaluate_function")]
+        print(
+            f"per train step: {len(aten)} aten:: calls ({len(outer)} not inside another), "
+            f"{len(nodes)} autograd nodes evaluated"
+        )
+
+
+def _inside_aten(event) -> bool:
+    """Whether a profiler event runs inside another ``aten::`` call."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 if __name__ == "__main__":

@@ -135,14 +135,13 @@ def _instrument(model) -> None:
     from mdtrain.model.accel import explicit
 
     _wrapped(explicit, "fitting_with_grad", PARTS[3])
-    _wrapped(explicit, "explicit_outputs", PARTS[4])
+    _wrapped(explicit, "forces_and_virial", PARTS[4])
     # the descriptor's explicit form, which the model looked up when it was built
     form = model.form
     model.form = form._replace(
         environment=_timed(form.environment, PARTS[0]),
         contract=_timed(form.contract, "contract"),
         row_gradients=_timed(form.row_gradients, PARTS[4]),
-        pull_back=_timed(form.pull_back, PARTS[4]),
     )
     desc = model.descriptor
     desc.descriptor_of_t = _timed(desc.descriptor_of_t, PARTS[2])

@@ -5,6 +5,7 @@ with an explicit form (se_e2_a, se_e2_r)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from mdtrain.model.backend import as_reference, build_committee, build_model, ch
 from mdtrain.model.committee import Committee
 from mdtrain.model.config import normalize_model_config
 from mdtrain.model.network import EmbeddingNet, FittingNet
+from mdtrain.neighbors.layout import layout_of
 from tests.helpers.models import batch, set_random_stats, small_config
 
 
@@ -68,6 +70,8 @@ def outputs_and_grads(model: EnergyModel, args) -> tuple[dict, list]:
     nodes = graph_nodes(loss)
     for name, signature in SIGNATURE.items():
         assert (signature in nodes) == (model.backend == name), (model.backend, name)
+    # the explicit backends' force node (``accel.force_node``)
+    assert ("_ForcePathBackward" in nodes) == (model.backend in SIGNATURE), model.backend
     loss.backward()
     grads = [
         p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()
@@ -118,6 +122,33 @@ def test_isolated_atom(backend, kind):
     assert result[0]["force"][:, 0].abs().max() == 0
     reference = outputs_and_grads(model_for("reference", {"sel": [20, 40], **TYPES[kind]}), args)
     assert_same(result, reference, rtol=1e-11, atol=1e-12)
+
+
+MISSING = {"one_side": {}, "pairwise": {"type_one_side": False}}
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+@pytest.mark.parametrize("setting", MISSING)
+@pytest.mark.parametrize("kind", TYPES)
+def test_a_type_missing_from_the_frames(backend, setting, kind):
+    descriptor = {"sel": [20, 40], **TYPES[kind], **MISSING[setting]}
+    fast = model_for(backend, descriptor)
+    coord, _, box, _, _ = batch(fast, periodic=True)
+    atype = np.ones(coord.shape[1], dtype=np.int64)  # no atom of type 0 in any frame
+    lists = [
+        layout_of(fast).build(c, b, atype, fast.rcut, fast.sel)
+        for c, b in zip(coord.numpy(), box.numpy(), strict=True)
+    ]
+    args = (
+        coord,
+        torch.tensor(atype),
+        box,
+        torch.tensor(np.stack([x[0] for x in lists])),
+        torch.tensor(np.stack([x[1] for x in lists])),
+    )
+    result = outputs_and_grads(fast, args)
+    reference = model_for("reference", descriptor)
+    assert_same(result, outputs_and_grads(reference, args), 1e-11, 1e-12)
 
 
 @pytest.mark.parametrize("backend", ACCELERATED)

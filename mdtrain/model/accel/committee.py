@@ -8,8 +8,8 @@ the pair vectors, the environment matrix with its derivative coefficients, the n
 (the compiled kernels reuse one block plan for all of them). The members' fitting nets run
 as one node per atom type with batched products (``members_fitting_with_grad``) on their
 parameters kept stacked (``accel.stacked``: each member's parameter a view of one stack), and what
-follows the networks (the pull-back of dE/dR̃ through the environment matrix, the force
-gather, the virial, the energy sums) runs once for all members, as if they were extra frames.
+follows the networks (the force node: the pull-back of dE/dR̃ through the environment matrix,
+the force gather, the virial) runs once for all members, with members as a leading dimension.
 Each member's outputs and gradients are its own; they equal the member's alone up to the
 rounding of batched against single products (~1e-16 relative).
 """
@@ -19,14 +19,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.explicit import ExplicitEnergyModel, explicit_outputs
+from mdtrain.model.accel.explicit import ExplicitEnergyModel
 from mdtrain.model.accel.explicit_descriptor import (
     contract_environment,
     explicit_environment,
-    pull_back_rows,
     row_gradients,
 )
 from mdtrain.model.accel.fitting_node import members_fitting_with_grad
+from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.accel.layout import layer_params
 from mdtrain.model.accel.stacked import StackedParams, own_values, stackable
 from mdtrain.model.committee import Committee
@@ -65,7 +65,7 @@ class ExplicitCommittee(Committee):
         cell = None if box is None else box.detach().to(torch.float64)
         diff = first.pair_vectors(x, cell, nlist, shift)
         env = explicit_environment(first.descriptor, diff, nlist, atype)
-        n, (nf, natoms, nnei) = len(members), nlist.shape
+        n, (nf, natoms) = len(members), nlist.shape[:2]
         contracted = [
             contract_environment(m.descriptor, m.embedding, env, nf, natoms) for m in members
         ]
@@ -87,18 +87,20 @@ class ExplicitCommittee(Committee):
             m.biased(e, g, atype)
             for m, e, g in zip(members, energies.unbind(0), grads.unbind(0), strict=True)
         ]
-        rbar = torch.stack(
-            [
-                row_gradients(m.descriptor, m.embedding, parts[k][1], contracted[k][1], atype)
-                for k, m in enumerate(members)
-            ]
-        )
-        g = pull_back_rows(rbar * env.scale, env.diff, env.coef).to(torch.float64)
-        out = explicit_outputs(
-            torch.stack([p[0] for p in parts]).view(n * nf, natoms),
-            g.view(n * nf, natoms, nnei, 3),
-            diff.repeat(n, 1, 1, 1),
-            nlist.repeat(n, 1, 1),
-        )
-        split = {k: v.view(n, nf, *v.shape[1:]).unbind(0) for k, v in out.items()}
-        return [{k: v[i] for k, v in split.items()} for i in range(n)]
+        pieces = [
+            piece
+            for k, m in enumerate(members)
+            for piece in row_gradients(
+                m.descriptor, m.embedding, parts[k][1], contracted[k][1], atype
+            )
+        ]
+        force, virial = forces_and_virial(env.force, pieces, n)
+        return [
+            {
+                "energy": e.sum(dim=-1),
+                "atom_energy": e,
+                "force": f,
+                "virial": v,
+            }
+            for (e, _), f, v in zip(parts, force.unbind(0), virial.unbind(0), strict=True)
+        ]

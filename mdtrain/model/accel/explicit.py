@@ -22,6 +22,7 @@ from mdtrain.model.accel.explicit_descriptor import (
 )
 from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
 from mdtrain.model.accel.fitting_node import fitting_with_grad
+from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.energy import EnergyModel
 
 # The descriptors with an explicit form, by type name: the ones the accelerated backends run.
@@ -65,7 +66,7 @@ class ExplicitEnergyModel(EnergyModel):
         The derivative is an ordinary first-order function of the parameters: a force loss
         trains without any double backward, and the pair vectors never need a graph. Forces
         gather ``g = dE/dd`` over the pairs (``d = r_j − r_i + shift``): ``F_i = Σ_j g_ij −
-        Σ_(k,j)→i g_kj``; ``virial = −Σ g ⊗ d``.
+        Σ_(k,j)→i g_kj``; ``virial = −Σ g ⊗ d`` (the force node, ``force_node``).
         """
         x = coord.detach().to(torch.float64)
         cell: Tensor | None = None
@@ -81,14 +82,21 @@ class ExplicitEnergyModel(EnergyModel):
         """``_evaluate`` from the pair vectors ``diff`` and their environment (computed by
         ``form.environment`` with statistics equal to this model's)."""
         atom_energy, rbar = self.energy_and_row_grad(env, atype)
-        g = self.form.pull_back(rbar * env.scale, env.diff, env.coef).to(torch.float64)
-        return explicit_outputs(atom_energy, g, diff, nlist)
+        force, virial = forces_and_virial(env.force, rbar)
+        nf, natoms = nlist.shape[0], nlist.shape[1]
+        return {
+            "energy": atom_energy.sum(dim=-1),
+            "atom_energy": atom_energy,
+            "force": force.view(nf, natoms, 3),
+            "virial": virial.view(nf, 3, 3),
+        }
 
-    def energy_and_row_grad(self, env: Environment, atype: Tensor) -> tuple[Tensor, Tensor]:
-        """Atomic energies (nf, N) float64 and dE/dR̃ (nf, N, nnei, 4 for se_e2_a, 1 for
-        se_e2_r): everything this model's own networks compute on an environment (a committee
-        shares the rest)."""
-        nf, natoms = env.diff.shape[0], env.diff.shape[1]
+    def energy_and_row_grad(self, env: Environment, atype: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Atomic energies (nf, N) float64 and dE/dR̃ of each group of rows (B, nnei, 4 for
+        se_e2_a, 1 for se_e2_r): everything this model's own networks compute on an
+        environment (a committee shares the rest)."""
+        plan = env.force.plan
+        nf, natoms = plan.nf, plan.natoms
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
         atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
@@ -105,22 +113,3 @@ class ExplicitEnergyModel(EnergyModel):
             atom_energy = atom_energy * keep
             grad = grad * keep.to(grad.dtype).view(1, -1, 1)
         return atom_energy, grad
-
-
-def explicit_outputs(
-    atom_energy: Tensor, g: Tensor, diff: Tensor, nlist: Tensor
-) -> dict[str, Tensor]:
-    """Energy, forces and virial from atomic energies (nf, N) and ``g = dE/dd`` (nf, N,
-    nnei, 3) over the pairs (``d = r_j − r_i + shift``): ``F_i = Σ_j g_ij − Σ_(k,j)→i g_kj``;
-    ``virial = −Σ g ⊗ d``. A committee passes its members as extra frames."""
-    nf, natoms, nnei = nlist.shape[0], nlist.shape[1], nlist.shape[2]
-    frame = torch.arange(nf, device=nlist.device).view(nf, 1) * natoms
-    target = (nlist.clamp(min=0).view(nf, -1) + frame).view(-1)
-    pulled = torch.zeros(nf * natoms, 3, dtype=torch.float64, device=g.device)
-    pulled = pulled.index_add(0, target, g.reshape(-1, 3))
-    force = g.sum(dim=2) - pulled.view(nf, natoms, 3)
-    virial = -torch.bmm(
-        g.reshape(nf, natoms * nnei, 3).transpose(1, 2), diff.reshape(nf, natoms * nnei, 3)
-    )
-    energy = atom_energy.sum(dim=-1)
-    return {"energy": energy, "atom_energy": atom_energy, "force": force, "virial": virial}

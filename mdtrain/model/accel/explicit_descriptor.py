@@ -3,9 +3,10 @@ dE/dD, as explicit first-order operations instead of a second autograd pass.
 
 The reference (``mdtrain.model.descriptors.se_e2_a``) gives D; forces then need ``autograd.grad`` with
 ``create_graph`` and the force loss a double backward through every net. Here the embedding
-net returns G and dG/ds together, the environment matrix its derivative coefficients, and
-``row_gradients`` with ``pull_back_rows`` chain them by hand, so a force loss trains with one
-first-order backward.
+net returns G and dG/ds together, the environment matrix node (``environment_node``) its
+derivative coefficients, and ``row_gradients`` with the force node (``force_node``, which
+runs ``pull_back_rows``) chain them by hand, so a force loss trains with one first-order
+backward.
 The embedding work goes through an ``EmbeddingOps`` (``TorchEmbedding`` or ``KernelEmbedding``),
 chosen once when the model is built.
 """
@@ -19,7 +20,15 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.embedding_nodes import EmbeddedBlock
-from mdtrain.model.descriptors.se_e2_a import DescriptorSeA, smooth_weight
+from mdtrain.model.accel.environment_node import (
+    PairPlan,
+    RowKind,
+    environment_matrix,
+    pair_plan,
+    slot_widths,
+)
+from mdtrain.model.accel.force_node import ForceInputs
+from mdtrain.model.descriptors.se_e2_a import DescriptorSeA
 from mdtrain.model.network import EmbeddingNet
 
 
@@ -55,61 +64,42 @@ class EmbeddingOps(Protocol):
 class ExplicitCache(NamedTuple):
     """What ``row_gradients`` needs from ``contract_environment``."""
 
-    diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
-    coef: Tensor  # (nf, N, nnei, 3) [h, c0, c1] of ``env_matrix_and_derivative``, 0 if padded
-    scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
+    plan: PairPlan  # the environment's group order
     tmats: list[Tensor]  # per group: T = Σ R̃ᵀG / nnei, (B, 4, M)
     rows: list[Tensor]  # per group: normalised rows (B, nnei, 4)
     blocks: list[EmbeddedBlock]
 
 
-def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
-    """d(smooth_weight)/dr ``= -30u²(1-u)²/(rcut - rcut_smth)``; 0 outside (rcut_smth, rcut)."""
-    width = rcut - rcut_smth
-    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / width
-    v = u * (1.0 - u)
-    return v * v * (-30.0 / width)
-
-
-def switched_distance(
-    desc: DescriptorSeA, diff: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Pair vectors with padded slots moved beyond rcut, r, r + env_protection, the switch
-    w(r) and w'(r) (both 0 where ~mask): what every explicit environment starts from."""
-    far = torch.full_like(diff, 2.0 * desc.rcut)
-    diff = torch.where(mask.unsqueeze(-1), diff, far)
-    r = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
-    rp = r + desc.env_protection
-    keep = mask.unsqueeze(-1).to(diff.dtype)
-    w = smooth_weight(r, desc.rcut_smth, desc.rcut) * keep
-    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut) * keep
-    return diff, r, rp, w, dw
-
-
-def env_matrix_and_derivative(
-    desc: DescriptorSeA, diff: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``desc.env_matrix`` and coefficients ``[h, c0, c1]`` (nf, N, nnei, 3) of its derivative.
-
-    For the row ``[w/rp, d·h]`` (``h = w/rp²``, ``rp = r + env_protection``), a gradient
-    ``q`` w.r.t. the row pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with
-    ``c₀ = (w'/rp − h)/r`` and ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 where ~mask.
-    """
-    diff, r, rp, w, dw = switched_distance(desc, diff, mask)
+def _raw_rows(far: Tensor, r: Tensor, rp: Tensor, w: Tensor, dw: Tensor):
+    """se_e2_a's rows ``[w/rp, d·h]`` and the coefficients ``[h, c0, c1]`` of their
+    derivative (``h = w/rp²``, ``rp = r + env_protection``): a gradient ``q`` w.r.t. the row
+    pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with ``c₀ = (w'/rp − h)/r`` and
+    ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 in padded slots (w = w' = 0 there)."""
     inv = w / rp
     h = inv / rp
-    raw = torch.cat([inv, diff * h], dim=-1)
+    raw = torch.cat([inv, far * h], dim=-1)
     slope = dw / rp
     coef = torch.cat([h, (slope - h) / r, (slope - 2.0 * h) / (rp * r)], dim=-1)
     return raw, coef
 
 
 def pull_back_rows(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """dE/dd (…, 3) from dE/d(raw row) ``qbar`` (…, 4); see ``env_matrix_and_derivative``."""
+    """dE/dd (…, 3) from dE/d(raw row) ``qbar`` (…, 4); see ``_raw_rows``."""
     q_ang = qbar[..., 1:]
     h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
     radial = qbar[..., 0:1] * c0 + (q_ang * diff).sum(dim=-1, keepdim=True) * c1
     return torch.addcmul(diff * radial, h, q_ang)
+
+
+def pull_back_rows_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+    """The transpose of ``pull_back_rows``: a cotangent (…, 4) of q from one (…, 3) of
+    dE/dd."""
+    h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
+    s = (gbar * diff).sum(dim=-1, keepdim=True)
+    return torch.cat([s * c0, torch.addcmul(diff * (s * c1), h, gbar)], dim=-1)
+
+
+SE_E2_A_ROWS = RowKind(_raw_rows, pull_back_rows, pull_back_rows_t)
 
 
 class RowGroup(NamedTuple):
@@ -122,21 +112,19 @@ class RowGroup(NamedTuple):
     mask: Tensor  # (B, nnei) real neighbours
     types: Tensor | None  # (B,) centre types with ``type_one_side``, else None
     centre: int  # -1 with ``type_one_side``, else the centre type
-    index: Tensor | None  # the group's atoms (centre type), None with ``type_one_side``
     widths: list[int]  # per neighbour type: slots up to the last real neighbour of any row
     memo: dict  # the embedding backend's reusable work on these rows (block plans)
 
 
 class Environment(NamedTuple):
-    """Everything the explicit forward computes before any network: the environment matrix,
-    its derivative coefficients and the normalised rows per group. It depends on the frames,
-    the descriptor's settings and its davg/dstd only, so a committee whose members share
-    their statistics computes it once (``mdtrain.model.accel.committee``)."""
+    """Everything the explicit forward computes before any network, in the embedding's group
+    order (``PairPlan``): what the force node needs and the normalised rows per group. It
+    depends on the frames, the descriptor's settings and its davg/dstd only, so a committee
+    whose members share their statistics computes it once
+    (``mdtrain.model.accel.committee``)."""
 
-    diff: Tensor  # (nf, N, nnei, 3) pair vectors (descriptor dtype)
-    coef: Tensor  # (nf, N, nnei, 3) derivative coefficients, 0 if padded
-    scale: Tensor  # (nf, N, nnei, 4) 1/dstd, times 0 for excluded pairs
-    pad: Tensor  # (ntypes, nnei, 4) normalised rows of padded slots, per centre type
+    force: ForceInputs  # row kind, far pair vectors, coefficients, scale (0 if excluded), plan
+    pad: Tensor  # (ntypes, nnei, A) normalised rows of padded slots, per centre type
     groups: list[RowGroup]
 
 
@@ -144,71 +132,37 @@ def explicit_environment(
     desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor
 ) -> Environment:
     """The network-free part of the explicit forward (see `Environment`)."""
-    mask = nlist >= 0
-    diff = diff.to(desc.dtype)
-    raw, coef = env_matrix_and_derivative(desc, diff, mask)
-    rr, scale, pad = normalised_rows(desc, raw, nlist, atype)
-    return grouped_environment(desc, diff, coef, scale.expand_as(rr), pad, rr, mask, atype)
+    return kind_environment(desc, SE_E2_A_ROWS, diff, nlist, atype, None)
 
 
-def normalised_rows(
-    desc: DescriptorSeA, raw: Tensor, nlist: Tensor, atype: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(raw − davg)/dstd`` by centre type, the pull-back scale ``1/dstd`` (both zero for
-    excluded pairs), and the normalised rows of padded slots per centre type."""
-    davg_all, dstd_all = desc.davg.to(desc.dtype), desc.dstd.to(desc.dtype)
-    dstd = dstd_all[atype]
-    rr = (raw - davg_all[atype]) / dstd
-    scale = 1.0 / dstd
-    if desc.has_exclusions:
-        keep = desc.keep_mask(nlist, atype).unsqueeze(-1).to(rr.dtype)
-        rr = rr * keep
-        scale = scale * keep
-    return rr, scale, -davg_all / dstd_all
-
-
-def grouped_environment(
-    desc: DescriptorSeA,
-    diff: Tensor,
-    coef: Tensor,
-    scale: Tensor,
-    pad: Tensor,
-    rows_all: Tensor,
-    mask: Tensor,
-    atype: Tensor,
+def kind_environment(
+    desc, kind: RowKind, diff: Tensor, nlist: Tensor, atype: Tensor, extend: Callable | None
 ) -> Environment:
-    """The environment with its rows (nf, N, nnei, width) in the embedding's groups: one for
-    a one-sided descriptor, else one per centre type."""
-    nf, natoms, width = rows_all.shape[0], rows_all.shape[1], rows_all.shape[-1]
-    groups: list[RowGroup] = []
-    if desc.type_one_side:
-        rows = rows_all.view(nf * natoms, desc.nnei, width)
-        groups.append(row_group(desc, rows, mask.view(-1, desc.nnei), atype.repeat(nf), -1, None))
-    else:
-        for c in range(desc.ntypes):
-            idx = torch.nonzero(atype == c).view(-1)
-            rows = rows_all.index_select(1, idx).reshape(-1, desc.nnei, width)
-            mask_c = mask.index_select(1, idx).reshape(-1, desc.nnei)
-            groups.append(row_group(desc, rows, mask_c, None, c, idx))
-    return Environment(diff, coef, scale, pad, groups)
-
-
-def row_group(
-    desc: DescriptorSeA,
-    rows: Tensor,
-    mask: Tensor,
-    types: Tensor | None,
-    centre: int,
-    index: Tensor | None,
-) -> RowGroup:
-    """The group of ``rows`` (B, nnei, A) with their real-neighbour ``mask`` (B, nnei)."""
-    widths = []
-    for t in range(desc.ntypes):
-        lo, hi = desc.offsets[t], desc.offsets[t + 1]
-        used = torch.nonzero(mask[:, lo:hi].any(dim=0))
-        widths.append(int(used.max()) + 1 if used.numel() > 0 else 0)
+    """The environment of rows of ``kind`` in group order; ``extend`` (or None): the rows the
+    embedding sees, from the normalised ones (``explicit_radial`` appends a column of ones)."""
+    plan, nl = pair_plan(desc.type_one_side, desc.ntypes, diff, nlist, atype)
+    (rows, far, coef, scale), mask = environment_matrix(
+        desc, kind, plan.vectors, nl, plan.types, atype
+    )
+    pad = -desc.davg.to(desc.dtype) / desc.dstd.to(desc.dtype)
+    if extend is not None:
+        rows, pad = extend(rows), extend(pad)
     cols = rows.transpose(1, 2).contiguous()
-    return RowGroup(rows, cols, mask, types, centre, index, widths, {})
+    widths = slot_widths(desc, mask, plan.bounds)
+    one = desc.type_one_side
+    groups = [
+        RowGroup(
+            rows[a:b],
+            cols[a:b],
+            mask[a:b],
+            plan.types if one else None,
+            -1 if one else c,
+            widths[c],
+            {},
+        )  # fmt: skip
+        for c, (a, b) in enumerate(zip(plan.bounds[:-1], plan.bounds[1:], strict=True))
+    ]
+    return Environment(ForceInputs(kind, far, coef, scale, plan), pad, groups)
 
 
 def contract_environment(
@@ -225,21 +179,14 @@ def contract_groups(
     """Descriptor D (nf, N, dim_out) from the contraction T/nnei (B, A, M) of each group of
     ``env`` (``d_of_t``: the descriptor's D of it), plus what the row gradients need."""
     blocks: list[EmbeddedBlock] = []
+    plan = env.force.plan
+    tmats = [_contract(desc, ops, group, env.pad, blocks) for group in env.groups]
+    cache = ExplicitCache(plan, tmats, [group.rows for group in env.groups], blocks)
     if desc.type_one_side:
-        group = env.groups[0]
-        tmat = _contract(desc, ops, group, env.pad, blocks)
-        cache = ExplicitCache(env.diff, env.coef, env.scale, [tmat], [group.rows], blocks)
-        return d_of_t(tmat).view(nf, natoms, desc.dim_out), cache
-    tmats: list[Tensor] = []
-    rows_of: list[Tensor] = []
-    out = torch.zeros(nf, natoms, desc.dim_out, dtype=env.diff.dtype, device=env.diff.device)
-    for group in env.groups:
-        tmat = _contract(desc, ops, group, env.pad, blocks)
-        d = d_of_t(tmat).view(nf, -1, desc.dim_out)
-        out = out.index_copy(1, group.index, d)
-        tmats.append(tmat)
-        rows_of.append(group.rows)
-    return out, ExplicitCache(env.diff, env.coef, env.scale, tmats, rows_of, blocks)
+        return d_of_t(tmats[0]).view(nf, natoms, desc.dim_out), cache
+    d_all = torch.cat([d_of_t(t) for t in tmats])  # (M, dim_out) in group order
+    out = d_all.new_empty(nf * natoms, desc.dim_out).index_copy(0, plan.centre, d_all)
+    return out.view(nf, natoms, desc.dim_out), cache
 
 
 def row_gradients(
@@ -248,10 +195,10 @@ def row_gradients(
     grad: Tensor,
     cache: ExplicitCache,
     atype: Tensor,
-) -> Tensor:
-    """dE/dR̃ (nf, N, nnei, 4) in the descriptor dtype from dE/dD ``grad`` (nf, N, M·axis):
-    the explicit backward before the pull-back through the environment matrix
-    (``pull_back_rows``; a committee pulls every member's back at once).
+) -> list[Tensor]:
+    """dE/dR̃ (B, nnei, 4) of each group of rows in the descriptor dtype from dE/dD ``grad``
+    (nf, N, M·axis): the explicit backward before the force node (``force_node``; a committee
+    runs it for every member at once).
 
     ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
     through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
@@ -267,23 +214,19 @@ def group_row_gradients(
     atype: Tensor,
     tbar_of: Callable,
     width: int,
-) -> Tensor:
-    """dE/dR̃ (nf, N, nnei, ``width``) from dE/dD ``grad`` (nf, N, dim_out), group by group:
+) -> list[Tensor]:
+    """dE/dR̃ (B, nnei, ``width``) of each group from dE/dD ``grad`` (nf, N, dim_out):
     ``tbar_of(desc, T/nnei, dE/dD rows)`` gives each group's dE/dT (B, A, M), the embedding
     backend its rows' gradients (the first ``width`` of the A columns are kept)."""
-    nf, natoms = grad.shape[0], grad.shape[1]
-    grad = grad.to(desc.dtype)
-    if desc.type_one_side:
-        rbar = _row_grad(desc, ops, grad.reshape(nf * natoms, -1), 0, cache, tbar_of, width)
-        rbar = rbar.view(nf, natoms, desc.nnei, width)
-    else:
-        rbar = torch.zeros(nf, natoms, desc.nnei, width, dtype=grad.dtype, device=grad.device)
-        for c in range(desc.ntypes):
-            idx = torch.nonzero(atype == c).view(-1)
-            g_c = grad.index_select(1, idx).reshape(-1, desc.dim_out)
-            rbar_c = _row_grad(desc, ops, g_c, c, cache, tbar_of, width)
-            rbar = rbar.index_copy(1, idx, rbar_c.view(nf, -1, desc.nnei, width))
-    return rbar
+    grad = grad.to(desc.dtype).reshape(-1, desc.dim_out)
+    if desc.type_one_side:  # one group, in atom order
+        return [_row_grad(desc, ops, grad, 0, cache, tbar_of, width)]
+    grad = grad.index_select(0, cache.plan.centre)  # every group's rows, in one gather
+    bounds = cache.plan.bounds
+    return [
+        _row_grad(desc, ops, grad[a:b], c, cache, tbar_of, width)
+        for c, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+    ]
 
 
 def _contract(
@@ -355,17 +298,14 @@ def _row_grad(
 
 
 class ExplicitForm(NamedTuple):
-    """What the explicit model needs of one descriptor: its environment (before any network),
-    D from the embedding contraction and the environment, dE/dR̃ from dE/dD, and the pull-back
-    of dE/dR̃ (times ``Environment.scale``) to dE/d(pair vector). Chosen once, when the model
-    is built (``mdtrain.model.accel.explicit.FORMS``)."""
+    """What the explicit model needs of one descriptor: its environment (before any network;
+    it carries the descriptor's ``RowKind`` for the force node), D from the embedding
+    contraction and the environment, and dE/dR̃ from dE/dD per group of rows. Chosen once,
+    when the model is built (``mdtrain.model.accel.explicit.FORMS``)."""
 
     environment: Callable[..., Environment]
     contract: Callable[..., tuple[Tensor, ExplicitCache]]
-    row_gradients: Callable[..., Tensor]
-    pull_back: Callable[[Tensor, Tensor, Tensor], Tensor]
+    row_gradients: Callable[..., list[Tensor]]
 
 
-SE_E2_A_FORM = ExplicitForm(
-    explicit_environment, contract_environment, row_gradients, pull_back_rows
-)
+SE_E2_A_FORM = ExplicitForm(explicit_environment, contract_environment, row_gradients)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mdtrain.model.accel.environment_node import RowKind
 from mdtrain.model.accel.explicit_descriptor import (
     EmbeddingOps,
     Environment,
@@ -25,37 +26,43 @@ from mdtrain.model.accel.explicit_descriptor import (
     ExplicitForm,
     contract_groups,
     group_row_gradients,
-    grouped_environment,
-    normalised_rows,
-    switched_distance,
+    kind_environment,
 )
 from mdtrain.model.descriptors.se_e2_r import DescriptorSeR
 
 RESCALE = 0.2  # DeePMD-kit's res_rescale of se_e2_r (``DescriptorSeR._embed``)
 
 
-def radial_entry_and_derivative(
-    desc: DescriptorSeR, diff: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``desc.env_matrix`` (nf, N, nnei, 1) and the coefficient ``c`` (same shape) of its
-    derivative, ``ds/dd = c · d``; both 0 where ~mask."""
-    diff, r, rp, w, dw = switched_distance(desc, diff, mask)
+def _raw_entry(far: Tensor, r: Tensor, rp: Tensor, w: Tensor, dw: Tensor):
+    """The entry ``s = w/rp`` (…, 1) and the coefficient ``c`` of ``ds/dd = c · d``."""
     raw = w / rp
     return raw, (dw - raw) / (rp * r)
+
+
+def pull_back_radial(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+    """dE/dd (…, 3) from dE/ds ``qbar`` (…, 1)."""
+    return diff * (qbar * coef)
+
+
+def pull_back_radial_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
+    """The transpose of ``pull_back_radial``: a cotangent (…, 1) of dE/ds."""
+    return (gbar * diff).sum(dim=-1, keepdim=True) * coef
+
+
+SE_E2_R_ROWS = RowKind(_raw_entry, pull_back_radial, pull_back_radial_t)
+
+
+def _with_ones(rows: Tensor) -> Tensor:
+    """Rows ``[s̃, 1]`` from ``s̃`` (…, 1)."""
+    return torch.cat([rows, torch.ones_like(rows)], dim=-1)
 
 
 def radial_environment(
     desc: DescriptorSeR, diff: Tensor, nlist: Tensor, atype: Tensor
 ) -> Environment:
-    """Rows ``[s̃, 1]`` per group, the pull-back coefficient (nf, N, nnei, 1) and its scale
+    """Rows ``[s̃, 1]`` per group, the pull-back coefficient (M, nnei, 1) and its scale
     ``1/dstd`` (0 for excluded pairs); see the module docstring."""
-    mask = nlist >= 0
-    diff = diff.to(desc.dtype)
-    raw, coef = radial_entry_and_derivative(desc, diff, mask)
-    rr, scale, pad = normalised_rows(desc, raw, nlist, atype)
-    rows_all = torch.cat([rr, torch.ones_like(rr)], dim=-1)
-    pad = torch.cat([pad, torch.ones_like(pad)], dim=-1)  # (ntypes, nnei, 2)
-    return grouped_environment(desc, diff, coef, scale.expand_as(rr), pad, rows_all, mask, atype)
+    return kind_environment(desc, SE_E2_R_ROWS, diff, nlist, atype, _with_ones)
 
 
 def _d_of_t(tmat: Tensor) -> Tensor:
@@ -79,16 +86,9 @@ def _tbar_of(desc: DescriptorSeR, tmat: Tensor, grad: Tensor) -> Tensor:
 
 def radial_row_gradients(
     desc: DescriptorSeR, ops: EmbeddingOps, grad: Tensor, cache: ExplicitCache, atype: Tensor
-) -> Tensor:
-    """dE/ds̃ (nf, N, nnei, 1) from dE/dD (nf, N, M)."""
+) -> list[Tensor]:
+    """dE/ds̃ (B, nnei, 1) of each group of rows from dE/dD (nf, N, M)."""
     return group_row_gradients(desc, ops, grad, cache, atype, _tbar_of, 1)
 
 
-def pull_back_radial(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """dE/dd (…, 3) from dE/ds ``qbar`` (…, 1)."""
-    return diff * (qbar * coef)
-
-
-SE_E2_R_FORM = ExplicitForm(
-    radial_environment, contract_radial, radial_row_gradients, pull_back_radial
-)
+SE_E2_R_FORM = ExplicitForm(radial_environment, contract_radial, radial_row_gradients)

@@ -1,0 +1,150 @@
+"""The environment matrix of the explicit backends as one autograd node, on rows in the
+embedding's group order.
+
+The explicit model needs, per neighbour slot, the normalised row R̃ (what the embedding nets
+see), the coefficients of its derivative with respect to the pair vector (what the force
+path pulls dE/dR̃ back with) and the scale ``1/dstd``. Written as plain operations this was
+some 70 small ``aten`` calls (masks, the switch and its derivative, the rows, one copy per
+group of centres, one synchronisation per group and neighbour type for the slot widths).
+Here the rows are put in group order once (``PairPlan``: all centres for a one-sided
+descriptor, else the centres of each type in turn, frame-major in each group), the matrix,
+its coefficients and its scale are one node (``environment_matrix``) whose backward is the
+pull-back ``dE/dd`` (the same function the force path runs forward), and the groups are
+views of its output. What differs between descriptors is a ``RowKind``: the raw row and its
+coefficients from the switched distance, the pull-back and its transpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from mdtrain.model.descriptors.base import smooth_weight
+
+
+class RowKind(NamedTuple):
+    """One descriptor's environment rows and their derivative (se_e2_a: 4 columns and 3
+    coefficients; se_e2_r: 1 and 1), chosen once where the model is built."""
+
+    # (far pair vectors, r, r + env_protection, w, w') -> (raw rows, coefficients)
+    raw: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+    # dE/d(raw row) q (…, width) -> dE/dd (…, 3): pull(q, pair vectors, coefficients)
+    pull: Callable[[Tensor, Tensor, Tensor], Tensor]
+    # the transpose of ``pull``: a cotangent of dE/dd (…, 3) -> one of q (…, width)
+    pull_t: Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+class PairPlan(NamedTuple):
+    """Where the rows of an environment in group order come from and go to."""
+
+    centre: Tensor  # (M,) int64: frame·N + atom of each row
+    neighbour: Tensor  # (M·nnei,) int64: frame·N + atom of each slot's neighbour (0 if padded)
+    types: Tensor  # (M,) each row's centre type
+    bounds: list[int]  # the groups' first rows, and M last
+    nf: int
+    natoms: int
+    vectors: Tensor  # (M, nnei, 3) float64 pair vectors as given (arbitrary where padded)
+
+
+def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: Tensor):
+    """The group order of ``nlist`` (nf, N, nnei): one group in atom order for a one-sided
+    descriptor, else one per centre type. Returns the plan and the lists in that order."""
+    nf, natoms, nnei = nlist.shape
+    frames = torch.arange(nf, device=nlist.device) * natoms
+    nl = nlist.reshape(nf * natoms, nnei)
+    vectors = diff.reshape(nf * natoms, nnei, 3)
+    if one_side:
+        centre = torch.arange(nf * natoms, device=nlist.device)
+        types = atype.repeat(nf)
+        bounds = [0, nf * natoms]
+    else:
+        parts = [torch.nonzero(atype == c).view(1, -1) + frames.view(nf, 1) for c in range(ntypes)]
+        bounds = [0]
+        for part in parts:
+            bounds.append(bounds[-1] + part.numel())
+        centre = torch.cat([p.reshape(-1) for p in parts])
+        types = atype.index_select(0, centre % natoms)
+        nl = nl.index_select(0, centre)
+        vectors = vectors.index_select(0, centre)
+    base = torch.div(centre, natoms, rounding_mode="floor") * natoms
+    neighbour = (nl.clamp(min=0) + base.view(-1, 1)).view(-1)
+    return PairPlan(centre, neighbour, types, bounds, nf, natoms, vectors), nl
+
+
+def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
+    """d(smooth_weight)/dr ``= -30u²(1-u)²/(rcut - rcut_smth)``; 0 outside (rcut_smth, rcut)."""
+    width = rcut - rcut_smth
+    u = (torch.clamp(r, rcut_smth, rcut) - rcut_smth) / width
+    v = u * (1.0 - u)
+    return v * v * (-30.0 / width)
+
+
+def switched_distance(desc, diff: Tensor, mask: Tensor):
+    """Pair vectors with padded slots moved beyond rcut (so that the switch and its
+    derivative are 0 there), r, r + env_protection, the switch w(r) and w'(r)."""
+    far = torch.where(mask.unsqueeze(-1), diff, 2.0 * desc.rcut)
+    r = torch.linalg.vector_norm(far, dim=-1, keepdim=True)
+    rp = r + desc.env_protection
+    w = smooth_weight(r, desc.rcut_smth, desc.rcut)
+    dw = smooth_weight_grad(r, desc.rcut_smth, desc.rcut)
+    return far, r, rp, w, dw
+
+
+class _EnvironmentMatrix(torch.autograd.Function):
+    """Normalised rows (M, nnei, width) of pair vectors (M, nnei, 3); its backward is
+    ``kind.pull`` of the rows' cotangent times the scale. Also returns, without gradient,
+    the far pair vectors, the coefficients and the scale ``1/dstd`` (0 for excluded pairs)."""
+
+    @staticmethod
+    def forward(ctx, diff: Tensor, mask: Tensor, types: Tensor, keep, desc, kind: RowKind):
+        far, r, rp, w, dw = switched_distance(desc, diff, mask)
+        raw, coef = kind.raw(far, r, rp, w, dw)
+        davg, dstd = desc.davg.to(diff.dtype), desc.dstd.to(diff.dtype)
+        rows = (raw - davg.index_select(0, types)) / dstd.index_select(0, types)
+        scale = (1.0 / dstd).index_select(0, types)
+        if keep is not None:
+            keep = keep.unsqueeze(-1).to(rows.dtype)
+            rows = rows * keep
+            scale = scale * keep
+        ctx.kind = kind
+        ctx.mark_non_differentiable(far, coef, scale)
+        ctx.save_for_backward(far, coef, scale)
+        return rows, far, coef, scale
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, rows_bar: Tensor | None, *_):
+        if rows_bar is None:
+            return None, None, None, None, None, None
+        far, coef, scale = ctx.saved_tensors
+        return ctx.kind.pull(rows_bar * scale, far, coef), None, None, None, None, None
+
+
+def environment_matrix(
+    desc, kind: RowKind, diff: Tensor, nl: Tensor, types: Tensor, atype: Tensor
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """Rows, far pair vectors, coefficients and scale of pair vectors ``diff`` (M, nnei, 3)
+    with lists ``nl`` (M, nnei) and centre types ``types`` (M,) in any order (``atype``: the
+    frame's atom types), and the mask of real neighbours."""
+    mask = nl >= 0
+    keep = None
+    if desc.has_exclusions:
+        ntype_j = torch.where(mask, atype[nl.clamp(min=0)], desc.ntypes)
+        keep = desc.pair_keep[types.unsqueeze(-1), ntype_j]
+    return _EnvironmentMatrix.apply(diff.to(desc.dtype), mask, types, keep, desc, kind), mask
+
+
+def slot_widths(desc, mask: Tensor, bounds: list[int]) -> list[list[int]]:
+    """Per group and neighbour type: the slots up to the last real neighbour of any row
+    (one synchronisation for all of them)."""
+    pos = [j - lo + 1 for lo, hi in zip(desc.offsets[:-1], desc.offsets[1:]) for j in range(lo, hi)]
+    kind = [t for t in range(desc.ntypes) for _ in range(desc.sel[t])]
+    pos_t = torch.tensor(pos, device=mask.device)
+    used = torch.stack([mask[a:b].any(dim=0) for a, b in zip(bounds[:-1], bounds[1:])])
+    last = used * pos_t
+    index = torch.tensor(kind, device=mask.device).expand_as(last)
+    widths = last.new_zeros(len(bounds) - 1, desc.ntypes).scatter_reduce_(1, index, last, "amax")
+    return widths.tolist()
