@@ -42,6 +42,7 @@ class PairPlan(NamedTuple):
 
     centre: Tensor  # (M,) int64: frame·N + atom of each row
     neighbour: Tensor  # (M·nnei,) int64: frame·N + atom of each slot's neighbour (0 if padded)
+    components: Tensor  # (M·nnei·3,) int64: 3·neighbour + component, for flat index-adds
     types: Tensor  # (M,) each row's centre type
     bounds: list[int]  # the groups' first rows, and M last
     nf: int
@@ -71,7 +72,8 @@ def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: T
         vectors = vectors.index_select(0, centre)
     base = torch.div(centre, natoms, rounding_mode="floor") * natoms
     neighbour = (nl.clamp(min=0) + base.view(-1, 1)).view(-1)
-    return PairPlan(centre, neighbour, types, bounds, nf, natoms, vectors), nl
+    components = (neighbour.view(-1, 1) * 3 + torch.arange(3, device=nl.device)).view(-1)
+    return PairPlan(centre, neighbour, components, types, bounds, nf, natoms, vectors), nl
 
 
 def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
@@ -85,7 +87,8 @@ def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
 def switched_distance(desc, diff: Tensor, mask: Tensor):
     """Pair vectors with padded slots moved beyond rcut (so that the switch and its
     derivative are 0 there), r, r + env_protection, the switch w(r) and w'(r)."""
-    far = torch.where(mask.unsqueeze(-1), diff, 2.0 * desc.rcut)
+    keep = mask.unsqueeze(-1).to(diff.dtype)  # d·1 + 0 where real, d·0 + 2rcut where padded:
+    far = torch.addcmul((1.0 - keep).mul_(2.0 * desc.rcut), diff, keep)  # 1/5 of a `where`
     r = torch.linalg.vector_norm(far, dim=-1, keepdim=True)
     rp = r + desc.env_protection
     w = smooth_weight(r, desc.rcut_smth, desc.rcut)

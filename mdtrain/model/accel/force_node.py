@@ -49,6 +49,17 @@ def _virial(g: Tensor, plan: PairPlan) -> Tensor:
     return total.neg_().view(k, nf, 3, 3)
 
 
+def _flat_index(plan: PairPlan, members: int) -> Tensor:
+    """Each slot's neighbour's force components in a flat (K, nf·N, 3) tensor: index-adds of
+    single elements run about 10 times faster than of (K, 3) slices along dimension 1, and
+    add in the same order."""
+    if members == 1:
+        return plan.components
+    step = plan.nf * plan.natoms * 3
+    offsets = torch.arange(members, device=plan.components.device).view(-1, 1) * step
+    return (plan.components.view(1, -1) + offsets).view(-1)
+
+
 class _ForcePath(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: ForceInputs, members: int, *pieces: Tensor):
@@ -58,7 +69,9 @@ class _ForcePath(torch.autograd.Function):
         q = rbar.view(members, rows, nnei, -1) * inputs.scale
         g = inputs.kind.pull(q, inputs.far, inputs.coef).to(torch.float64)
         flat = plan.nf * plan.natoms
-        pulled = g.new_zeros(members, flat, 3).index_add_(1, plan.neighbour, g.view(members, -1, 3))
+        index = _flat_index(plan, members)
+        pulled = g.new_zeros(members, flat, 3)
+        pulled.view(-1).index_add_(0, index, g.reshape(-1))
         own = g.sum(dim=2)
         force = g.new_empty(members, flat, 3).index_copy_(1, plan.centre, own).sub_(pulled)
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
@@ -77,7 +90,8 @@ class _ForcePath(torch.autograd.Function):
         if force_bar is not None:
             fb = force_bar.reshape(k, -1, 3)
             own = fb.index_select(1, plan.centre).unsqueeze(2)
-            g_bar = own - fb.index_select(1, plan.neighbour).view(k, rows, nnei, 3)
+            other = fb.reshape(-1).index_select(0, _flat_index(plan, k))
+            g_bar = own - other.view(k, rows, nnei, 3)
         else:
             g_bar = plan.vectors.new_zeros(k, rows, nnei, 3)
         if virial_bar is not None:
