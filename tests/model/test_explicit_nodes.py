@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mdtrain.model.accel.environment_node import environment_matrix
+from mdtrain.model.accel.environment_node import as_planes, as_rows, environment_matrix
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.backend import build_model
 from tests.helpers.models import batch, set_random_stats, small_config
@@ -64,9 +64,9 @@ def test_environment_node_rows_and_their_derivative(kind, setting):
 def _plain_forces(env, pieces, members):
     """The force node's sums as plain operations (autograd differentiates them)."""
     inputs, plan = env.force, env.force.plan
-    rows, nnei = plan.centre.shape[0], plan.vectors.shape[1]
+    rows, nnei = plan.centre.shape[0], plan.vectors.shape[1]  # g: (K, M, nnei, 3)
     q = torch.cat(pieces).view(members, rows, nnei, -1) * inputs.scale
-    g = inputs.kind.pull(q, inputs.far, inputs.coef).to(torch.float64)
+    g = as_rows(inputs.kind.pull(as_planes(q), inputs.far, inputs.coef)).to(torch.float64)
     flat = plan.nf * plan.natoms
     force = torch.zeros(members, flat, 3, dtype=torch.float64)
     force = force.index_add(1, plan.centre, g.sum(dim=2))

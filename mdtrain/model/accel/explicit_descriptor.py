@@ -23,6 +23,8 @@ from mdtrain.model.accel.embedding_nodes import EmbeddedBlock
 from mdtrain.model.accel.environment_node import (
     PairPlan,
     RowKind,
+    as_planes,
+    as_rows,
     environment_matrix,
     pair_plan,
     slot_widths,
@@ -71,32 +73,35 @@ class ExplicitCache(NamedTuple):
 
 
 def _raw_rows(far: Tensor, r: Tensor, rp: Tensor, w: Tensor, dw: Tensor):
-    """se_e2_a's rows ``[w/rp, d·h]`` and the coefficients ``[h, c0, c1]`` of their
-    derivative (``h = w/rp²``, ``rp = r + env_protection``): a gradient ``q`` w.r.t. the row
+    """se_e2_a's rows ``[w/rp, d·h]`` (M, nnei, 4) and the coefficients ``[h, c0, c1]``
+    (3, M, nnei) of their derivative (``h = w/rp²``, ``rp = r + env_protection``), from
+    pair-vector planes (3, M, nnei) and (M, nnei) distances: a gradient ``q`` w.r.t. the row
     pulls back to ``dE/dd = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃`` with ``c₀ = (w'/rp − h)/r`` and
     ``c₁ = (w'/rp − 2h)/(rp·r)``; all 0 in padded slots (w = w' = 0 there)."""
     inv = w / rp
     h = inv / rp
-    raw = torch.cat([inv, far * h], dim=-1)
+    raw = as_rows(torch.cat([inv.unsqueeze(0), far * h]))
     slope = dw / rp
-    coef = torch.cat([h, (slope - h) / r, (slope - 2.0 * h) / (rp * r)], dim=-1)
+    coef = torch.stack([h, (slope - h) / r, (slope - 2.0 * h) / (rp * r)])
     return raw, coef
 
 
 def pull_back_rows(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """dE/dd (…, 3) from dE/d(raw row) ``qbar`` (…, 4); see ``_raw_rows``."""
-    q_ang = qbar[..., 1:]
-    h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
-    radial = qbar[..., 0:1] * c0 + (q_ang * diff).sum(dim=-1, keepdim=True) * c1
-    return torch.addcmul(diff * radial, h, q_ang)
+    """dE/dd (…, 3, M, nnei) from dE/d(raw row) ``qbar`` (…, 4, M, nnei), pair vectors
+    ``diff`` (3, M, nnei) and ``coef`` (3, M, nnei); see ``_raw_rows``."""
+    q_ang = qbar[..., 1:, :, :]
+    h, c0, c1 = coef[0], coef[1], coef[2]
+    radial = qbar[..., 0, :, :] * c0 + (q_ang * diff).sum(dim=-3) * c1
+    return torch.addcmul(diff * radial.unsqueeze(-3), h, q_ang)
 
 
 def pull_back_rows_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """The transpose of ``pull_back_rows``: a cotangent (…, 4) of q from one (…, 3) of
-    dE/dd."""
-    h, c0, c1 = coef[..., 0:1], coef[..., 1:2], coef[..., 2:3]
-    s = (gbar * diff).sum(dim=-1, keepdim=True)
-    return torch.cat([s * c0, torch.addcmul(diff * (s * c1), h, gbar)], dim=-1)
+    """The transpose of ``pull_back_rows``: a cotangent (…, 4, M, nnei) of q from one
+    (…, 3, M, nnei) of dE/dd."""
+    h, c0, c1 = coef[0], coef[1], coef[2]
+    s = (gbar * diff).sum(dim=-3)
+    angular = torch.addcmul(diff * (s * c1).unsqueeze(-3), h, gbar)
+    return torch.cat([(s * c0).unsqueeze(-3), angular], dim=-3)
 
 
 SE_E2_A_ROWS = RowKind(_raw_rows, pull_back_rows, pull_back_rows_t)
@@ -162,7 +167,8 @@ def kind_environment(
         )  # fmt: skip
         for c, (a, b) in enumerate(zip(plan.bounds[:-1], plan.bounds[1:], strict=True))
     ]
-    return Environment(ForceInputs(kind, far, coef, scale, plan), pad, groups)
+    force = ForceInputs(kind, far, coef, scale, plan, as_planes(plan.vectors))
+    return Environment(force, pad, groups)
 
 
 def contract_environment(

@@ -34,19 +34,20 @@ RESCALE = 0.2  # DeePMD-kit's res_rescale of se_e2_r (``DescriptorSeR._embed``)
 
 
 def _raw_entry(far: Tensor, r: Tensor, rp: Tensor, w: Tensor, dw: Tensor):
-    """The entry ``s = w/rp`` (…, 1) and the coefficient ``c`` of ``ds/dd = c · d``."""
+    """The entry ``s = w/rp`` (M, nnei, 1) and the coefficient ``c`` (1, M, nnei) of
+    ``ds/dd = c · d``, from pair-vector planes (3, M, nnei) and (M, nnei) distances."""
     raw = w / rp
-    return raw, (dw - raw) / (rp * r)
+    return raw.unsqueeze(-1), ((dw - raw) / (rp * r)).unsqueeze(0)
 
 
 def pull_back_radial(qbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """dE/dd (…, 3) from dE/ds ``qbar`` (…, 1)."""
+    """dE/dd (…, 3, M, nnei) from dE/ds ``qbar`` (…, 1, M, nnei)."""
     return diff * (qbar * coef)
 
 
 def pull_back_radial_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
-    """The transpose of ``pull_back_radial``: a cotangent (…, 1) of dE/ds."""
-    return (gbar * diff).sum(dim=-1, keepdim=True) * coef
+    """The transpose of ``pull_back_radial``: a cotangent (…, 1, M, nnei) of dE/ds."""
+    return (gbar * diff).sum(dim=-3, keepdim=True) * coef
 
 
 SE_E2_R_ROWS = RowKind(_raw_entry, pull_back_radial, pull_back_radial_t)

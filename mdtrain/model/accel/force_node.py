@@ -19,89 +19,94 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.environment_node import PairPlan, RowKind
+from mdtrain.model.accel.environment_node import PairPlan, RowKind, as_planes, as_rows
 
 
 class ForceInputs(NamedTuple):
     """What the force path needs of an environment (none of it has a gradient), in its group
-    order."""
+    order; vectors as planes (3, M, nnei) (``environment_node.as_planes``)."""
 
     kind: RowKind  # the descriptor's pull-back and its transpose
-    far: Tensor  # (M, nnei, 3) pair vectors, padded slots moved beyond rcut (descriptor dtype)
-    coef: Tensor  # (M, nnei, ·) the pull-back's coefficients, 0 where padded
+    far: Tensor  # (3, M, nnei) pair vectors, padded slots moved beyond rcut (descriptor dtype)
+    coef: Tensor  # (·, M, nnei) the pull-back's coefficients, 0 where padded
     scale: Tensor  # (M, nnei, width) 1/dstd, 0 for excluded pairs
     plan: PairPlan
+    planes: Tensor  # (3, M, nnei) float64 pair vectors as given (the virial's)
 
 
-def _virial(g: Tensor, plan: PairPlan) -> Tensor:
-    """``−Σ g ⊗ d`` per frame (K, nf, 3, 3) from g (K, M, nnei, 3) float64, group by group
+def _flat_index(plan: PairPlan, members: int) -> Tensor:
+    """Each slot's neighbour in flat (K, 3, nf·N) planes, per member and component: index-adds
+    of single elements run about 10 times faster than of (K, 3) slices along a second
+    dimension."""
+    flat = plan.nf * plan.natoms
+    offsets = torch.arange(members * 3, device=plan.neighbour.device).view(-1, 1) * flat
+    return (plan.neighbour.view(1, -1) + offsets).view(-1)
+
+
+def _frames(x: Tensor, nf: int) -> Tensor:
+    """Planes (K, 3, nf·n, nnei) of one group -> (K·nf, 3, n·nnei): each frame's pairs."""
+    k = x.shape[0]
+    return x.reshape(k, 3, nf, -1).transpose(1, 2).reshape(k * nf, 3, -1)
+
+
+def _virial(g: Tensor, inputs: ForceInputs) -> Tensor:
+    """``−Σ g ⊗ d`` per frame (K, nf, 3, 3) from g (K, 3, M, nnei) float64, group by group
     (each group's rows are frame-major)."""
-    k, nf = g.shape[0], plan.nf
+    plan, k, nf = inputs.plan, g.shape[0], inputs.plan.nf
     parts = []
     for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
         if a < b:
-            d_c = plan.vectors[a:b].reshape(nf, -1, 3)
+            d_c = _frames(inputs.planes[None, :, a:b], nf)
             d_c = d_c if k == 1 else d_c.repeat(k, 1, 1)
-            parts.append(torch.bmm(g[:, a:b].reshape(k * nf, -1, 3).transpose(1, 2), d_c))
+            parts.append(torch.bmm(_frames(g[:, :, a:b], nf), d_c.transpose(1, 2)))
     total = parts[0]
     for part in parts[1:]:
         total = total.add_(part)
     return total.neg_().view(k, nf, 3, 3)
 
 
-def _flat_index(plan: PairPlan, members: int) -> Tensor:
-    """Each slot's neighbour's force components in a flat (K, nf·N, 3) tensor: index-adds of
-    single elements run about 10 times faster than of (K, 3) slices along dimension 1, and
-    add in the same order."""
-    if members == 1:
-        return plan.components
-    step = plan.nf * plan.natoms * 3
-    offsets = torch.arange(members, device=plan.components.device).view(-1, 1) * step
-    return (plan.components.view(1, -1) + offsets).view(-1)
-
-
 class _ForcePath(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: ForceInputs, members: int, *pieces: Tensor):
         plan = inputs.plan
-        rows, nnei = plan.centre.shape[0], plan.vectors.shape[1]
+        rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
         rbar = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        q = rbar.view(members, rows, nnei, -1) * inputs.scale
-        g = inputs.kind.pull(q, inputs.far, inputs.coef).to(torch.float64)
+        q = as_planes(rbar.view(members, rows, nnei, -1) * inputs.scale)
+        g = inputs.kind.pull(q, inputs.far, inputs.coef).to(torch.float64)  # (K, 3, M, nnei)
         flat = plan.nf * plan.natoms
         index = _flat_index(plan, members)
-        pulled = g.new_zeros(members, flat, 3)
+        pulled = g.new_zeros(members, 3, flat)
         pulled.view(-1).index_add_(0, index, g.reshape(-1))
-        own = g.sum(dim=2)
-        force = g.new_empty(members, flat, 3).index_copy_(1, plan.centre, own).sub_(pulled)
+        force = g.new_empty(members, 3, flat).index_copy_(2, plan.centre, g.sum(dim=3))
+        force = force.sub_(pulled).transpose(1, 2).contiguous()
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
         ctx.dtype = rbar.dtype
         ctx.set_materialize_grads(False)
-        return force.view(members, plan.nf, plan.natoms, 3), _virial(g, plan)
+        return force.view(members, plan.nf, plan.natoms, 3), _virial(g, inputs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, force_bar: Tensor | None, virial_bar: Tensor | None):
         inputs, k = ctx.inputs, ctx.members
         plan = inputs.plan
-        rows, nnei = plan.centre.shape[0], plan.vectors.shape[1]
+        rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
         if force_bar is None and virial_bar is None:
             return None, None, *([None] * len(ctx.sizes))
         if force_bar is not None:
-            fb = force_bar.reshape(k, -1, 3)
-            own = fb.index_select(1, plan.centre).unsqueeze(2)
-            other = fb.reshape(-1).index_select(0, _flat_index(plan, k))
-            g_bar = own - other.view(k, rows, nnei, 3)
+            fb = force_bar.reshape(k, -1, 3).transpose(1, 2).contiguous()  # (K, 3, nf·N)
+            own = fb.index_select(2, plan.centre).unsqueeze(3)
+            other = fb.view(-1).index_select(0, _flat_index(plan, k))
+            g_bar = own - other.view(k, 3, rows, nnei)
         else:
-            g_bar = plan.vectors.new_zeros(k, rows, nnei, 3)
-        if virial_bar is not None:
-            vt = virial_bar.transpose(-1, -2)
+            g_bar = inputs.planes.new_zeros(k, 3, rows, nnei)
+        if virial_bar is not None:  # ḡ_a −= Σ_b V̄_ab d_b, frame by frame
             for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
-                d_c = plan.vectors[a:b].reshape(1, plan.nf, -1, 3)
-                part = torch.matmul(d_c, vt).view(k, b - a, nnei, 3)
-                g_bar[:, a:b] -= part
-        g_bar = g_bar.to(ctx.dtype)
-        q_bar = inputs.kind.pull_t(g_bar, inputs.far, inputs.coef).mul_(inputs.scale)
+                d_c = inputs.planes[:, a:b].reshape(3, plan.nf, -1).transpose(0, 1)
+                part = torch.matmul(virial_bar, d_c)  # (K, nf, 3, n·nnei)
+                g_c = g_bar[:, :, a:b].view(k, 3, plan.nf, -1)
+                g_c -= part.transpose(1, 2)
+        q_bar = inputs.kind.pull_t(g_bar.to(ctx.dtype), inputs.far, inputs.coef)
+        q_bar = as_rows(q_bar).mul_(inputs.scale)
         grads = q_bar.view(k * rows, nnei, -1).split(ctx.sizes)
         return None, None, *grads
 
