@@ -167,7 +167,10 @@ def kind_environment(
         )  # fmt: skip
         for c, (a, b) in enumerate(zip(plan.bounds[:-1], plan.bounds[1:], strict=True))
     ]
-    force = ForceInputs(kind, far, coef, scale, plan, as_planes(plan.vectors))
+    # the virial's float64 vectors: ``far`` itself for a float64 descriptor (equal where real;
+    # g is 0 where padded)
+    planes = far if far.dtype == torch.float64 else as_planes(plan.vectors, torch.float64)
+    force = ForceInputs(kind, far, coef, scale, plan, planes)
     return Environment(force, pad, groups)
 
 
