@@ -163,11 +163,16 @@ def environment_matrix(
 def slot_widths(desc, mask: Tensor, bounds: list[int]) -> list[list[int]]:
     """Per group and neighbour type: the slots up to the last real neighbour of any row
     (one synchronisation for all of them)."""
-    pos = [j - lo + 1 for lo, hi in zip(desc.offsets[:-1], desc.offsets[1:]) for j in range(lo, hi)]
-    kind = [t for t in range(desc.ntypes) for _ in range(desc.sel[t])]
-    pos_t = torch.tensor(pos, device=mask.device)
+    col = torch.arange(desc.nnei, device=mask.device)
+    kind = torch.zeros_like(col)  # each slot's neighbour type
+    start = torch.zeros_like(col)  # the first slot of its type's block
+    for t in range(1, desc.ntypes):
+        past = (col >= desc.offsets[t]).to(col.dtype)
+        kind = kind + past
+        start = start + past * desc.sel[t - 1]
+    pos_t = col + 1 - start  # 1-based position in the block
     used = torch.stack([mask[a:b].any(dim=0) for a, b in zip(bounds[:-1], bounds[1:])])
     last = used * pos_t
-    index = torch.tensor(kind, device=mask.device).expand_as(last)
+    index = kind.expand_as(last)
     widths = last.new_zeros(len(bounds) - 1, desc.ntypes).scatter_reduce_(1, index, last, "amax")
     return widths.tolist()
