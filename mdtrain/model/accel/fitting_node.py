@@ -82,24 +82,19 @@ def _split(layout: Layout, params: tuple[Tensor, ...]) -> list[tuple[Tensor, ...
 def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor):
     """Atomic energies (nf, N) float64 and their gradient w.r.t. D (nf, N, dim_in) in the
     fitting dtype, one node per type's net (``EnergyFitting.forward`` plus its input gradient,
-    as an ordinary first-order function of the parameters). The split by type and the merge
-    back are the committee's nodes with one member (one tensor written per direction, where
-    ``zeros(...).index_copy(...)`` per type copied the whole (nf, N, dim_in) gradient once per
-    type and again in the backward)."""
+    as an ordinary first-order function of the parameters)."""
     nf, natoms = descriptor.shape[0], descriptor.shape[1]
     dim_in = fitting.dim_in
-    groups = [torch.nonzero(atype == c).view(-1) for c in range(len(fitting.networks))]
-    inputs = _SplitByType.apply(descriptor.unsqueeze(0), groups)
-    energies, grads = [], []
-    for d_c, net in zip(inputs, fitting.networks, strict=True):
+    out = torch.zeros(nf, natoms, dtype=torch.float64, device=descriptor.device)
+    grad = torch.zeros(nf, natoms, dim_in, dtype=fitting.dtype, device=descriptor.device)
+    for c, net in enumerate(fitting.networks):
+        idx = torch.nonzero(atype == c).view(-1)
+        d_c = descriptor.index_select(1, idx).reshape(-1, dim_in).to(fitting.dtype)
         layout = layer_layout(net.layers[:-1])  # the hidden layers; the output layer is fixed
-        x = d_c.view(-1, dim_in).to(fitting.dtype)
-        e_c, g_c = _ValueAndInputGrad.apply(x, layout, *layer_params(net.layers))
-        energies.append(e_c.view(1, nf, -1).to(torch.float64))
-        grads.append(g_c.view(1, nf, -1, dim_in))
-    out = _MergeByType.apply(groups, natoms, *energies)
-    grad = _MergeByType.apply(groups, natoms, *grads)
-    return out.view(nf, natoms), grad.view(nf, natoms, dim_in)
+        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *layer_params(net.layers))
+        out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
+        grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, dim_in))
+    return out, grad
 
 
 def members_fitting_with_grad(
