@@ -26,7 +26,7 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model.accel.committee import ExplicitCommittee
 from mdtrain.model.accel.embedding_nodes import TorchEmbedding
-from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel
+from mdtrain.model.accel.explicit import FORMS, MEMBER_FORMS, ExplicitEnergyModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode, use_low_precision
@@ -43,8 +43,9 @@ from mdtrain.model.tensor import TensorModel
 log = logging.getLogger("mdtrain.model")
 
 BACKENDS = ("kernels", "fused", "reference")
-# The descriptors the explicit-derivative backends implement; every other runs the reference.
-ACCELERATED_DESCRIPTORS = tuple(FORMS)
+# The descriptors the explicit-derivative backends implement, alone or as every member of a
+# hybrid; every other runs the reference.
+ACCELERATED_DESCRIPTORS = tuple(MEMBER_FORMS)
 BACKEND_ENV = "MDTRAIN_BACKEND"
 _announced: set[str] = set()
 
@@ -52,10 +53,14 @@ _announced: set[str] = set()
 def explicit_problem(config: dict, mixed_precision: str | None) -> str | None:
     """Why the explicit-derivative backends cannot run this model, or None."""
     desc, fit = config["descriptor"], config["fitting_net"]
-    if desc["type"] not in ACCELERATED_DESCRIPTORS:
-        accelerated = ", ".join(ACCELERATED_DESCRIPTORS)
-        return f"model.descriptor.type is {desc['type']!r} (accelerated: {accelerated})"
-    for where, part in (("descriptor", desc), ("fitting_net", fit)):
+    parts = [("descriptor", desc)]
+    if desc["type"] == "hybrid":  # each member on its own form (``accel.explicit_hybrid``)
+        parts = [(f"descriptor.list[{k}]", m) for k, m in enumerate(desc["list"])]
+    for where, part in parts:
+        if part["type"] not in ACCELERATED_DESCRIPTORS:
+            accelerated = ", ".join(ACCELERATED_DESCRIPTORS) + ", a hybrid of them"
+            return f"model.{where}.type is {part['type']!r} (accelerated: {accelerated})"
+    for where, part in (*parts, ("fitting_net", fit)):
         if part["activation_function"] != "tanh":
             return (
                 f"model.{where}.activation_function is {part['activation_function']!r} (needs tanh)"

@@ -1,7 +1,7 @@
 """Every backend of the model against the reference (``mdtrain.model.backend``): energies,
 forces, virials and the parameter gradients of a loss on all of them, with the backend that
 actually ran asserted from the autograd graph, not only from its name; for each descriptor
-with an explicit form (se_e2_a, se_e2_r)."""
+with an explicit form (se_e2_a, se_e2_r) and a hybrid of them."""
 
 from __future__ import annotations
 
@@ -36,11 +36,29 @@ ACCELERATED = ["fused", pytest.param("kernels", marks=pytest.mark.skipif(
 # autograd node that only the named backend puts in the graph
 SIGNATURE = {"fused": "_EmbedContractBackward", "kernels": "_KernelEmbedContractBackward"}
 # the descriptors the accelerated backends run, as settings over ``small_config``'s se_e2_a
-TYPES = {"se_e2_a": {}, "se_e2_r": {"type": "se_e2_r"}}
+TYPES = {"se_e2_a": {}, "se_e2_r": {"type": "se_e2_r"}, "hybrid": {}}
+# a hybrid's members over the same settings: the angular one within a shorter rcut, so that
+# it sees neighbours of the list beyond its own cut-off
+HYBRID_MEMBERS = [
+    {"rcut": 3.0, "rcut_smth": 0.4, "neuron": [4, 6], "axis_neuron": 3, "seed": 5},
+    {"type": "se_e2_r", "seed": 6},
+]
+
+
+def descriptor_of(kind: str, settings: dict) -> dict:
+    """``kind``'s section with ``settings`` over ``small_config``'s se_e2_a (a hybrid: each
+    member's)."""
+    if kind != "hybrid":
+        return {**TYPES[kind], **settings}
+    base = small_config()["descriptor"]
+    return {"type": "hybrid", "list": [{**base, **settings, **m} for m in HYBRID_MEMBERS]}
 
 
 def model_for(backend: str, descriptor: dict | None = None, fitting: dict | None = None, **kw):
-    model = build_model(small_config(descriptor, fitting, **kw), backend=backend)
+    cfg = small_config(descriptor, fitting, **kw)
+    if descriptor is not None and descriptor.get("type") == "hybrid":
+        cfg["descriptor"] = descriptor  # its list only, no se_e2_a keys beside it
+    model = build_model(cfg, backend=backend)
     assert model.backend == backend
     return set_random_stats(model).train()
 
@@ -106,7 +124,7 @@ CASES = {
 @pytest.mark.parametrize("kind", TYPES)
 def test_accelerated_backends_equal_the_reference(backend, case, periodic, kind):
     descriptor, extra = CASES[case]
-    descriptor = {"sel": [20, 40], **TYPES[kind], **descriptor}
+    descriptor = descriptor_of(kind, {"sel": [20, 40], **descriptor})
     fast = model_for(backend, descriptor, **extra)
     args = batch(fast, periodic)
     reference = model_for("reference", descriptor, **extra)
@@ -116,11 +134,12 @@ def test_accelerated_backends_equal_the_reference(backend, case, periodic, kind)
 @pytest.mark.parametrize("backend", ACCELERATED)
 @pytest.mark.parametrize("kind", TYPES)
 def test_isolated_atom(backend, kind):
-    fast = model_for(backend, {"sel": [20, 40], **TYPES[kind]})
+    descriptor = descriptor_of(kind, {"sel": [20, 40]})
+    fast = model_for(backend, descriptor)
     args = batch(fast, periodic=False, lone_atom=True)
     result = outputs_and_grads(fast, args)
     assert result[0]["force"][:, 0].abs().max() == 0
-    reference = outputs_and_grads(model_for("reference", {"sel": [20, 40], **TYPES[kind]}), args)
+    reference = outputs_and_grads(model_for("reference", descriptor), args)
     assert_same(result, reference, rtol=1e-11, atol=1e-12)
 
 
@@ -154,7 +173,7 @@ def test_a_type_missing_from_the_frames(backend, setting, kind):
 @pytest.mark.parametrize("backend", ACCELERATED)
 @pytest.mark.parametrize("kind", TYPES)
 def test_float32(backend, kind):
-    desc = {"sel": [20, 40], "precision": "float32", **TYPES[kind]}
+    desc = descriptor_of(kind, {"sel": [20, 40], "precision": "float32"})
     fit = {"precision": "float32"}
     fast = model_for(backend, desc, fit)
     args = batch(fast)
@@ -174,7 +193,7 @@ def row_blocks(request, monkeypatch):
 @pytest.mark.parametrize("descriptor", [{}, {"type_one_side": False}], ids=["one_side", "pairwise"])
 @pytest.mark.parametrize("kind", TYPES)
 def test_fused_nodes_over_blocks_of_rows(descriptor, kind, row_blocks):
-    descriptor = {"sel": [20, 40], **TYPES[kind], **descriptor}
+    descriptor = descriptor_of(kind, {"sel": [20, 40], **descriptor})
     fast = model_for("fused", descriptor)
     args = batch(fast)
     reference = outputs_and_grads(model_for("reference", descriptor), args)
@@ -189,7 +208,7 @@ def test_loss_on_energy_or_forces_only(backend, target, kind):
     path into the embedding (forces only)."""
     grads = []
     for name in (backend, "reference"):
-        model = model_for(name, {"sel": [20, 40], **TYPES[kind]})
+        model = model_for(name, descriptor_of(kind, {"sel": [20, 40]}))
         out = model(*batch(model))
         loss = out["energy"].sum() if target == "energy" else (out["force"] ** 2).sum()
         loss.backward()
@@ -286,11 +305,48 @@ def test_descriptors_without_an_explicit_form_run_the_reference(monkeypatch):
     se_e3 = normalize_model_config(small_config({"type": "se_e3", "sel": [20, 40]}))
     name, why = choose_backend(se_e3, torch.device("cpu"))
     assert name == "reference"
-    assert "model.descriptor.type is 'se_e3' (accelerated: se_e2_a, se_e2_r)" in why
+    assert "model.descriptor.type is 'se_e3' (accelerated: se_e2_a, se_e2_r, a hybrid" in why
     radial = normalize_model_config(small_config({"type": "se_e2_r"}))
     assert choose_backend(radial, torch.device("cpu"))[0] == (
         "kernels" if _kernels_available() else "fused"
     )
+
+
+@pytest.mark.parametrize("backend", ACCELERATED)
+@pytest.mark.parametrize("periodic", [True, False])
+def test_hybrid_members_with_lists_of_their_own(backend, periodic):
+    """Three members, two of one type, each with its own rcut and sel (slots of the model's
+    list that several members take, slots that one takes, neighbours beyond a member's rcut),
+    one pairwise with excluded pairs: on the accelerated backend as on the reference."""
+    base = small_config()["descriptor"]
+    members = [
+        {**base, "sel": [6, 12], "rcut": 2.8, "seed": 5},
+        {**base, "type": "se_e2_r", "sel": [20, 40], "neuron": [3, 6], "seed": 6},
+        {**base, "sel": [14, 20], "type_one_side": False, "exclude_types": [[0, 1]], "seed": 7},
+    ]
+    descriptor = {"type": "hybrid", "list": members}
+    fast = model_for(backend, descriptor)
+    assert fast.sel == [20, 40] and fast.rcut == 3.5
+    args = batch(fast, periodic)
+    reference = model_for("reference", descriptor)
+    assert_same(outputs_and_grads(fast, args), outputs_and_grads(reference, args), 1e-12, 1e-12)
+
+
+def test_a_hybrid_runs_the_reference_unless_every_member_can_run_accelerated(monkeypatch):
+    monkeypatch.delenv("MDTRAIN_BACKEND", raising=False)
+    member = {"type": "se_e2_a", "sel": [10, 20], "rcut": 3.5, "neuron": [4, 8]}
+    se_e3 = {"type": "se_e3", "sel": [4, 8], "rcut": 3.0, "neuron": [2, 4]}
+    relu = {**member, "type": "se_e2_r", "activation_function": "relu"}
+    for other, why in (
+        (se_e3, "model.descriptor.list[1].type is 'se_e3' (accelerated: se_e2_a, se_e2_r, a"),
+        (relu, "model.descriptor.list[1].activation_function is 'relu' (needs tanh)"),
+    ):
+        cfg = small_config()
+        cfg["descriptor"] = {"type": "hybrid", "list": [member, other]}
+        name, reason = choose_backend(normalize_model_config(cfg), torch.device("cpu"))
+        assert name == "reference" and why in reason
+    cfg["descriptor"]["list"][1] = {**member, "type": "se_e2_r"}
+    assert build_model(cfg).backend == ("kernels" if _kernels_available() else "fused")
 
 
 def test_radial_committee_evaluates_its_explicit_members_one_by_one():

@@ -1,6 +1,8 @@
-"""se_e3's windowed, symmetric three-body sum (``DescriptorSeT``) against the plain sum over
-every pair of slots (``DescriptorSeTPadded``): energies, forces, virials and the training
-gradients of an energy + force loss, float64, to 1e-12."""
+"""The three-body sums over the real slots only against the plain sums over every pair of
+slots: se_e3's windowed, symmetric sum (``DescriptorSeT``) against ``DescriptorSeTPadded``,
+and se_e3_tebd's sum over the pairs of real slots (``DescriptorSeE3Tebd``) against
+``DescriptorSeE3TebdPadded``: energies, forces, virials and the training gradients of an
+energy + force loss, float64, to 1e-12."""
 
 from __future__ import annotations
 
@@ -12,23 +14,32 @@ import torch
 
 from mdtrain.model import EnergyModel
 from mdtrain.model.descriptors.se_e3 import DescriptorSeT, DescriptorSeTPadded
+from mdtrain.model.descriptors.se_e3_tebd import DescriptorSeE3Tebd, DescriptorSeE3TebdPadded
+from tests.helpers.descriptor_battery import battery_config
 from tests.helpers.models import batch, set_random_stats, small_config
 
 SE_E3 = {"type": "se_e3", "sel": [10, 20], "neuron": [2, 4, 8], "seed": 3}
+TEBD = {"sel": 30, "rcut": 3.5, "neuron": [2, 4, 8], "tebd_dim": 4}
+# the fast class and the plain one of each kind
+CLASSES = {"se_e3": (DescriptorSeT, DescriptorSeTPadded)}
+CLASSES["se_e3_tebd"] = (DescriptorSeE3Tebd, DescriptorSeE3TebdPadded)
 
 
-def pair(descriptor: dict | None = None, angular_davg: bool = False):
-    """The same model with the windowed sum and with the plain one."""
-    cfg = small_config({**SE_E3, **(descriptor or {})})
-    for key in ("axis_neuron", "type_one_side"):  # se_e2_a's keys, not se_e3's
-        del cfg["descriptor"][key]
+def pair(kind: str = "se_e3", descriptor: dict | None = None, angular_davg: bool = False):
+    """The same model with the sum over real slots and with the plain one."""
+    if kind == "se_e3":
+        cfg = small_config({**SE_E3, **(descriptor or {})})
+        for key in ("axis_neuron", "type_one_side"):  # se_e2_a's keys, not se_e3's
+            del cfg["descriptor"][key]
+    else:
+        cfg = battery_config("se_e3_tebd", {**TEBD, **(descriptor or {})})
     fast = set_random_stats(EnergyModel(cfg))
     if angular_davg:  # padded rows nonzero: every slot must enter
         with torch.no_grad():
             fast.descriptor.davg[:, :, 1:] += 0.05
-    assert type(fast.descriptor) is DescriptorSeT
+    assert type(fast.descriptor) is CLASSES[kind][0]
     plain = copy.deepcopy(fast)
-    plain.descriptor.__class__ = DescriptorSeTPadded
+    plain.descriptor.__class__ = CLASSES[kind][1]
     return fast, plain
 
 
@@ -61,7 +72,26 @@ def outputs_and_grads(model, inputs):
     ids=["window", "dense", "exclude", "davg-angular"],
 )
 def test_window_matches_plain_sum(descriptor, angular_davg, nmol):
-    fast, plain = pair(descriptor, angular_davg)
+    fast, plain = pair("se_e3", descriptor, angular_davg)
+    inputs = batch(fast, periodic=True, nmol=nmol)
+    assert_same(outputs_and_grads(fast, inputs), outputs_and_grads(plain, inputs))
+
+
+@pytest.mark.parametrize(
+    "descriptor, angular_davg, nmol",
+    [
+        ({}, False, 3),
+        ({"tebd_input_mode": "strip"}, False, 3),
+        ({"tebd_input_mode": "strip", "smooth": False, "concat_output_tebd": False}, False, 3),
+        ({"sel": 8}, False, 6),  # truncated lists: every slot real for most atoms
+        ({"exclude_types": [[0, 1]]}, False, 4),
+        ({"set_davg_zero": False}, True, 3),
+        ({"neuron": [9, 18], "resnet_dt": True, "tebd_dim": 4}, False, 3),  # skip on layer 1
+    ],
+    ids=["concat", "strip", "strip-plain", "dense", "exclude", "davg-angular", "first-skip"],
+)
+def test_tebd_real_pairs_match_plain_sum(descriptor, angular_davg, nmol):
+    fast, plain = pair("se_e3_tebd", descriptor, angular_davg)
     inputs = batch(fast, periodic=True, nmol=nmol)
     assert_same(outputs_and_grads(fast, inputs), outputs_and_grads(plain, inputs))
 
@@ -79,9 +109,24 @@ def test_window_is_narrower_than_sel():
     assert window == real_last
 
 
-def test_lone_atom_and_no_neighbours():
-    """An atom without neighbours, and a batch where a whole type block is empty."""
-    fast, plain = pair()
+def test_tebd_pairs_are_those_of_real_slots():
+    """Each centre's pairs are those of its real neighbours, c² of them for c neighbours:
+    fewer than sel² for every atom of these frames."""
+    fast, _ = pair("se_e3_tebd")
+    nlist = batch(fast, periodic=False, nmol=3)[3].reshape(-1, fast.descriptor.nnei)
+    real = nlist >= 0
+    centre, fj, fk = fast.descriptor.pair_slots(real)
+    counts = real.sum(dim=1)
+    assert (counts < fast.descriptor.nnei).all() and counts.max() > 0
+    assert torch.equal(torch.bincount(centre, minlength=len(counts)), counts**2)
+    assert bool(real.reshape(-1)[fj].all() and real.reshape(-1)[fk].all())
+    assert torch.equal(fj // fast.descriptor.nnei, centre)
+
+
+@pytest.mark.parametrize("kind", CLASSES)
+def test_lone_atom_and_no_neighbours(kind):
+    """An atom without neighbours, and a batch without any neighbour at all."""
+    fast, plain = pair(kind)
     inputs = batch(fast, periodic=False, nmol=2, lone_atom=True)
     assert_same(outputs_and_grads(fast, inputs), outputs_and_grads(plain, inputs))
     empty = inputs[:3] + (torch.full_like(inputs[3], -1), inputs[4])

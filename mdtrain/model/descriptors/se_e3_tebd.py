@@ -23,7 +23,7 @@ from mdtrain.model.descriptors.mixed_base import (
     refuse_unsupported,
 )
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
-from mdtrain.model.network import child_seed
+from mdtrain.model.network import activate, child_seed
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel has none, seed is unset.
 DEFAULTS: dict = {
@@ -141,32 +141,81 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
 
     def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
         """D (nf, N, dim_out) from ``diff`` (nf, N, sel, 3), ``nlist`` (nf, N, sel) with -1
-        padding and ``atype`` (N,)."""
+        padding and ``atype`` (N,).
+
+        The sum runs over the pairs of real, kept slots of each centre only (``pair_slots``),
+        equal to the plain sum over all ``sel²`` (``DescriptorSeE3TebdPadded``) to rounding:
+        a padded or excluded slot has the angular row 0 (padding: ``−davg/dstd`` with the
+        angular davg 0, as the statistics give it; otherwise every slot enters), so its
+        terms ``e·G`` are exactly 0. With "concat" the first layer's product of ``[e, T_j,
+        T_k]`` is ``e·W_e`` plus a table over the two neighbour types."""
         nf, natoms, nnei = nlist.shape
         rr, sw, valid = self.normalized_rows(diff, nlist, atype)
-        a = rr[..., 1:]
-        env = torch.matmul(a, a.transpose(-1, -2)).unsqueeze(-1)  # (nf, N, j, k, 1)
         tebd = self.type_embedding()
-        nei_type = atype[torch.where(valid, nlist, 0)]  # empty slots: atom 0's type
-        shape = (nf, natoms, nnei, nnei, self.tebd_dim)
+        nei_type = atype[torch.where(valid, nlist, 0)].reshape(-1)  # empty slots: atom 0's
+        real = valid
+        if bool((self.davg[:, :, 1:] != 0).any()):  # padded rows nonzero: every slot enters
+            real = torch.ones_like(valid)
+        centre, fj, fk = self.pair_slots(real.reshape(-1, nnei))
+        a = rr[..., 1:].reshape(-1, 3)
+        e = (a.index_select(0, fj) * a.index_select(0, fk)).sum(dim=-1, keepdim=True)
+        tj, tk = nei_type.index_select(0, fj), nei_type.index_select(0, fk)
         if not self.strip:
-            t_j = tebd[nei_type].unsqueeze(3).expand(shape)
-            t_k = tebd[nei_type].unsqueeze(2).expand(shape)
-            g = self.embedding(torch.cat([env, t_j, t_k], dim=-1))
+            g = self.concat_embedding(e, tebd, tj, tk)
         else:
-            n, width = tebd.shape  # pairs (j, k) -> [T_j, T_k]
+            n = tebd.shape[0]
             pairs = torch.cat(
-                [tebd.unsqueeze(1).expand(n, n, width), tebd.unsqueeze(0).expand(n, n, width)], -1
+                [tebd.unsqueeze(1).expand(n, n, -1), tebd.unsqueeze(0).expand(n, n, -1)], -1
             )
-            g_t = self.embedding_strip(pairs)[nei_type.unsqueeze(3), nei_type.unsqueeze(2)]
+            g_t = self.embedding_strip(pairs).reshape(n * n, self.ng).index_select(0, tj * n + tk)
             if self.smooth:
-                g_t = g_t * sw.unsqueeze(3) * sw.unsqueeze(2)
-            g_s = self.embedding(env)
+                w = sw.reshape(-1)
+                g_t = g_t * (w.index_select(0, fj) * w.index_select(0, fk)).unsqueeze(-1)
+            g_s = self.embedding(e)
             g = g_s * g_t + g_s
-        d = (env * g).sum(dim=(2, 3)) / float(nnei * nnei)
+        d = torch.zeros(nf * natoms, self.ng, dtype=rr.dtype, device=rr.device)
+        d = d.index_add(0, centre, e * g).view(nf, natoms, self.ng) / float(nnei * nnei)
         if self.concat_output_tebd:
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
+
+    def pair_slots(self, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The pairs (j, k) of slots that are both ``real`` (B, sel), as the centre b of each
+        and the flat slots ``b·sel + j``, ``b·sel + k``, centre after centre."""
+        nnei = real.shape[1]
+        index = torch.nonzero(real.unsqueeze(2) & real.unsqueeze(1))
+        b = index[:, 0]
+        return b, b * nnei + index[:, 1], b * nnei + index[:, 2]
+
+    def concat_embedding(self, e: Tensor, tebd: Tensor, tj: Tensor, tk: Tensor) -> Tensor:
+        """The "concat" net of ``[e, T_tj, T_tk]`` (P, 1 + 2·tebd_dim) without building its
+        input: the first layer's product is ``e·W_e + (T W_j)[tj] + (T W_k)[tk]``, the
+        second and third terms one table over the type pairs (unless that layer has a skip
+        connection, which needs the input itself)."""
+        n, dim = tebd.shape
+        x = e
+        first = True
+        for layer in self.embedding.layers:
+            if not first:
+                x = layer(x)
+            elif layer.resnet and (layer.n_out == layer.n_in or layer.n_out == 2 * layer.n_in):
+                x = layer(torch.cat([e, tebd.index_select(0, tj), tebd.index_select(0, tk)], -1))
+            else:
+                w = layer.weight
+                table = torch.matmul(tebd, w[1 : 1 + dim]).unsqueeze(1) + torch.matmul(
+                    tebd, w[1 + dim :]
+                ).unsqueeze(0)
+                bias = layer.bias
+                if bias is not None:
+                    table = table + bias
+                y = table.reshape(n * n, -1).index_select(0, tj * n + tk)
+                y = activate(torch.addcmul(y, e, w[0:1]), layer.activation)
+                idt = layer.idt
+                if idt is not None:
+                    y = y * idt
+                x = y
+            first = False
+        return x
 
     def deepmd_dict(self) -> dict:
         """DeePMD-kit's serialised form (``DescrptSeTTebd.serialize()``'s keys)."""
@@ -216,3 +265,36 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         for p in desc.parameters():
             p.requires_grad_(p.requires_grad and desc.trainable)
         return desc
+
+
+class DescriptorSeE3TebdPadded(DescriptorSeE3Tebd):
+    """The plain se_e3_tebd sum over every pair of slots, padding included: the reference the
+    sum over real slots (``DescriptorSeE3Tebd.forward``) is tested against."""
+
+    def forward(self, diff: Tensor, nlist: Tensor, atype: Tensor) -> Tensor:
+        """D (nf, N, dim_out): the sum over every pair of the ``sel`` slots."""
+        nf, natoms, nnei = nlist.shape
+        rr, sw, valid = self.normalized_rows(diff, nlist, atype)
+        a = rr[..., 1:]
+        env = torch.matmul(a, a.transpose(-1, -2)).unsqueeze(-1)  # (nf, N, j, k, 1)
+        tebd = self.type_embedding()
+        nei_type = atype[torch.where(valid, nlist, 0)]  # empty slots: atom 0's type
+        shape = (nf, natoms, nnei, nnei, self.tebd_dim)
+        if not self.strip:
+            t_j = tebd[nei_type].unsqueeze(3).expand(shape)
+            t_k = tebd[nei_type].unsqueeze(2).expand(shape)
+            g = self.embedding(torch.cat([env, t_j, t_k], dim=-1))
+        else:
+            n, width = tebd.shape  # pairs (j, k) -> [T_j, T_k]
+            pairs = torch.cat(
+                [tebd.unsqueeze(1).expand(n, n, width), tebd.unsqueeze(0).expand(n, n, width)], -1
+            )
+            g_t = self.embedding_strip(pairs)[nei_type.unsqueeze(3), nei_type.unsqueeze(2)]
+            if self.smooth:
+                g_t = g_t * sw.unsqueeze(3) * sw.unsqueeze(2)
+            g_s = self.embedding(env)
+            g = g_s * g_t + g_s
+        d = (env * g).sum(dim=(2, 3)) / float(nnei * nnei)
+        if self.concat_output_tebd:
+            d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
+        return d
