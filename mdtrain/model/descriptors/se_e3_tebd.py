@@ -23,7 +23,7 @@ from mdtrain.model.descriptors.mixed_base import (
     refuse_unsupported,
 )
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
-from mdtrain.model.network import activate, child_seed
+from mdtrain.model.network import child_seed, residual_by_cat
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel has none, seed is unset.
 DEFAULTS: dict = {
@@ -147,8 +147,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         equal to the plain sum over all ``sel²`` (``DescriptorSeE3TebdPadded``) to rounding:
         a padded or excluded slot has the angular row 0 (padding: ``−davg/dstd`` with the
         angular davg 0, as the statistics give it; otherwise every slot enters), so its
-        terms ``e·G`` are exactly 0. With "concat" the first layer's product of ``[e, T_j,
-        T_k]`` is ``e·W_e`` plus a table over the two neighbour types."""
+        terms ``e·G`` are exactly 0. The net runs as ``pair_embedding``."""
         nf, natoms, nnei = nlist.shape
         rr, sw, valid = self.normalized_rows(diff, nlist, atype)
         tebd = self.type_embedding()
@@ -161,7 +160,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         e = (a.index_select(0, fj) * a.index_select(0, fk)).sum(dim=-1, keepdim=True)
         tj, tk = nei_type.index_select(0, fj), nei_type.index_select(0, fk)
         if not self.strip:
-            g = self.concat_embedding(e, tebd, tj, tk)
+            g = self.pair_embedding(e, tebd, tj, tk)
         else:
             n = tebd.shape[0]
             pairs = torch.cat(
@@ -171,7 +170,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
             if self.smooth:
                 w = sw.reshape(-1)
                 g_t = g_t * (w.index_select(0, fj) * w.index_select(0, fk)).unsqueeze(-1)
-            g_s = self.embedding(e)
+            g_s = self.pair_embedding(e, tebd, tj, tk)
             g = g_s * g_t + g_s
         d = torch.zeros(nf * natoms, self.ng, dtype=rr.dtype, device=rr.device)
         d = d.index_add(0, centre, e * g).view(nf, natoms, self.ng) / float(nnei * nnei)
@@ -187,33 +186,37 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         b = index[:, 0]
         return b, b * nnei + index[:, 1], b * nnei + index[:, 2]
 
-    def concat_embedding(self, e: Tensor, tebd: Tensor, tj: Tensor, tk: Tensor) -> Tensor:
-        """The "concat" net of ``[e, T_tj, T_tk]`` (P, 1 + 2·tebd_dim) without building its
-        input: the first layer's product is ``e·W_e + (T W_j)[tj] + (T W_k)[tk]``, the
-        second and third terms one table over the type pairs (unless that layer has a skip
-        connection, which needs the input itself)."""
+    def pair_embedding(self, e: Tensor, tebd: Tensor, tj: Tensor, tk: Tensor) -> Tensor:
+        """The embedding net on the pairs (P of them): of ``e`` (P, 1) with "strip", of
+        ``[e, T_tj, T_tk]`` with "concat" without building that input (the first product is
+        ``e·W_e + (T W_j)[tj] + (T W_k)[tk]``, the last two one table over the type pairs,
+        unless that layer has a skip, which needs the input itself). The doubled skips are
+        built by a cat (``network.residual_by_cat``): the same values as the net's forward."""
         n, dim = tebd.shape
         x = e
         first = True
         for layer in self.embedding.layers:
-            if not first:
-                x = layer(x)
-            elif layer.resnet and (layer.n_out == layer.n_in or layer.n_out == 2 * layer.n_in):
-                x = layer(torch.cat([e, tebd.index_select(0, tj), tebd.index_select(0, tk)], -1))
-            else:
-                w = layer.weight
+            skip = 0
+            if layer.resnet and layer.n_out == layer.n_in:
+                skip = 1
+            elif layer.resnet and layer.n_out == 2 * layer.n_in:
+                skip = 2
+            w = layer.weight
+            bias = layer.bias
+            if first and not self.strip and skip == 0:
                 table = torch.matmul(tebd, w[1 : 1 + dim]).unsqueeze(1) + torch.matmul(
                     tebd, w[1 + dim :]
                 ).unsqueeze(0)
-                bias = layer.bias
                 if bias is not None:
                     table = table + bias
-                y = table.reshape(n * n, -1).index_select(0, tj * n + tk)
-                y = activate(torch.addcmul(y, e, w[0:1]), layer.activation)
-                idt = layer.idt
-                if idt is not None:
-                    y = y * idt
-                x = y
+                z = torch.addcmul(table.reshape(n * n, -1).index_select(0, tj * n + tk), e, w[0:1])
+            else:
+                if first and not self.strip:
+                    x = torch.cat([e, tebd.index_select(0, tj), tebd.index_select(0, tk)], -1)
+                z = x * w if layer.n_in == 1 else torch.matmul(x, w)
+                if bias is not None:
+                    z = z + bias
+            x = residual_by_cat(z, x, layer.activation, layer.idt, skip)
             first = False
         return x
 
