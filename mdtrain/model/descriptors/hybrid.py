@@ -14,7 +14,9 @@ members' ``sel``), then their own first ``sel_m[t]`` of each block. Either way, 
 beyond a member's own ``rcut`` get a switch of 0 in its environment matrix, so they count as
 padding does. Statistics are the members' own: the hybrid's groups are the members' groups
 suffixed by the member index (``r0``, ``a0``, ``r1``, ...), each pair's terms the members'
-terms (0 beyond a member's ``rcut``), its counts each member's slots.
+terms (0 beyond a member's ``rcut``), its counts each member's slots. A hybrid whose members
+all have an explicit form (se_e2_a, se_e2_r) runs on the accelerated backends, each member on
+its own form over the same slots (``mdtrain.model.accel.explicit_hybrid``).
 """
 
 from typing import Any
