@@ -109,18 +109,30 @@ def test_window_is_narrower_than_sel():
     assert window == real_last
 
 
-def test_tebd_pairs_are_those_of_real_slots():
-    """Each centre's pairs are those of its real neighbours, c² of them for c neighbours:
-    fewer than sel² for every atom of these frames."""
-    fast, _ = pair("se_e3_tebd")
-    nlist = batch(fast, periodic=False, nmol=3)[3].reshape(-1, fast.descriptor.nnei)
+@pytest.mark.parametrize("mode", ["concat", "strip"])
+def test_tebd_pairs_are_those_of_real_slots(mode):
+    """The pairs kept, with those counted twice taken in both orders, are every pair of real
+    slots once (c² for an atom of c neighbours), fewer than sel² for every atom of these
+    frames; a pair is counted twice only where its net input is symmetric."""
+    fast, _ = pair("se_e3_tebd", {"tebd_input_mode": mode})
+    inputs = batch(fast, periodic=False, nmol=3)
+    nnei = fast.descriptor.nnei
+    nlist = inputs[3].reshape(-1, nnei)
     real = nlist >= 0
-    centre, fj, fk = fast.descriptor.pair_slots(real)
+    types = inputs[1][nlist.clamp(min=0)]
+    centre, fj, fk, twice = fast.descriptor.pair_slots(real, types)
     counts = real.sum(dim=1)
-    assert (counts < fast.descriptor.nnei).all() and counts.max() > 0
-    assert torch.equal(torch.bincount(centre, minlength=len(counts)), counts**2)
-    assert bool(real.reshape(-1)[fj].all() and real.reshape(-1)[fk].all())
-    assert torch.equal(fj // fast.descriptor.nnei, centre)
+    assert (counts < nnei).all() and counts.max() > 0
+    assert torch.equal(fj // nnei, centre) and torch.equal(fk // nnei, centre)
+    got = list(zip(fj.tolist(), fk.tolist())) + list(zip(fk[twice].tolist(), fj[twice].tolist()))
+    slots = torch.nonzero(real.reshape(-1)).view(-1)
+    want = [(j, k) for j in slots.tolist() for k in slots.tolist() if j // nnei == k // nnei]
+    assert sorted(got) == sorted(want) and len(want) == int((counts**2).sum())
+    flat = types.reshape(-1)
+    assert bool((fj[twice] < fk[twice]).all())
+    if mode == "concat":  # twice only where both neighbours have one type
+        assert torch.equal(twice, (fj < fk) & (flat[fj] == flat[fk]))
+    assert int(twice.sum()) > 0 and len(centre) < len(want)
 
 
 @pytest.mark.parametrize("kind", CLASSES)

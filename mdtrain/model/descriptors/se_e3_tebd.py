@@ -147,7 +147,8 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         equal to the plain sum over all ``sel²`` (``DescriptorSeE3TebdPadded``) to rounding:
         a padded or excluded slot has the angular row 0 (padding: ``−davg/dstd`` with the
         angular davg 0, as the statistics give it; otherwise every slot enters), so its
-        terms ``e·G`` are exactly 0. The net runs as ``pair_embedding``."""
+        terms ``e·G`` are exactly 0; a pair (k, j) whose term equals that of (j, k) is left out
+        and (j, k) counted twice (``pair_slots``). The net runs as ``pair_embedding``."""
         nf, natoms, nnei = nlist.shape
         rr, sw, valid = self.normalized_rows(diff, nlist, atype)
         tebd = self.type_embedding()
@@ -155,36 +156,53 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         real = valid
         if bool((self.davg[:, :, 1:] != 0).any()):  # padded rows nonzero: every slot enters
             real = torch.ones_like(valid)
-        centre, fj, fk = self.pair_slots(real.reshape(-1, nnei))
+        centre, fj, fk, twice = self.pair_slots(real.reshape(-1, nnei), nei_type.view(-1, nnei))
         a = rr[..., 1:].reshape(-1, 3)
         e = (a.index_select(0, fj) * a.index_select(0, fk)).sum(dim=-1, keepdim=True)
         tj, tk = nei_type.index_select(0, fj), nei_type.index_select(0, fk)
+        weight = 1.0 + twice.to(e.dtype).unsqueeze(-1)
         if not self.strip:
-            g = self.pair_embedding(e, tebd, tj, tk)
-        else:
+            g = self.pair_embedding(e, tebd, tj, tk) * weight
+        else:  # G_jk + G_kj = G_e(e_jk)·(2 + G_t(T_j, T_k)·w_j·w_k + G_t(T_k, T_j)·w_k·w_j)
             n = tebd.shape[0]
             pairs = torch.cat(
                 [tebd.unsqueeze(1).expand(n, n, -1), tebd.unsqueeze(0).expand(n, n, -1)], -1
             )
-            g_t = self.embedding_strip(pairs).reshape(n * n, self.ng).index_select(0, tj * n + tk)
+            table = self.embedding_strip(pairs).reshape(n * n, self.ng)
+            g_t = table.index_select(0, tj * n + tk) + table.index_select(0, tk * n + tj) * (
+                weight - 1.0
+            )
             if self.smooth:
                 w = sw.reshape(-1)
                 g_t = g_t * (w.index_select(0, fj) * w.index_select(0, fk)).unsqueeze(-1)
-            g_s = self.pair_embedding(e, tebd, tj, tk)
-            g = g_s * g_t + g_s
+            g = self.pair_embedding(e, tebd, tj, tk) * (g_t + weight)
         d = torch.zeros(nf * natoms, self.ng, dtype=rr.dtype, device=rr.device)
         d = d.index_add(0, centre, e * g).view(nf, natoms, self.ng) / float(nnei * nnei)
         if self.concat_output_tebd:
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
 
-    def pair_slots(self, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The pairs (j, k) of slots that are both ``real`` (B, sel), as the centre b of each
-        and the flat slots ``b·sel + j``, ``b·sel + k``, centre after centre."""
+    def pair_slots(self, real: Tensor, types: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The pairs (j, k) of slots that are both ``real`` (B, sel), as the centre b of each,
+        the flat slots ``b·sel + j`` and ``b·sel + k``, centre after centre, and ``twice``:
+        the pairs j < k that stand for (k, j) too. ``e_jk = e_kj``, and the net's input is
+        symmetric too with "strip" (the type net's two orders are summed) and with "concat"
+        where the two neighbours' ``types`` (B, sel) agree: there (k, j) is left out."""
         nnei = real.shape[1]
-        index = torch.nonzero(real.unsqueeze(2) & real.unsqueeze(1))
-        b = index[:, 0]
-        return b, b * nnei + index[:, 1], b * nnei + index[:, 2]
+        lower = torch.ones(nnei, nnei, dtype=torch.bool, device=real.device).tril(-1)
+        keep = real.unsqueeze(2) & real.unsqueeze(1)
+        if self.strip:
+            keep = keep & ~lower
+        else:
+            keep = keep & ~(lower & (types.unsqueeze(2) == types.unsqueeze(1)))
+        index = torch.nonzero(keep)
+        b, j, k = index[:, 0], index[:, 1], index[:, 2]
+        fj, fk = b * nnei + j, b * nnei + k
+        twice = j < k
+        if not self.strip:
+            flat = types.reshape(-1)
+            twice = twice & (flat.index_select(0, fj) == flat.index_select(0, fk))
+        return b, fj, fk, twice
 
     def pair_embedding(self, e: Tensor, tebd: Tensor, tj: Tensor, tk: Tensor) -> Tensor:
         """The embedding net on the pairs (P of them): of ``e`` (P, 1) with "strip", of
