@@ -2,7 +2,8 @@
 
 A few parts take fast paths whose sizes are read from the inputs' values: se_atten's
 attention runs on a window of the most real slots of any centre (`AttentionStack`), se_e3
-sums each type block up to its last real slot (`DescriptorSeT.block_windows`). A program's
+sums each type block up to its last real slot (`DescriptorSeT.block_windows`), se_e3_tebd
+over the pairs of real slots (`DescriptorSeE3Tebd.pair_slots`). A program's
 sizes are fixed when it is traced or follow the inputs' sizes, never their values, and
 ``torch.export`` refuses them. Such a part has a method ``for_export()`` returning its form
 over every slot: the same parameters, buffers and names, results equal to rounding.

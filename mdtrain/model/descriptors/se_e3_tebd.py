@@ -23,6 +23,7 @@ from mdtrain.model.descriptors.mixed_base import (
     refuse_unsupported,
 )
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
+from mdtrain.model.export_form import recast
 from mdtrain.model.network import child_seed, residual_by_cat
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel has none, seed is unset.
@@ -182,6 +183,11 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
 
+    def for_export(self) -> "DescriptorSeE3Tebd":
+        """This descriptor summing every pair of slots (`mdtrain.model.export_form`): the
+        pairs of real slots are a size read from values."""
+        return recast(self, DescriptorSeE3TebdPadded)
+
     def pair_slots(self, real: Tensor, types: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The pairs (j, k) of slots that are both ``real`` (B, sel), as the centre b of each,
         the flat slots ``b·sel + j`` and ``b·sel + k``, centre after centre, and ``twice``:
@@ -319,3 +325,6 @@ class DescriptorSeE3TebdPadded(DescriptorSeE3Tebd):
         if self.concat_output_tebd:
             d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
+
+    def for_export(self) -> "DescriptorSeE3TebdPadded":
+        return self  # every slot already
