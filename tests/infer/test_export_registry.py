@@ -5,8 +5,9 @@ of the descriptors with a rotation matrix, DOS and property models, the combined
 and frame/atomic parameters. One export each, run at two atom and frame counts other than the traced ones
 (periodic and not): every output equals the eager model's to 1e-12 in float64, forces and
 virials included. The type-mixed descriptors' fast paths read sizes from values (se_atten's
-attention window, se_e3's block windows); the program runs their forms over every slot
-(``mdtrain.model.export_form``), which must still equal the eager model.
+attention window, se_e3's block windows, se_e3_tebd's pairs of real slots); the program runs
+their forms over every slot (``mdtrain.model.export_form``), which must still equal the
+eager model.
 
 An se_atten model is exported once by the command and taken by the calculator, ``mdtrain
 test`` and ``mdtrain model-devi``. Exporting takes tens of seconds a model and loading a
