@@ -26,7 +26,8 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.model.accel.committee import ExplicitCommittee
 from mdtrain.model.accel.embedding_nodes import TorchEmbedding
-from mdtrain.model.accel.explicit import FORMS, MEMBER_FORMS, ExplicitEnergyModel
+from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel
+from mdtrain.model.accel.explicit_hybrid import ExplicitHybridModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode, use_low_precision
@@ -45,7 +46,7 @@ log = logging.getLogger("mdtrain.model")
 BACKENDS = ("kernels", "fused", "reference")
 # The descriptors the explicit-derivative backends implement, alone or as every member of a
 # hybrid; every other runs the reference.
-ACCELERATED_DESCRIPTORS = tuple(MEMBER_FORMS)
+ACCELERATED_DESCRIPTORS = tuple(FORMS)
 BACKEND_ENV = "MDTRAIN_BACKEND"
 _announced: set[str] = set()
 
@@ -130,10 +131,13 @@ def build_model(
             raise MDTrainError("DOS and property models run on the reference backend, float64/32")
         return InvariantModel(config).to(device)
     name, why = choose_backend(config, device, mixed_precision, backend)
+    explicit = (
+        ExplicitHybridModel if config["descriptor"]["type"] == "hybrid" else ExplicitEnergyModel
+    )
     if name == "kernels":
-        model = ExplicitEnergyModel(config, KernelEmbedding(load_kernels()))
+        model = explicit(config, KernelEmbedding(load_kernels()))
     elif name == "fused":
-        model = ExplicitEnergyModel(config, TorchEmbedding())
+        model = explicit(config, TorchEmbedding())
     else:
         model = EnergyModel(config)
     if mixed_precision in COMPUTE_DTYPES:

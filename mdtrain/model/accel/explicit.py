@@ -3,8 +3,8 @@
 ``ExplicitEnergyModel`` has the reference model's modules, parameters and buffers (so a
 checkpoint does not depend on which backend wrote it) and replaces only ``forward``: energies,
 forces and virials from the descriptor's explicit form (``explicit_descriptor`` for se_e2_a,
-``explicit_radial`` for se_e2_r, ``explicit_hybrid`` for a hybrid of them; ``FORMS``, looked
-up once when the model is built) and the
+``explicit_radial`` for se_e2_r; ``FORMS``, looked up once when the model is built; a hybrid of
+them: ``explicit_hybrid``) and the
 fused fitting node, with the embedding work done by the ``EmbeddingOps`` it was built with. It
 exists for tanh networks in float32 or float64; ``mdtrain.model.backend`` decides when it is
 used.
@@ -21,16 +21,13 @@ from mdtrain.model.accel.explicit_descriptor import (
     Environment,
     ExplicitForm,
 )
-from mdtrain.model.accel.explicit_hybrid import hybrid_form
 from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.energy import EnergyModel
 
-# The descriptors with an explicit form of their own, by type name: the ones the accelerated
-# backends run, alone or as the members of a hybrid (``FORMS["hybrid"]``).
-MEMBER_FORMS: dict[str, ExplicitForm] = {"se_e2_a": SE_E2_A_FORM, "se_e2_r": SE_E2_R_FORM}
-FORMS: dict[str, ExplicitForm] = {**MEMBER_FORMS, "hybrid": hybrid_form(MEMBER_FORMS)}
+# The descriptors with an explicit form, by type name: the ones the accelerated backends run.
+FORMS: dict[str, ExplicitForm] = {"se_e2_a": SE_E2_A_FORM, "se_e2_r": SE_E2_R_FORM}
 
 
 class ExplicitEnergyModel(EnergyModel):
