@@ -73,37 +73,54 @@ def one_run(command: list[str], config: dict, env: dict[str, str]) -> dict:
     return {"wall_s": done.wall_s, "cpu_s": done.cpu_s}
 
 
-def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) -> dict:
+def paired_steps(
+    input_path: str,
+    steps: int,
+    warmup: int,
+    depths: list[int],
+    threads: int = 1,
+    steady: bool = False,
+) -> dict:
     """In one process: a trainer per ``nlist_prefetch`` value, every one on the same frames
     (the same seed), their first-epoch steps taken in turn; per step the wall time, the
     process CPU time and the training thread's own CPU time (``time.thread_time``: what the
-    step costs the thread that trains, the lists built ahead excluded)."""
+    step costs the thread that trains, the lists built ahead excluded). ``steady``: also a
+    trainer whose cache holds every training frame's lists before its first step (the
+    steady state after the first epoch), under the name ``cached``."""
     import time
 
     import numpy as np
     from train_step import _prepared
 
+    from mdtrain.batching import make_batch
     from mdtrain.model.backend import build_models
     from mdtrain.model.stats import compute_or_load_stats
     from mdtrain.train.loop import Trainer
 
-    config, data, runtime = _prepared(input_path, "float64", steps, warmup, 1, None)
+    config, data, runtime = _prepared(input_path, "float64", steps, warmup, threads, None)
     trainers = []
+    names: list[str] = [str(d) for d in depths] + (["cached"] if steady else [])
     with tempfile.TemporaryDirectory() as out_dir:
-        for depth in depths:
-            config["training"]["nlist_prefetch"] = depth
+        for name in names:
+            config["training"]["nlist_prefetch"] = 0 if name == "cached" else int(name)
             model = build_models([config["model"]])
             nbatch = int(config["model"].get("data_stat_nbatch", 10))
             compute_or_load_stats(model, data.train, None, nbatch)
             trainer = Trainer(config, model, data.train, data.valid, runtime, out_dir)
             for member in trainer.members:
                 member.valid_sampler = None
+            if name == "cached":
+                rcut, sel, layout = trainer.lists
+                for system in data.train:
+                    for frame in range(system.nframes):
+                        make_batch(system, [frame], rcut, sel, "cpu", trainer.nlist_cache, layout)
+                trainer.nlist_cache.misses = 0
             model.train()
             trainers.append(trainer)
-        times: dict[int, list[tuple[float, float, float]]] = {d: [] for d in depths}
+        times: dict[str, list[tuple[float, float, float]]] = {d: [] for d in names}
         for step in range(warmup + steps):
             lr = trainers[0].lr.value(step)
-            for depth, trainer in zip(depths, trainers, strict=True):
+            for depth, trainer in zip(names, trainers, strict=True):
                 w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
                 trainer.train_step(lr)
                 trainer.step += 1
@@ -115,7 +132,7 @@ def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) ->
                 if step >= warmup:
                     times[depth].append(spent)
         taken = {}
-        for depth, trainer in zip(depths, trainers, strict=True):
+        for depth, trainer in zip(names, trainers, strict=True):
             ahead = trainer.prefetch
             taken[depth] = (0 if ahead is None else ahead.used, trainer.nlist_cache.misses)
             if ahead is not None:
@@ -123,8 +140,11 @@ def paired_steps(input_path: str, steps: int, warmup: int, depths: list[int]) ->
     out = {}
     for depth, rows in times.items():
         a = np.array(rows)
-        out[str(depth)] = {
+        out[depth] = {
             "wall_s": float(np.median(a[:, 0])),
+            "mean_wall_s": float(np.mean(a[:, 0])),
+            "mean_process_cpu_s": float(np.mean(a[:, 1])),
+            "mean_thread_cpu_s": float(np.mean(a[:, 2])),
             "process_cpu_s": float(np.median(a[:, 1])),
             "thread_cpu_s": float(np.median(a[:, 2])),
             "lists_built_ahead": taken[depth][0],
@@ -152,22 +172,30 @@ def main() -> None:
     parser.add_argument(
         "--paired-steps", type=int, metavar="N",
         help="instead: N first-epoch steps of a trainer per --prefetch value in one process, "
-        "taken in turn (after 10 warm-up steps), float64, 1 thread",
+        "taken in turn (after 10 warm-up steps), float64, --threads threads",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steady", action="store_true",
+        help="with --paired-steps: also a trainer whose lists are all cached before it starts "
+        "(the steady state), named 'cached'",
     )  # fmt: skip
     args = parser.parse_args()
     if args.paired_steps:
         load = os.getloadavg()[0]
         res = paired_steps(
             os.path.join(os.path.abspath(args.data), "input.json"), args.paired_steps, 10,
-            args.prefetch,
+            args.prefetch, args.threads, args.steady,
         )  # fmt: skip
         print(f"{args.paired_steps} first-epoch steps in turn, load {load:.1f} / "
-              f"{os.getloadavg()[0]:.1f} (medians, ms per step)")  # fmt: skip
+              f"{os.getloadavg()[0]:.1f} (medians and means, ms per step)")  # fmt: skip
         print("| nlist_prefetch | wall | process CPU | training thread CPU | lists built ahead |")
         print("| --- | --- | --- | --- | --- |")
         for depth, r in res.items():
-            print(f"| {depth} | {r['wall_s'] * 1e3:.1f} | {r['process_cpu_s'] * 1e3:.1f} | "
-                  f"{r['thread_cpu_s'] * 1e3:.1f} | {r['lists_built_ahead']} of "
+            cells = [
+                f"{r[k] * 1e3:.1f} (mean {r['mean_' + k] * 1e3:.1f})"
+                for k in ("wall_s", "process_cpu_s", "thread_cpu_s")
+            ]
+            print(f"| {depth} | {' | '.join(cells)} | {r['lists_built_ahead']} of "
                   f"{r['lists_built']} |")  # fmt: skip
         return
     base = os.path.abspath(args.data)

@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.neighbors.nlist import Pairs, neighbor_pairs, pair_order
+from mdtrain.neighbors.nlist import Pairs, frame_pairs
+from mdtrain.neighbors.slots import padded_lists, pair_order
 
 
 def mixed_nlist_from_pairs(
     pairs: Pairs, natoms: int, sel: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(nlist, shift, counts)`` from a frame's full pair list; see `build_mixed_nlist`."""
-    order = pair_order(pairs, pairs.i)
-    ci, cj, cs = pairs.i[order], pairs.j[order], pairs.shift[order]
-    counts = np.bincount(ci, minlength=natoms)
-    start = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    rank = np.arange(len(ci)) - start[ci]
-    keep = rank < sel
-    nlist = np.full((natoms, sel), -1, dtype=np.int64)
-    shift = np.zeros((natoms, sel, 3), dtype=np.int64)
-    nlist[ci[keep], rank[keep]] = cj[keep]
-    shift[ci[keep], rank[keep]] = cs[keep]
-    return nlist, shift, counts
+    nlist, shift, counts = padded_lists(pairs, pairs.i, pair_order(pairs, pairs.i), natoms, [sel])
+    return nlist, shift, counts[:, 0]
 
 
 def build_mixed_nlist(
@@ -42,5 +34,5 @@ def build_mixed_nlist(
     ``sel``. ``box`` holds the cell vectors as rows, or is None for a non-periodic frame.
     """
     coord = np.asarray(coord, dtype=np.float64)
-    pairs = neighbor_pairs(coord, box, rcut)
+    pairs = frame_pairs(coord, box, rcut)
     return mixed_nlist_from_pairs(pairs, len(coord), int(sel))

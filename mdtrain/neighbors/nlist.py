@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mdtrain.neighbors.slots import padded_lists, pair_order
+
 _ZERO_BOX = np.zeros((3, 3))
 _NO_PBC = np.zeros(3, dtype=np.bool_)
 _ALL_PBC = np.ones(3, dtype=np.bool_)
@@ -276,27 +278,6 @@ def neighbor_pairs(coord: np.ndarray, box: np.ndarray | None, rcut: float) -> Pa
     return _search(rcut).pairs(coord, box)
 
 
-def pair_order(pairs: Pairs, group: np.ndarray) -> np.ndarray:
-    """The order of ``pairs`` by ``group`` (a non-negative integer per pair: the centre, or
-    the centre and the neighbour's type), then distance, ties broken by neighbour index and
-    image shift, so that a list's layout does not depend on the library's internal order.
-
-    The same order as one ``np.lexsort`` of all those keys, found faster: by distance, then
-    a stable sort by group (a radix sort when the groups fit 16 bits); only where two pairs
-    of one group lie at exactly the same distance (a perfect lattice) is the full sort run.
-    """
-    if len(group) == 0:
-        return np.zeros(0, dtype=np.int64)
-    small = group.astype(np.int16) if int(group.max()) < 2**15 else group
-    by_dist = np.argsort(pairs.dist)
-    order = by_dist[np.argsort(small[by_dist], kind="stable")]
-    g, d = group[order], pairs.dist[order]
-    if np.any((g[1:] == g[:-1]) & (d[1:] == d[:-1])):
-        s = pairs.shift
-        return np.lexsort((s[:, 2], s[:, 1], s[:, 0], pairs.j, pairs.dist, group))
-    return order
-
-
 def build_nlist(
     coord: np.ndarray,
     box: np.ndarray | None,
@@ -312,22 +293,13 @@ def build_nlist(
     are laid out as [type 0 block (sel[0]) | type 1 block | ...], nearest first in a block.
     """
     atype = np.asarray(atype, dtype=np.int64)
-    natoms = len(atype)
-    ntypes = len(sel)
-    nnei = int(sum(sel))
-    pairs = neighbor_pairs(coord, box, rcut)
-    jtype = atype[pairs.j]
-    order = pair_order(pairs, pairs.i * ntypes + jtype)
-    ci, cj, ct, cs = pairs.i[order], pairs.j[order], jtype[order], pairs.shift[order]
-    group = ci * ntypes + ct
-    counts = np.bincount(group, minlength=natoms * ntypes).reshape(natoms, ntypes)
-    group_start = np.concatenate(([0], np.cumsum(counts.ravel())[:-1]))
-    rank_in_group = np.arange(len(ci)) - group_start[group]
-    offsets = np.concatenate(([0], np.cumsum(sel)[:-1]))
-    keep = rank_in_group < np.asarray(sel)[ct]
-    slot = offsets[ct[keep]] + rank_in_group[keep]
-    nlist = np.full((natoms, nnei), -1, dtype=np.int64)
-    shift = np.zeros((natoms, nnei, 3), dtype=np.int64)
-    nlist[ci[keep], slot] = cj[keep]
-    shift[ci[keep], slot] = cs[keep]
-    return nlist, shift, counts
+    pairs = frame_pairs(coord, box, rcut)
+    group = pairs.i * len(sel) + atype[pairs.j]
+    return padded_lists(pairs, group, pair_order(pairs, group), len(atype), list(sel))
+
+
+def frame_pairs(coord: np.ndarray, box: np.ndarray | None, rcut: float) -> Pairs:
+    """`neighbor_pairs` for a caller that is done with them before this thread's next
+    search: views of the library's buffers where it can (no copy)."""
+    i, j, shift, dist = _search(rcut).compute(coord, box, full=True, shifts=True, copy=False)
+    return Pairs(i=i, j=j, shift=shift, dist=dist)

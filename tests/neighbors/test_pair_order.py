@@ -1,5 +1,6 @@
-"""`nlist.pair_order`, the fast sort of a frame's pairs, against the full ``np.lexsort`` of
-all its keys: on real frames, on pairs with many equal distances, and on a perfect lattice."""
+"""`nlist.pair_order`, the fast sort of a frame's pairs (packed keys, else plain sorts), against
+the full ``np.lexsort`` of all its keys: on real frames, on pairs with many equal distances,
+and on a perfect lattice."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from mdtrain.neighbors.nlist import Pairs, neighbor_pairs, pair_order
+from mdtrain.neighbors.slots import _keyed_order
 
 
 def _lexsort(pairs: Pairs, group: np.ndarray) -> np.ndarray:
@@ -55,3 +57,37 @@ def test_pair_order_of_no_pairs():
         np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3), np.int64), np.zeros(0)
     )
     assert pair_order(empty, empty.i).shape == (0,)
+
+
+def test_packed_key_order_decides_real_frames_and_equals_the_lexsort():
+    rng = np.random.default_rng(9)
+    cell = np.diag([9.0, 10.0, 11.0]) + rng.uniform(-0.5, 0.5, (3, 3))
+    pairs = neighbor_pairs(rng.uniform(0, 9, (150, 3)), cell, 4.0)
+    group = pairs.i * 2 + rng.integers(0, 2, 150)[pairs.j]
+    keyed = _keyed_order(group, pairs.dist)
+    assert keyed is not None  # the fast path is the one taken on such frames
+    np.testing.assert_array_equal(keyed, _lexsort(pairs, group))
+
+
+def test_pairs_of_one_group_within_one_quantum_are_left_to_the_exact_sorts():
+    """Distances one ulp apart (and equal ones) share a quantum: the packed keys cannot
+    order them, so the plain sorts do; the order is the lexsort's either way."""
+    d = 2.5
+    dist = np.array([3.0, d, np.nextafter(d, 0.0), 1.0, d, 0.5])
+    pairs = Pairs(
+        i=np.array([0, 0, 0, 1, 0, 1]),
+        j=np.array([4, 3, 1, 2, 0, 5]),
+        shift=np.zeros((6, 3), np.int64),
+        dist=dist,
+    )
+    assert _keyed_order(pairs.i, pairs.dist) is None
+    np.testing.assert_array_equal(pair_order(pairs, pairs.i), _lexsort(pairs, pairs.i))
+    apart = Pairs(pairs.i[:4], pairs.j[:4], pairs.shift[:4], np.array([3.0, 2.5, 2.0, 1.0]))
+    np.testing.assert_array_equal(_keyed_order(apart.i, apart.dist), [2, 1, 0, 3])
+
+
+def test_packed_keys_give_way_when_the_bits_run_out():
+    rng = np.random.default_rng(2)
+    pairs = _random_pairs(rng, 300, 10, 10**9)
+    assert _keyed_order(pairs.i + 2**45, pairs.dist) is None  # groups need 46 bits
+    assert _keyed_order(pairs.i, np.zeros(300)) is None  # no distance to quantise
