@@ -3,7 +3,7 @@ processes of the same input for two step counts, the per-step slope between them
 
     python benchmarks/first_epoch.py path/to/water [--steps 100 300] [--repeat 2]
         [--prefetch 0 2] [--baseline SRC] [--threads 1] [--precision float64]
-        [--deepmd-env VENV] [--json FILE] [--ensemble N]
+        [--deepmd-env VENV] [--json FILE] [--ensemble N] [--steady N]
 
 The argument is a directory holding a DeePMD ``input.json`` and its systems (the water-2000
 protocol's). Each run takes that input as it is (validation, display, the last checkpoint)
@@ -15,7 +15,10 @@ e.g. the main checkout before a change), its input without ``nlist_prefetch``. W
 counts draws frames whose neighbour lists were never built (the first epoch; the water set
 has 320). ``--ensemble N`` adds every mdtrain variant again as a committee of N (``mdtrain
 train --ensemble N``) and prints the committee's slope over the single model's, round by round.
-``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
+``--steady N`` adds mdtrain (the first ``--prefetch`` value) on copies of the systems cut to
+their first N frames: after a few steps every list is cached, so its slope is the steady
+state's, the reference a first-epoch step is to reach (the statistics differ, not the cost
+of a step). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
 lists at every step).
 
 Every run is a fresh process with ``OMP_NUM_THREADS`` (and DeePMD-kit's thread variables) set
@@ -63,6 +66,33 @@ def run_input(config: dict, base: str, steps: int, precision: str, prefetch: int
     elif prefetch >= 0:
         training["nlist_prefetch"] = prefetch
     return config
+
+
+def truncated_copy(config: dict, base: str, frames: int, dest: str) -> str:
+    """Copies under ``dest`` of the input's systems (training and validation, deepmd/npy)
+    cut to their first ``frames`` frames of each set; returns ``dest``, where the input's
+    relative system paths now lead to the copies."""
+    import shutil
+
+    import numpy as np
+
+    for name in ("training_data", "validation_data"):
+        data = config["training"].get(name)
+        systems = [] if data is None else data["systems"]
+        for path in [systems] if isinstance(systems, str) else systems:
+            source = path if os.path.isabs(path) else os.path.join(base, path)
+            target = os.path.join(dest, os.path.relpath(source, base))
+            for root, _, files in os.walk(source):
+                here = os.path.join(target, os.path.relpath(root, source))
+                os.makedirs(here, exist_ok=True)
+                for file in files:
+                    if file.endswith(".npy") and os.path.basename(root).startswith("set."):
+                        np.save(
+                            os.path.join(here, file), np.load(os.path.join(root, file))[:frames]
+                        )
+                    else:
+                        shutil.copy(os.path.join(root, file), here)
+    return dest
 
 
 def one_run(command: list[str], config: dict, env: dict[str, str]) -> dict:
@@ -170,21 +200,21 @@ def main() -> None:
         "slope over the single model's, per round",
     )  # fmt: skip
     parser.add_argument(
+        "--steady", type=int, metavar="N",
+        help="also mdtrain on the systems cut to N frames each: the steady state's slope "
+        "(with --paired-steps, any N: a trainer whose lists are all cached)",
+    )  # fmt: skip
+    parser.add_argument(
         "--paired-steps", type=int, metavar="N",
         help="instead: N first-epoch steps of a trainer per --prefetch value in one process, "
         "taken in turn (after 10 warm-up steps), float64, --threads threads",
-    )  # fmt: skip
-    parser.add_argument(
-        "--steady", action="store_true",
-        help="with --paired-steps: also a trainer whose lists are all cached before it starts "
-        "(the steady state), named 'cached'",
     )  # fmt: skip
     args = parser.parse_args()
     if args.paired_steps:
         load = os.getloadavg()[0]
         res = paired_steps(
             os.path.join(os.path.abspath(args.data), "input.json"), args.paired_steps, 10,
-            args.prefetch, args.threads, args.steady,
+            args.prefetch, args.threads, bool(args.steady),
         )  # fmt: skip
         print(f"{args.paired_steps} first-epoch steps in turn, load {load:.1f} / "
               f"{os.getloadavg()[0]:.1f} (medians and means, ms per step)")  # fmt: skip
@@ -203,27 +233,38 @@ def main() -> None:
         config = json.load(handle)
     env = thread_env(args.threads)
     mdtrain = [*mdtrain_command(), "train", "input.json"]
-    variants: dict[str, tuple[list[str], int | None, dict[str, str]]] = {}
+    # name -> (command, nlist_prefetch, environment, where the systems are)
+    variants: dict[str, tuple[list[str], int | None, dict[str, str], str]] = {}
     if args.baseline:
         other = {**env, "PYTHONPATH": os.path.abspath(args.baseline)}
-        variants[f"mdtrain from {args.baseline}"] = (mdtrain, -1, other)
+        variants[f"mdtrain from {args.baseline}"] = (mdtrain, -1, other, base)
     for p in args.prefetch:
-        variants[f"mdtrain nlist_prefetch={p}"] = (mdtrain, p, env)
+        variants[f"mdtrain nlist_prefetch={p}"] = (mdtrain, p, env, base)
     if args.ensemble:
-        for name, (command, prefetch, child_env) in list(variants.items()):
+        for name, (command, prefetch, child_env, where) in list(variants.items()):
             committee = [*command, "--ensemble", str(args.ensemble)]
-            variants[f"{name} --ensemble {args.ensemble}"] = (committee, prefetch, child_env)
+            variants[f"{name} --ensemble {args.ensemble}"] = (committee, prefetch, child_env, where)
+    scratch = tempfile.TemporaryDirectory(prefix="first-epoch-steady-")
+    if args.steady:
+        cut = truncated_copy(config, base, args.steady, scratch.name)
+        name = f"mdtrain nlist_prefetch={args.prefetch[0]}, steady ({args.steady} frames/system)"
+        variants[name] = (mdtrain, args.prefetch[0], env, cut)
     if args.deepmd_env:
         dp = os.path.join(args.deepmd_env, "bin", "dp")
-        variants["DeePMD-kit dp --pt train"] = ([dp, "--pt", "train", "input.json"], None, env)
+        variants["DeePMD-kit dp --pt train"] = (
+            [dp, "--pt", "train", "input.json"],
+            None,
+            env,
+            base,
+        )
     n1, n2 = args.steps
     load = [os.getloadavg()[0]]
     rounds: dict[str, list[dict]] = {name: [] for name in variants}
     for r in range(args.repeat):
-        for name, (command, prefetch, child_env) in variants.items():  # alternating
+        for name, (command, prefetch, child_env, where) in variants.items():  # alternating
             runs = {}
             for n in (n1, n2):
-                given = run_input(config, base, n, args.precision, prefetch)
+                given = run_input(config, where, n, args.precision, prefetch)
                 runs[n] = one_run(command, given, child_env)
             slope = {k: (runs[n2][k] - runs[n1][k]) / (n2 - n1) for k in ("wall_s", "cpu_s")}
             rounds[name].append({"runs": {str(n): v for n, v in runs.items()}, "slope": slope})
@@ -247,6 +288,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"load": load, "args": vars(args), "rounds": rounds}, handle, indent=1)
+    scratch.cleanup()
 
 
 def _print_committee_ratios(rounds: dict[str, list[dict]], suffix: str) -> None:

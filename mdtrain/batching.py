@@ -79,7 +79,8 @@ class NeighborListCache:
     Holds at most ``max_bytes``; once full, further frames are simply not kept (training
     draws frames at random, so any kept frame is as likely to come back as another).
     ``ahead``: where lists built in advance wait (training's ``ListPrefetcher``): on a miss,
-    its ``take(key)`` gives them, or None and the list is built here.
+    its ``take(key)`` gives them (as `compact` makes them), or None and the list is built
+    here.
     """
 
     def __init__(self, max_bytes: int = 1 << 30, limit: NeighborLimit | None = None) -> None:
@@ -114,26 +115,53 @@ class NeighborListCache:
         layout: ListLayout = PER_TYPE,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(nlist, shift)`` of one frame as ``layout.build`` returns them (int64)."""
+        nlist, shift = self.get_compact(system, frame, coord, box, rcut, sel, layout)
+        return nlist.astype(np.int64), shift.astype(np.int64)
+
+    def get_compact(
+        self,
+        system: System,
+        frame: int,
+        coord: np.ndarray,
+        box: np.ndarray | None,
+        rcut: float,
+        sel: list[int],
+        layout: ListLayout = PER_TYPE,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`get`'s lists as kept (int32 indices; int8 shifts when they fit): the same
+        values, for a caller that converts them anyway (``make_batch``). Not to be
+        modified: a kept frame's arrays are the cache's own."""
         key = self.key(system, frame, layout, rcut, sel)
         kept = self._lists.get(key)
         if kept is not None:
             self.hits += 1
-            return kept[0].astype(np.int64), kept[1].astype(np.int64)
+            return kept
         self.misses += 1
-        built = None if self.ahead is None else self.ahead.take(key)
-        if built is None:
-            built = layout.build(coord, box, system.atype, rcut, sel)
-        nlist, shift, counts = built
+        ready = None if self.ahead is None else self.ahead.take(key)
+        if ready is None:
+            ready = compact(layout.build(coord, box, system.atype, rcut, sel))
+        small, small_shift, peak = ready
         if self.limit is not None:
-            self.limit.check(counts, system.path, int(frame))
-        small = nlist.astype(np.int32)
-        fits = shift.size == 0 or int(np.abs(shift).max()) <= np.iinfo(np.int8).max
-        small_shift = shift.astype(np.int8 if fits else np.int64)
+            self.limit.check(peak, system.path, int(frame))
         size = small.nbytes + small_shift.nbytes
         if self.nbytes + size <= self.max_bytes:
             self._lists[key] = (small, small_shift)
             self.nbytes += size
-        return nlist, shift
+        return small, small_shift
+
+
+Compact = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def compact(built: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Compact:
+    """``layout.build``'s ``(nlist, shift, counts)`` as the cache keeps them: int32 indices,
+    int8 image shifts when they fit, and of the counts only their largest per block (all
+    that `NeighborLimit.check` reads). Where lists are built ahead (training's
+    ``ListPrefetcher``), this runs there too, not in the step."""
+    nlist, shift, counts = built
+    fits = shift.size == 0 or int(np.abs(shift).max()) <= np.iinfo(np.int8).max
+    peak = counts.max(axis=0, keepdims=True) if counts.size else counts
+    return nlist.astype(np.int32), shift.astype(np.int8 if fits else np.int64), peak
 
 
 def make_batch(
@@ -156,8 +184,8 @@ def make_batch(
     lists, shifts = [], []
     for f in range(coord.shape[0]):
         box = None if boxes is None else boxes[f]
-        if cache is not None:
-            nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel, layout)
+        if cache is not None:  # as kept: converted once, by the stacking below
+            nlist, shift = cache.get_compact(system, indices[f], coord[f], box, rcut, sel, layout)
         else:
             nlist, shift, _ = layout.build(coord[f], box, system.atype, rcut, sel)
         lists.append(nlist)

@@ -28,14 +28,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mdtrain.batching import NeighborListCache
+from mdtrain.batching import Compact, NeighborListCache, compact
 from mdtrain.data import System
 from mdtrain.neighbors.layout import ListLayout
 from mdtrain.train.sampler import TrainingSampler
 
 DEFAULT_DEPTH = 2  # batches ahead: one is enough in a steady run, two absorb a slow frame
-
-_Built = tuple[np.ndarray, np.ndarray, np.ndarray]  # nlist, shift, counts as layout.build
 
 
 class ListPrefetcher:
@@ -49,7 +47,7 @@ class ListPrefetcher:
         self.rcut, self.sel, self.layout = float(lists[0]), list(lists[1]), lists[2]
         self._cond = threading.Condition()
         self._queue: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (coord, box, atype)
-        self._ready: dict[tuple, _Built | None] = {}  # None: failed here, the step retries
+        self._ready: dict[tuple, Compact | None] = {}  # None: failed here, the step retries
         self._wanted: set[tuple] = set()
         self._busy: tuple | None = None
         self._thread: threading.Thread | None = None
@@ -103,9 +101,10 @@ class ListPrefetcher:
                 jobs.append((key, (frames["coord"][n], box, system.atype)))
         return jobs
 
-    def take(self, key: tuple) -> _Built | None:
-        """The lists of ``key`` built here (waiting while they are being built), or None
-        when they are not: the caller builds them itself."""
+    def take(self, key: tuple) -> Compact | None:
+        """The lists of ``key`` built here, as the cache keeps them (``batching.compact``,
+        done here too: the step only stores them), waiting while they are being built; or
+        None when they are not: the caller builds them itself."""
         with self._cond:
             if self._queue.pop(key, None) is not None:
                 return None  # not started: building it now beats waiting behind others
@@ -144,7 +143,9 @@ class ListPrefetcher:
             key, (coord, box, atype) = self._queue.popitem(last=False)
             self._busy = key
         try:
-            built: _Built | None = self.layout.build(coord, box, atype, self.rcut, self.sel)
+            built: Compact | None = compact(
+                self.layout.build(coord, box, atype, self.rcut, self.sel)
+            )
         except Exception:  # noqa: BLE001 - the step searches again and reports it
             built = None
         with self._cond:
