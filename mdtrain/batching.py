@@ -114,23 +114,9 @@ class NeighborListCache:
         sel: list[int],
         layout: ListLayout = PER_TYPE,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(nlist, shift)`` of one frame as ``layout.build`` returns them (int64)."""
-        nlist, shift = self.get_compact(system, frame, coord, box, rcut, sel, layout)
-        return nlist.astype(np.int64), shift.astype(np.int64)
-
-    def get_compact(
-        self,
-        system: System,
-        frame: int,
-        coord: np.ndarray,
-        box: np.ndarray | None,
-        rcut: float,
-        sel: list[int],
-        layout: ListLayout = PER_TYPE,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`get`'s lists as kept (int32 indices; int8 shifts when they fit): the same
-        values, for a caller that converts them anyway (``make_batch``). Not to be
-        modified: a kept frame's arrays are the cache's own."""
+        """``(nlist, shift)`` of one frame: ``layout.build``'s values as kept (int32
+        indices; int8 shifts when they fit), for a caller that converts them anyway
+        (``make_batch``). Not to be modified: a kept frame's arrays are the cache's own."""
         key = self.key(system, frame, layout, rcut, sel)
         kept = self._lists.get(key)
         if kept is not None:
@@ -185,7 +171,7 @@ def make_batch(
     for f in range(coord.shape[0]):
         box = None if boxes is None else boxes[f]
         if cache is not None:  # as kept: converted once, by the stacking below
-            nlist, shift = cache.get_compact(system, indices[f], coord[f], box, rcut, sel, layout)
+            nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel, layout)
         else:
             nlist, shift, _ = layout.build(coord[f], box, system.atype, rcut, sel)
         lists.append(nlist)
