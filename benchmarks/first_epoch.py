@@ -116,7 +116,10 @@ def paired_steps(
     process CPU time and the training thread's own CPU time (``time.thread_time``: what the
     step costs the thread that trains, the lists built ahead excluded). ``steady``: also a
     trainer whose cache holds every training frame's lists before its first step (the
-    steady state after the first epoch), under the name ``cached``."""
+    steady state after the first epoch), under the name ``cached``. Also the training
+    thread's voluntary context switches per step (Linux): each time it had to wait, for the
+    interpreter lock held by the thread building lists ahead among others."""
+    import threading
     import time
 
     import numpy as np
@@ -147,10 +150,20 @@ def paired_steps(
                 trainer.nlist_cache.misses = 0
             model.train()
             trainers.append(trainer)
-        times: dict[str, list[tuple[float, float, float]]] = {d: [] for d in names}
+        status = f"/proc/self/task/{threading.get_native_id()}/status"
+
+        def waits() -> int:  # the training thread's voluntary context switches (0: unknown)
+            if not os.path.exists(status):
+                return 0
+            with open(status, encoding="utf-8") as handle:
+                rows = dict(line.split(":", 1) for line in handle if ":" in line)
+            return int(rows.get("voluntary_ctxt_switches", 0))
+
+        times: dict[str, list[tuple[float, float, float, int]]] = {d: [] for d in names}
         for step in range(warmup + steps):
             lr = trainers[0].lr.value(step)
             for depth, trainer in zip(names, trainers, strict=True):
+                s0 = waits()
                 w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
                 trainer.train_step(lr)
                 trainer.step += 1
@@ -158,6 +171,7 @@ def paired_steps(
                     time.perf_counter() - w0,
                     time.process_time() - c0,
                     time.thread_time() - t0,
+                    waits() - s0,
                 )
                 if step >= warmup:
                     times[depth].append(spent)
@@ -177,6 +191,7 @@ def paired_steps(
             "mean_thread_cpu_s": float(np.mean(a[:, 2])),
             "process_cpu_s": float(np.median(a[:, 1])),
             "thread_cpu_s": float(np.median(a[:, 2])),
+            "thread_waits": float(np.mean(a[:, 3])),
             "lists_built_ahead": taken[depth][0],
             "lists_built": taken[depth][1],
         }
@@ -218,14 +233,16 @@ def main() -> None:
         )  # fmt: skip
         print(f"{args.paired_steps} first-epoch steps in turn, load {load:.1f} / "
               f"{os.getloadavg()[0]:.1f} (medians and means, ms per step)")  # fmt: skip
-        print("| nlist_prefetch | wall | process CPU | training thread CPU | lists built ahead |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| nlist_prefetch | wall | process CPU | training thread CPU | its waits per step "
+              "| lists built ahead |")  # fmt: skip
+        print("| --- | --- | --- | --- | --- | --- |")
         for depth, r in res.items():
             cells = [
                 f"{r[k] * 1e3:.1f} (mean {r['mean_' + k] * 1e3:.1f})"
                 for k in ("wall_s", "process_cpu_s", "thread_cpu_s")
             ]
-            print(f"| {depth} | {' | '.join(cells)} | {r['lists_built_ahead']} of "
+            print(f"| {depth} | {' | '.join(cells)} | {r['thread_waits']:.1f} | "
+                  f"{r['lists_built_ahead']} of "
                   f"{r['lists_built']} |")  # fmt: skip
         return
     base = os.path.abspath(args.data)

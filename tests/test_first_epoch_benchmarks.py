@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.helpers.benchmarks import benchmark_module
@@ -30,10 +31,27 @@ def test_run_inputs_of_mdtrain_a_baseline_and_deepmd(tmp_path):
 @pytest.mark.slow
 def test_paired_first_epoch_steps(tmp_path):
     inp = make_project(tmp_path)
-    result = first_epoch.paired_steps(str(inp), 3, 1, [0, 2])
-    assert set(result) == {"0", "2"}
+    result = first_epoch.paired_steps(str(inp), 3, 1, [0, 2], steady=True)
+    assert set(result) == {"0", "2", "cached"}
     for figures in result.values():
         assert figures["wall_s"] > 0 and figures["thread_cpu_s"] > 0
+        assert figures["thread_waits"] >= 0
+    assert result["cached"]["lists_built"] == 0  # every list in the cache before its steps
+    assert result["0"]["lists_built"] > 0
+
+
+def test_steady_copies_cut_every_system_to_its_first_frames(tmp_path):
+    inp = make_project(tmp_path)
+    config = json.loads(inp.read_text())
+    dest = first_epoch.truncated_copy(config, str(tmp_path), 2, str(tmp_path / "cut"))
+    for name in ("training_data", "validation_data"):
+        for path in config["training"][name]["systems"]:
+            source, cut = tmp_path / path, tmp_path / "cut" / path
+            assert (cut / "type.raw").read_text() == (source / "type.raw").read_text()
+            for array in (source / "set.000").glob("*.npy"):
+                whole, kept = np.load(array), np.load(cut / "set.000" / array.name)
+                assert len(whole) > 2 and np.array_equal(kept, whole[:2])
+    assert dest == str(tmp_path / "cut")
 
 
 def test_floor_counts_and_table(tmp_path):

@@ -230,3 +230,38 @@ def test_a_prefetcher_dropped_without_close_ends_its_thread(system):
     gc.collect()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_lists_built_ahead_arrive_compact_and_meet_the_neighbour_limit_in_the_step(system):
+    """The thread hands over the lists as the cache keeps them (int32, int8, the counts'
+    maximum per type); a frame with more neighbours than the limit still fails in the step,
+    with the message of a list built there."""
+    from mdtrain.batching import NeighborLimit
+    from mdtrain.errors import MDTrainError
+
+    counts = PER_TYPE.build(*_frame(system, 4), system.atype, RCUT, SEL)[2]
+    found = [int(n) for n in counts.max(axis=0)]
+    messages = []
+    for ahead in (False, True):
+        cache = NeighborListCache(limit=NeighborLimit((found[0], found[1] - 1), "a test"))
+        prefetcher = ListPrefetcher(cache, (RCUT, SEL, PER_TYPE)) if ahead else None
+        cache.ahead = prefetcher
+        try:
+            if prefetcher is not None:
+                prefetcher.plan([(system, np.array([4]))])
+                _wait(prefetcher, 1)
+                built = prefetcher._ready[cache.key(system, 4, PER_TYPE, RCUT, SEL)]
+                assert built[0].dtype == np.int32 and built[1].dtype == np.int8
+                assert built[2].tolist() == [found]  # all the limit check reads
+            with pytest.raises(MDTrainError) as error:
+                make_batch(system, [4], RCUT, SEL, cache=cache)
+            messages.append(str(error.value))
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+    assert messages[0] == messages[1] and f"{found[1]} neighbours of type 1" in messages[0]
+
+
+def _frame(system, frame: int) -> tuple:
+    frames = system.frames([frame], labels=())
+    return frames["coord"][0], None if frames.get("box") is None else frames["box"][0]
