@@ -59,10 +59,11 @@ def _keyed_order(group: np.ndarray, dist: np.ndarray) -> np.ndarray | None:
     group_bits = max(1, int(group.max()).bit_length())
     dist_bits = min(_MAX_DIST_BITS, 63 - index_bits - group_bits)
     top = float(dist.max())
-    if dist_bits < _MIN_DIST_BITS or not np.isfinite(top) or top <= 0.0:
-        return None
     levels = float(2**dist_bits - 1)
-    q = np.minimum(dist * (levels / top), levels).astype(np.int64)  # >= 0: floor
+    scale = levels / top if np.isfinite(top) and top > 0.0 else np.inf
+    if dist_bits < _MIN_DIST_BITS or not np.isfinite(scale):
+        return None
+    q = np.minimum(dist * scale, levels).astype(np.int64)  # >= 0: floor
     keys = (group << (dist_bits + index_bits)) | (q << index_bits)
     keys |= np.arange(n, dtype=np.int64)
     keys.sort()

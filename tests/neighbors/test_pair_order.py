@@ -91,3 +91,13 @@ def test_packed_keys_give_way_when_the_bits_run_out():
     pairs = _random_pairs(rng, 300, 10, 10**9)
     assert _keyed_order(pairs.i + 2**45, pairs.dist) is None  # groups need 46 bits
     assert _keyed_order(pairs.i, np.zeros(300)) is None  # no distance to quantise
+
+
+def test_packed_keys_give_way_on_degenerate_distances():
+    pairs = Pairs(np.array([0, 0, 1]), np.array([1, 2, 0]), np.zeros((3, 3), np.int64),
+                  np.array([0.0, 1e-300, np.nan]))  # fmt: skip
+    assert _keyed_order(pairs.i, pairs.dist) is None  # not finite
+    tiny = np.array([0.0, 1e-300, 5e-301])  # levels / largest overflows
+    assert _keyed_order(pairs.i, tiny) is None
+    tied = Pairs(pairs.i, pairs.j, pairs.shift, tiny)
+    np.testing.assert_array_equal(pair_order(tied, tied.i), _lexsort(tied, tied.i))
