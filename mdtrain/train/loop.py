@@ -42,7 +42,7 @@ from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.member import Member
 from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import check_networks, committee_problem, mode_of
-from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, coming
+from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, Lookahead
 from mdtrain.train.resume import member_dirs
 from mdtrain.train.sampler import make_sampler
 from mdtrain.train.training_loop import TrainingLoop
@@ -101,6 +101,7 @@ class Trainer(TrainingLoop):
             ListPrefetcher(self.nlist_cache, self.lists) if self.prefetch_depth else None
         )
         self.nlist_cache.ahead = self.prefetch
+        self.lookahead = Lookahead()  # the samplers' coming draws, kept between steps
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
@@ -200,7 +201,8 @@ class Trainer(TrainingLoop):
             depth = min(self.prefetch_depth, self.numb_steps - self.step - 1)
             samplers = [self.members[group[0]].sampler for group in self.groups]
             current = [draws[group[0]] for group in self.groups]
-            self.prefetch.plan(coming(self.train_systems, samplers, current, depth, growth))
+            batches = self.lookahead.coming(self.train_systems, samplers, current, depth, growth)
+            self.prefetch.plan(batches)
         for member in self.members:
             for group in member.optimizer.param_groups:
                 group["lr"] = lr

@@ -192,6 +192,55 @@ def coming(
 ) -> list[tuple[System, np.ndarray]]:
     """The batches of this step (``current``: each sampler's draw) and of the ``depth`` steps
     after it, step by step, as ``(system, frames)``; ``scale``: the batch controller's."""
-    ahead = [sampler.peek(max(0, depth), scale) for sampler in samplers]
-    steps = [current, *zip(*ahead)]
-    return [(systems[index], frames) for step in steps for index, frames in step]
+    return Lookahead().coming(systems, samplers, current, depth, scale)
+
+
+class Lookahead:
+    """`coming`, kept from one step to the next: each sampler's copy (``copy_ahead``) stays
+    ahead and draws one more batch a step, instead of a fresh copy (its random generator
+    copied) and ``depth`` draws every step. A step whose draw is not the one foreseen (a
+    restart, another batch scale) starts afresh. A wrong guess could only make the step
+    build a list itself: lists are found by frame, never by guess."""
+
+    def __init__(self) -> None:
+        # per sampler: the sampler, the scale, its copy, the copy's draws not yet reached
+        self._kept: list[tuple[TrainingSampler, int, TrainingSampler, list] | None] = []
+
+    def coming(
+        self,
+        systems: list[System],
+        samplers: list[TrainingSampler],
+        current: list[tuple[int, np.ndarray]],
+        depth: int,
+        scale: int = 1,
+    ) -> list[tuple[System, np.ndarray]]:
+        """As the function `coming`."""
+        depth = max(0, depth)
+        if len(self._kept) != len(samplers):
+            self._kept = [None] * len(samplers)
+        ahead = []
+        for k, (sampler, now) in enumerate(zip(samplers, current, strict=True)):
+            kept = self._kept[k]
+            if (
+                kept is not None
+                and kept[0] is sampler
+                and kept[1] == scale
+                and _foreseen(kept[3], now)
+            ):
+                copy, draws = kept[2], kept[3][1:]
+            elif depth == 0:  # nothing to foresee (the run's last step)
+                self._kept[k] = None
+                ahead.append([])
+                continue
+            else:
+                copy, draws = sampler.copy_ahead(), []
+            while len(draws) < depth:
+                draws.append(copy.next_batch(scale))
+            self._kept[k] = (sampler, scale, copy, draws)
+            ahead.append(draws[:depth])
+        steps = [current, *zip(*ahead)]
+        return [(systems[index], frames) for step in steps for index, frames in step]
+
+
+def _foreseen(draws: list[tuple[int, np.ndarray]], now: tuple[int, np.ndarray]) -> bool:
+    return bool(draws) and draws[0][0] == now[0] and np.array_equal(draws[0][1], now[1])

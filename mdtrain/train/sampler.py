@@ -258,11 +258,17 @@ class TrainingSampler:
 
     def peek(self, count: int, scale: int = 1) -> list[tuple[int, np.ndarray]]:
         """The next ``count`` draws of `next_batch` (at ``scale``), this sampler unchanged:
-        they are drawn from a copy (the permutations, never modified, are shared)."""
+        they are drawn from a copy (`copy_ahead`)."""
+        ahead = self.copy_ahead()
+        return [ahead.next_batch(scale) for _ in range(count)]
+
+    def copy_ahead(self) -> TrainingSampler:
+        """A copy that draws what this sampler draws next, this one unchanged (the
+        permutations, never modified, are shared)."""
         ahead = copy.copy(self)
         ahead._rng = copy.deepcopy(self._rng)
         ahead._epoch, ahead._pos, ahead._perm = list(self._epoch), list(self._pos), list(self._perm)
-        return [ahead.next_batch(scale) for _ in range(count)]
+        return ahead
 
     def __iter__(self) -> TrainingSampler:
         return self

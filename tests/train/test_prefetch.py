@@ -265,3 +265,31 @@ def test_lists_built_ahead_arrive_compact_and_meet_the_neighbour_limit_in_the_st
 def _frame(system, frame: int) -> tuple:
     frames = system.frames([frame], labels=())
     return frames["coord"][0], None if frames.get("box") is None else frames["box"][0]
+
+
+def test_the_lookahead_kept_between_steps_foresees_what_a_fresh_peek_does(system, monkeypatch):
+    """One copy per sampler, drawn one batch further each step, gives every step the
+    batches `coming` gives from a fresh copy: across epochs, a new batch scale and a
+    shrinking depth (the run's last steps); a changed scale starts a new copy."""
+    copies = []
+    copy_ahead = TrainingSampler.copy_ahead
+
+    def counted(self):
+        copies.append(self)
+        return copy_ahead(self)
+
+    samplers = [TrainingSampler([10, 4], [2, 1], [0.6, 0.4], seed=s) for s in (5, 6)]
+    twins = [TrainingSampler([10, 4], [2, 1], [0.6, 0.4], seed=s) for s in (5, 6)]
+    systems = [system, system]
+    lookahead = prefetch_module.Lookahead()
+    for step in range(30):
+        scale = 1 if step < 20 else 2
+        depth = min(2, 28 - step) if step != 25 else 0  # 0: a step with nothing ahead
+        current = [s.next_batch(scale) for s in samplers]
+        expected = coming(systems, twins, [t.next_batch(scale) for t in twins], depth, scale)
+        monkeypatch.setattr(TrainingSampler, "copy_ahead", counted)
+        got = lookahead.coming(systems, samplers, current, depth, scale)
+        monkeypatch.setattr(TrainingSampler, "copy_ahead", copy_ahead)
+        assert [f.tolist() for _, f in got] == [f.tolist() for _, f in expected]
+    # each sampler once and once more at the new scale; none where nothing is to be foreseen
+    assert len(copies) == 4
