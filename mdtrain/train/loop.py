@@ -101,7 +101,7 @@ class Trainer(TrainingLoop):
             ListPrefetcher(self.nlist_cache, self.lists) if self.prefetch_depth else None
         )
         self.nlist_cache.ahead = self.prefetch
-        self.lookahead = Lookahead()  # the samplers' coming draws, kept between steps
+        self.lookahead = Lookahead(train_systems)  # the samplers' coming draws, kept
         self.disp_freq = int(training["disp_freq"])
         self.save_freq = int(training["save_freq"])
         self.max_norm = training.get("gradient_max_norm")
@@ -201,8 +201,7 @@ class Trainer(TrainingLoop):
             depth = min(self.prefetch_depth, self.numb_steps - self.step - 1)
             samplers = [self.members[group[0]].sampler for group in self.groups]
             current = [draws[group[0]] for group in self.groups]
-            batches = self.lookahead.coming(self.train_systems, samplers, current, depth, growth)
-            self.prefetch.plan(batches)
+            self.prefetch.plan(self.lookahead.batches(samplers, current, depth, growth))
         for member in self.members:
             for group in member.optimizer.param_groups:
                 group["lr"] = lr

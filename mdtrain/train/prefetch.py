@@ -192,7 +192,7 @@ def coming(
 ) -> list[tuple[System, np.ndarray]]:
     """The batches of this step (``current``: each sampler's draw) and of the ``depth`` steps
     after it, step by step, as ``(system, frames)``; ``scale``: the batch controller's."""
-    return Lookahead().coming(systems, samplers, current, depth, scale)
+    return Lookahead(systems).batches(samplers, current, depth, scale)
 
 
 class Lookahead:
@@ -202,19 +202,14 @@ class Lookahead:
     restart, another batch scale) starts afresh. A wrong guess could only make the step
     build a list itself: lists are found by frame, never by guess."""
 
-    def __init__(self) -> None:
+    def __init__(self, systems: list[System]) -> None:
+        self.systems = systems
         # per sampler: the sampler, the scale, its copy, the copy's draws not yet reached
         self._kept: list[tuple[TrainingSampler, int, TrainingSampler, list] | None] = []
 
-    def coming(
-        self,
-        systems: list[System],
-        samplers: list[TrainingSampler],
-        current: list[tuple[int, np.ndarray]],
-        depth: int,
-        scale: int = 1,
-    ) -> list[tuple[System, np.ndarray]]:
-        """As the function `coming`."""
+    def batches(self, samplers: list[TrainingSampler], current: list, depth: int, scale: int = 1):
+        """As `coming` for these systems: ``(system, frames)`` of this step's draws
+        (``current``) and of the ``depth`` steps after them."""
         depth = max(0, depth)
         if len(self._kept) != len(samplers):
             self._kept = [None] * len(samplers)
@@ -239,7 +234,7 @@ class Lookahead:
             self._kept[k] = (sampler, scale, copy, draws)
             ahead.append(draws[:depth])
         steps = [current, *zip(*ahead)]
-        return [(systems[index], frames) for step in steps for index, frames in step]
+        return [(self.systems[index], frames) for step in steps for index, frames in step]
 
 
 def _foreseen(draws: list[tuple[int, np.ndarray]], now: tuple[int, np.ndarray]) -> bool:

@@ -281,14 +281,14 @@ def test_the_lookahead_kept_between_steps_foresees_what_a_fresh_peek_does(system
     samplers = [TrainingSampler([10, 4], [2, 1], [0.6, 0.4], seed=s) for s in (5, 6)]
     twins = [TrainingSampler([10, 4], [2, 1], [0.6, 0.4], seed=s) for s in (5, 6)]
     systems = [system, system]
-    lookahead = prefetch_module.Lookahead()
+    lookahead = prefetch_module.Lookahead(systems)
     for step in range(30):
         scale = 1 if step < 20 else 2
         depth = min(2, 28 - step) if step != 25 else 0  # 0: a step with nothing ahead
         current = [s.next_batch(scale) for s in samplers]
         expected = coming(systems, twins, [t.next_batch(scale) for t in twins], depth, scale)
         monkeypatch.setattr(TrainingSampler, "copy_ahead", counted)
-        got = lookahead.coming(systems, samplers, current, depth, scale)
+        got = lookahead.batches(samplers, current, depth, scale)
         monkeypatch.setattr(TrainingSampler, "copy_ahead", copy_ahead)
         assert [f.tolist() for _, f in got] == [f.tolist() for _, f in expected]
     # each sampler once and once more at the new scale; none where nothing is to be foreseen
