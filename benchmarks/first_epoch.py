@@ -17,8 +17,8 @@ has 320). ``--ensemble N`` adds every mdtrain variant again as a committee of N 
 train --ensemble N``) and prints the committee's slope over the single model's, round by round.
 ``--steady N`` adds mdtrain (the first ``--prefetch`` value) on copies of the systems cut to
 their first N frames: after a few steps every list is cached, so its slope is the steady
-state's, the reference a first-epoch step is to reach (the statistics differ, not the cost
-of a step). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
+state's; a rough reference only: the statistics, and with them the arithmetic, differ from
+the full data's (``--paired-steps --steady`` compares the same frames and model). ``--deepmd-env`` adds ``dp --pt train`` of the same input (DeePMD-kit builds its
 lists at every step).
 
 Every run is a fresh process with ``OMP_NUM_THREADS`` (and DeePMD-kit's thread variables) set
