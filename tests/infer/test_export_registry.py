@@ -17,6 +17,7 @@ only; the others are ``slow``."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -219,6 +220,21 @@ def atten_program(atten_files) -> ExportedModel:
     return load_model(atten_files[1])
 
 
+@pytest.fixture
+def loaded_once(atten_files, atten_program, monkeypatch) -> None:
+    """The commands below read the program through `load_model` as ever; its graph, rebuilt
+    by every load (seconds), comes from the fixture's load of the same file."""
+    import mdtrain.infer.load as loading
+
+    real = loading.load_program
+
+    def load_program(path, device="cpu"):
+        same = os.path.samefile(path, atten_files[1]) and torch.device(device).type == "cpu"
+        return atten_program if same else real(path, device)
+
+    monkeypatch.setattr(loading, "load_program", load_program)
+
+
 @pytest.fixture(scope="module")
 def water_system(tmp_path_factory) -> str:
     return write_npy_system(tmp_path_factory.mktemp("sys") / "sys", **water_labeled(3, 6, seed=6))
@@ -242,7 +258,7 @@ def test_calculator_takes_a_type_mixed_program(atten_files, atten_program):
         assert np.abs(got[0][1]).max() > 1e-3
 
 
-def test_test_command_takes_a_type_mixed_program(atten_files, water_system, tmp_path):
+def test_test_command_takes_a_type_mixed_program(atten_files, water_system, loaded_once, tmp_path):
     ckpt, path, _ = atten_files
     figures = []
     for model in (ckpt, path):
@@ -254,7 +270,7 @@ def test_test_command_takes_a_type_mixed_program(atten_files, water_system, tmp_
         assert figures[1][key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
 
 
-def test_model_devi_takes_a_type_mixed_program(atten_files, water_system, tmp_path):
+def test_model_devi_takes_a_type_mixed_program(atten_files, water_system, loaded_once, tmp_path):
     ckpt, path, other = atten_files
     texts = []
     for model in (ckpt, path):
