@@ -78,3 +78,21 @@ def ref_neighbours(coord, box, atype, rcut, sel):
 def ref_switch(r, rs, rc):
     u = (min(max(r, rs), rc) - rs) / (rc - rs)
     return u**3 * (-6 * u**2 + 15 * u - 10) + 1
+
+
+# Cell shapes that small-cell searches must get right: (edge lengths, tilt)
+SMALL_CELLS = {
+    "triclinic": ((5.5, 6.5, 7.5), 0.3),  # shorter than 2·rcut (4 Å): several images of a neighbour
+    "skewed": ((6.0, 5.0, 7.0), 0.9),  # strongly tilted: planes much closer than the edges
+    "tiny": ((1.9, 2.6, 3.3), 0.4),  # shorter than rcut everywhere: own images, many shells
+    "slab": ((2.2, 9.0, 10.0), 0.2),  # tiny in one direction only
+}
+
+
+def small_cell_frames(rng, case: str, nframes: int, natoms: int):
+    """(coords, boxes) of one `SMALL_CELLS` shape, each frame its own strained cell, atoms
+    partly outside it."""
+    lengths, tilt = SMALL_CELLS[case]
+    boxes = np.stack([random_cell(rng, lengths, tilt) for _ in range(nframes)])
+    frac = rng.uniform(-0.4, 1.4, size=(nframes, natoms, 3))  # unwrapped coordinates
+    return np.einsum("fai,fij->faj", frac, boxes), boxes

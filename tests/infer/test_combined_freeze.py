@@ -11,12 +11,13 @@ import torch
 
 from mdtrain.cli import main
 from mdtrain.infer.load import load_model
-from mdtrain.model.combined_build import build_combined_model
 from mdtrain.neighbors.layout import layout_of
 from tests.helpers.finite_diff import fd_forces, rel_err
+from tests.helpers.model_files import (
+    random_combined_model,
+)
 from tests.helpers.models import (
     save_tiny_checkpoint,
-    set_random_stats,
     small_config,
     triclinic,
     water_like,
@@ -37,12 +38,7 @@ def combined(kind: str, table, params: bool = False):
         pairtab = {"type": "pairtab", "tab_file": str(table), "rcut": 4.0, "sel": 60}
         cfg = {"type": "linear_ener", "type_map": ["O", "H"],
                "models": [near, far, pairtab], "weights": [0.5, -2.0, 0.25]}  # fmt: skip
-    model = build_combined_model(cfg)
-    for k, part in enumerate(model.parts):
-        if hasattr(part, "descriptor"):
-            set_random_stats(part, seed=k)
-    model.set_out_bias([0.3, -0.2])
-    return model.eval()
+    return random_combined_model(cfg)
 
 
 def inputs(model, nmol: int, seed: int, periodic: bool = True, squeeze: float = 1.0):

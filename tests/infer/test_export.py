@@ -26,8 +26,12 @@ from mdtrain.infer.program import ExportedModel, is_exported_program
 from mdtrain.infer.test import evaluate_system
 from mdtrain.model.backend import as_reference
 from mdtrain.neighbors.nlist import build_nlist
-from tests.helpers.committee import member_model, read_model_devi, write_model
+from tests.helpers.committee import member_model, write_model
 from tests.helpers.datagen import random_water_like, water_labeled, write_npy_system
+from tests.helpers.model_files import (
+    assert_same_model_devi,
+    assert_same_test_figures,
+)
 from tests.helpers.models import (
     save_tiny_checkpoint,
     small_config,
@@ -165,23 +169,10 @@ def test_calculator_test_and_model_devi_take_a_program(exported, tmp_path):
             np.testing.assert_allclose(have, want, rtol=0, atol=1e-12)
 
     system = write_npy_system(tmp_path / "sys", **water_labeled(nframes=3, seed=6))
-    figures = []
-    for model in (ckpt, path):
-        out = tmp_path / "res.json"
-        assert main(["test", "-m", model, "-s", system, "--json", str(out)]) == 0
-        figures.append(json.loads(out.read_text())["total"])
-    assert figures[1].keys() == figures[0].keys() and "force_rmse" in figures[0]
-    for key, value in figures[0].items():
-        assert figures[1][key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    assert "force_rmse" in assert_same_test_figures(ckpt, path, system, tmp_path)
 
     other = write_model(member_model(1), tmp_path / "other.pt")
-    texts = []
-    for model in (ckpt, path):
-        out = tmp_path / f"devi-{len(texts)}.out"
-        assert main(["model-devi", "-m", model, other, "-s", system, "-o", str(out)]) == 0
-        texts.append(out.read_text())
-    assert texts[1] == texts[0]
-    assert np.all(read_model_devi(out)[0][2][:, 4] > 0)  # the two models differ
+    assert_same_model_devi(ckpt, path, other, system, tmp_path)
 
 
 def test_program_on_another_device(exported, program, water_system):

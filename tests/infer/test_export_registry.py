@@ -16,7 +16,6 @@ only; the others are ``slow``."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -32,7 +31,6 @@ from mdtrain.infer.load import load_model
 from mdtrain.infer.program import ExportedModel
 from mdtrain.model import EnergyModel
 from mdtrain.model.combined_build import build_combined_model
-from tests.helpers.committee import read_model_devi
 from tests.helpers.datagen import (
     random_water_like,
     tensor_labels,
@@ -40,6 +38,11 @@ from tests.helpers.datagen import (
     write_npy_system,
 )
 from tests.helpers.descriptor_battery import battery_config, case_id, layout_cases
+from tests.helpers.model_files import (
+    assert_same_model_devi,
+    assert_same_test_figures,
+    random_combined_model,
+)
 from tests.helpers.models import (
     INVARIANT_CASES,
     TENSOR_DESCRIPTORS,
@@ -79,12 +82,7 @@ def combined_model(kind: str, table) -> torch.nn.Module:
         plain["descriptor"].update(rcut=2.5, sel=[6, 12], seed=5)
         cfg = {"type": "linear_ener", "type_map": ["O", "H"],
                "models": [atten, plain, pairtab], "weights": [0.5, -2.0, 0.25]}  # fmt: skip
-    model = build_combined_model(cfg)
-    for k, part in enumerate(model.parts):
-        if hasattr(part, "descriptor"):
-            set_random_stats(part, seed=k)
-    model.set_out_bias([0.3, -0.2])
-    return model.eval()
+    return random_combined_model(cfg)
 
 
 def assert_program_equals_model(program, model) -> None:
@@ -125,14 +123,8 @@ def assert_test_figures_agree(model, program: str, labels, tmp_path) -> None:
     coords, types, boxes = random_water_like(2, 4, 6.0, seed=2)
     extra = labels(coords, types)
     system = write_npy_system(tmp_path / "sys", coords, types, ["O", "H"], boxes, extra=extra)
-    figures = []
-    for path in (save_tiny_checkpoint(tmp_path / "m.pt", model), program):
-        out = tmp_path / "res.json"
-        assert main(["test", "-m", path, "-s", system, "--json", str(out)]) == 0
-        figures.append(json.loads(out.read_text())["total"])
-    assert len(figures[0]) > 2 and figures[1].keys() == figures[0].keys()
-    for key, value in figures[0].items():
-        assert figures[1][key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    ckpt = save_tiny_checkpoint(tmp_path / "m.pt", model)
+    assert len(assert_same_test_figures(ckpt, program, system, tmp_path)) > 2
 
 
 def exported(model, path) -> ExportedModel:
@@ -260,22 +252,9 @@ def test_calculator_takes_a_type_mixed_program(atten_files, atten_program):
 
 def test_test_command_takes_a_type_mixed_program(atten_files, water_system, loaded_once, tmp_path):
     ckpt, path, _ = atten_files
-    figures = []
-    for model in (ckpt, path):
-        out = tmp_path / "res.json"
-        assert main(["test", "-m", model, "-s", water_system, "--json", str(out)]) == 0
-        figures.append(json.loads(out.read_text())["total"])
-    assert figures[1].keys() == figures[0].keys() and "force_rmse" in figures[0]
-    for key, value in figures[0].items():
-        assert figures[1][key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    assert "force_rmse" in assert_same_test_figures(ckpt, path, water_system, tmp_path)
 
 
 def test_model_devi_takes_a_type_mixed_program(atten_files, water_system, loaded_once, tmp_path):
     ckpt, path, other = atten_files
-    texts = []
-    for model in (ckpt, path):
-        out = tmp_path / f"devi-{len(texts)}.out"
-        assert main(["model-devi", "-m", model, other, "-s", water_system, "-o", str(out)]) == 0
-        texts.append(out.read_text())
-    assert texts[1] == texts[0]
-    assert np.all(read_model_devi(out)[0][2][:, 4] > 0)  # the two models differ
+    assert_same_model_devi(ckpt, path, other, water_system, tmp_path)

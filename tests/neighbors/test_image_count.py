@@ -12,27 +12,23 @@ from mdtrain.neighbors import images
 from mdtrain.neighbors.image_count import neighbor_counts
 from mdtrain.neighbors.nlist import NeighborSearch
 from mdtrain.neighbors.window import search_window
-from tests.helpers.reference import brute_force_pairs, random_cell
+from tests.helpers.reference import (
+    SMALL_CELLS,
+    brute_force_pairs,
+    random_cell,
+    small_cell_frames,
+)
 
 RCUT = 4.0
 NTYPES = 3
-CELLS = {
-    "triclinic": ((5.5, 6.5, 7.5), 0.3),  # shorter than 2·rcut: several images of a neighbour
-    "skewed": ((6.0, 5.0, 7.0), 0.9),  # strongly tilted: planes much closer than the edges
-    "tiny": ((1.9, 2.6, 3.3), 0.4),  # shorter than rcut everywhere: own images, many shells
-    "slab": ((2.2, 9.0, 10.0), 0.2),  # tiny in one direction only
-}
 
 
 def frames(case: str, seed: int, nframes: int = 3, natoms: int = 6):
     """Frames of one cell shape (each frame its own strained cell), atoms partly outside,
     and random atom types per frame."""
     rng = np.random.default_rng(seed)
-    lengths, tilt = CELLS[case]
-    boxes = np.stack([random_cell(rng, lengths, tilt) for _ in range(nframes)])
-    frac = rng.uniform(-0.4, 1.4, size=(nframes, natoms, 3))  # unwrapped coordinates
-    types = rng.integers(0, NTYPES, size=(nframes, natoms))
-    return np.einsum("fai,fij->faj", frac, boxes), boxes, types
+    coords, boxes = small_cell_frames(rng, case, nframes, natoms)
+    return coords, boxes, rng.integers(0, NTYPES, size=(nframes, natoms))
 
 
 def brute_force_counts(coord, box, types, rcut=RCUT):
@@ -58,7 +54,7 @@ def assert_as_listed(coords, boxes, types, counts, npairs, lowest, rcut=RCUT):
         assert lowest[f] == (dist[k].min() if k.any() else np.inf)  # bit for bit
 
 
-@pytest.mark.parametrize("case", sorted(CELLS))
+@pytest.mark.parametrize("case", sorted(SMALL_CELLS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_counts_match_brute_force_and_the_listing(case, seed):
     coords, boxes, types = frames(case, seed)

@@ -13,24 +13,19 @@ from mdtrain.neighbors import images
 from mdtrain.neighbors.nlist import NeighborSearch, build_nlist, neighbor_pairs
 from mdtrain.neighbors.stat import compute_neighbor_stat
 from mdtrain.neighbors.window import search_window
-from tests.helpers.reference import brute_force_pairs, random_cell
+from tests.helpers.reference import (
+    SMALL_CELLS,
+    brute_force_pairs,
+    random_cell,
+    small_cell_frames,
+)
 
 RCUT = 4.0
-CELLS = {
-    "triclinic": ((5.5, 6.5, 7.5), 0.3),  # shorter than 2·rcut: several images of a neighbour
-    "skewed": ((6.0, 5.0, 7.0), 0.9),  # strongly tilted: planes much closer than the edges
-    "tiny": ((1.9, 2.6, 3.3), 0.4),  # shorter than rcut everywhere: own images, many shells
-    "slab": ((2.2, 9.0, 10.0), 0.2),  # tiny in one direction only
-}
 
 
 def frames(case: str, seed: int, nframes: int = 3, natoms: int = 6):
     """Frames of one cell shape (each frame its own strained cell), atoms partly outside."""
-    rng = np.random.default_rng(seed)
-    lengths, tilt = CELLS[case]
-    boxes = np.stack([random_cell(rng, lengths, tilt) for _ in range(nframes)])
-    frac = rng.uniform(-0.4, 1.4, size=(nframes, natoms, 3))  # unwrapped coordinates
-    return np.einsum("fai,fij->faj", frac, boxes), boxes
+    return small_cell_frames(np.random.default_rng(seed), case, nframes, natoms)
 
 
 def rows(i, j, shift, dist) -> list[tuple]:
@@ -47,7 +42,7 @@ def mirrored(half: list[tuple]) -> list[tuple]:
     return sorted(half + [(j, i, -a, -b, -c, d) for i, j, a, b, c, d in half])
 
 
-@pytest.mark.parametrize("case", sorted(CELLS))
+@pytest.mark.parametrize("case", sorted(SMALL_CELLS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_pairs_match_brute_force_and_the_library(case, seed):
     coords, boxes = frames(case, seed)
