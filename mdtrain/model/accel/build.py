@@ -1,4 +1,4 @@
-"""Building the compiled embedding kernels (``csrc/embedding.cpp``) for this machine.
+"""Building the compiled kernels (every ``csrc/*.cpp``, one library) for this machine.
 
 They are built with the system's C++ compiler (``$CXX``, else ``c++``) for this CPU
 (``-march=native``), against the OpenMP runtime torch already loaded, and cached under
@@ -20,7 +20,7 @@ import torch
 
 log = logging.getLogger("mdtrain.model.accel")
 
-SOURCE = Path(__file__).with_name("csrc") / "embedding.cpp"
+SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.cpp"))
 
 
 def _cpu_signature() -> str:
@@ -69,7 +69,7 @@ def build(compiler: str) -> Path:
     key = hashlib.sha256(
         "\0".join(
             [
-                SOURCE.read_text(),
+                *(source.read_text() for source in SOURCES),
                 version,
                 " ".join(flags + link),
                 torch.__version__,
@@ -96,14 +96,14 @@ def build(compiler: str) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *flags, str(SOURCE), "-o", tmp, *link],
+            [compiler, *flags, *map(str, SOURCES), "-o", tmp, *link],
             capture_output=True,
             text=True,
             timeout=600,
         )
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["(no output)"])[0]
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {first}")
+            raise RuntimeError(f"compiling the kernels failed: {first}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
