@@ -22,6 +22,7 @@ LAYERS: list[list[str]] = [
     ["mdtrain.progress"],
     ["mdtrain.schema"],
     ["mdtrain.config", "mdtrain.schema_doc"],
+    ["mdtrain.heap"],  # freed memory kept (no torch)
     ["mdtrain.memory"],
     ["mdtrain.data"],
     ["mdtrain.neighbors"],

@@ -24,6 +24,7 @@ import os
 from typing import Any
 
 from mdtrain.errors import MDTrainError
+from mdtrain.heap import keep_freed_memory
 from mdtrain.neighbors.sel import DEFAULT_SEL_RATIO, parse_sel, resolve_sel
 from mdtrain.neighbors.stat import compute_neighbor_stat
 from mdtrain.neighbors.stat_file import write_neighbor_stat
@@ -79,6 +80,7 @@ def run_neighbor_stat(args: argparse.Namespace) -> int:
     # collecting: the collector's passes over them cost 3-4 % of the command
     collecting = gc.isenabled()
     gc.disable()
+    keep_freed_memory()  # the passes' arrays reused, not faulted in again
     try:
         listings: dict = {}  # each system folder listed once, when it is found
         paths = expand_systems(entries, base_dir, listings)
