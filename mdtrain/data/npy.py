@@ -281,6 +281,11 @@ class NpyStore:
             _kept_total += grown
         return header.shape, header.dtype
 
+    def kept(self, set_name: str, name: str) -> np.ndarray | None:
+        """The whole array when it came with its header's read (read-only, as stored), else
+        None."""
+        return self._kept.get((set_name, name))
+
     def array(self, set_name: str, name: str) -> np.ndarray:
         """The whole array, memory-mapped or kept (no copy, read-only); see ``_MAPS`` for
         how many maps stay open."""

@@ -8,7 +8,6 @@ array handed out is in that order; ``atom_order`` maps it back to the file's ord
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mdtrain.data.hdf5 import H5Store
+from mdtrain.data.identity import content_digest
 from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported from here too)
     ATOMIC_TENSORS,
     EXTRA_LABELS,
@@ -32,7 +32,6 @@ from mdtrain.data.types import remap_types, sort_by_type
 from mdtrain.errors import MDTrainError
 
 _ARRAYS = ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS)  # besides coord
-_HASH_BYTES = 4 << 20  # the fingerprint reads frames this many bytes (as float64) at a time
 
 
 class MixedTypeFound(MDTrainError):
@@ -279,6 +278,9 @@ class System:
             if low < 0:
                 index = np.where(index < 0, index + self.nframes, index)
         n, natoms = len(index), self.natoms
+        found = None if labels is None or labels or not positions else self._kept_positions(index)
+        if found is not None:  # every frame's positions, as the neighbour statistics ask
+            return found
         if labels is None:
             wanted = self.labels
         else:
@@ -316,6 +318,23 @@ class System:
             result["fparam"] = out["fparam"]
         if "aparam" in out:  # (n, natoms, numb_aparam) in the model's atom order
             result["aparam"] = out["aparam"].reshape(n, natoms, -1)[:, order]
+        return result
+
+    def _kept_positions(self, index: np.ndarray) -> dict[str, np.ndarray] | None:
+        """``frames(index, labels=())`` when ``index`` is every frame in order, of one set
+        whose arrays the store kept (thousands of small systems): a few numpy calls instead
+        of the general gather. None otherwise."""
+        kept, n, name = getattr(self._store, "kept", None), len(index), self.sets[0].name
+        if kept is None or len(self.sets) != 1 or n != self.nframes or n > 64:
+            return None
+        coord, box = kept(name, "coord"), kept(name, "box") if self.periodic else None
+        if coord is None or (box is None and self.periodic) or index.tolist() != [*range(n)]:
+            return None
+        coord = coord.reshape(n, self.natoms, 3)
+        coord = coord.take(self.atom_order, axis=1) if self._reorder else coord.copy()
+        result = {"coord": coord.astype(np.float64, copy=False)}
+        if self.periodic:
+            result["box"] = np.array(box, dtype=np.float64).reshape(n, 3, 3)
         return result
 
     def _gather(self, index: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
@@ -364,29 +383,12 @@ class System:
         width, per_atom = self._layout[name]
         return width * self.natoms if per_atom else width
 
-    # -- identity ---------------------------------------------------------------------------
-
     def fingerprint(self) -> dict:
-        """Path, sizes and a SHA-256 of types, coordinates and cells (streamed set by set).
-
-        Arrays are hashed as little-endian float64, so the same data in deepmd/npy and
-        deepmd/hdf5 hashes the same.
-        """
-        digest = hashlib.sha256()
-        digest.update(np.ascontiguousarray(self._own_types, dtype="<i8").tobytes())
-        if self._own_map is not None:
-            digest.update(" ".join(self._own_map).encode())
-        digest.update(b"pbc" if self.periodic else b"nopbc")
-        for set_info in self.sets:
-            for name in ("coord", "box") if self.periodic else ("coord",):
-                # a few megabytes at a time: a whole HDF5 set would be read into memory
-                step = max(1, _HASH_BYTES // (8 * self._width(name)))
-                for start in range(0, set_info.nframes, step):
-                    rows = np.arange(start, min(start + step, set_info.nframes))
-                    data = self._store.rows(set_info.name, name, rows)
-                    digest.update(np.ascontiguousarray(data, dtype="<f8").data)
+        """Path, sizes and a SHA-256 of types, coordinates and cells (`content_digest`)."""
+        digest = content_digest(self._own_types, self._own_map, self.periodic, self.sets,
+                                self._width, self._store)  # fmt: skip
         return {"path": self.path, "nframes": self.nframes, "natoms": self.natoms,
-                "sha256": digest.hexdigest()}  # fmt: skip
+                "sha256": digest}  # fmt: skip
 
 
 def _bounds(index: np.ndarray) -> tuple[int, int]:
