@@ -202,7 +202,9 @@ class NpyStore:
             fd = os.open(file, os.O_RDONLY)  # no file object: two system calls fewer
             try:
                 parts = [os.read(fd, HEAD_BYTES)]
-                while parts[-1]:
+                # a regular file's read is short only at its end: a short first read is
+                # the whole file (one system call fewer for thousands of small texts)
+                while len(parts[0]) == HEAD_BYTES and parts[-1]:
                     parts.append(os.read(fd, 1 << 20))
             finally:
                 os.close(fd)
@@ -215,8 +217,9 @@ class NpyStore:
         text = self._text("type.raw")
         if text is None:
             return None
-        try:
-            return np.array([int(float(word)) for word in text.split()], dtype=np.int64)
+        words = text.split()
+        try:  # integers as written (faster), else as numbers written with a point
+            return np.array(_integers(words), dtype=np.int64)
         except ValueError:
             raise MDTrainError(
                 f"{self.where(name='type.raw')}: expected whitespace-separated integers"
@@ -349,6 +352,13 @@ class NpyStore:
         if got != out.nbytes or not whole:
             raise MDTrainError(f"{file}: cannot read (shorter than its header says)")
         return out if last - first == len(rows) else out[rows - first]
+
+
+def _integers(words: list[str]) -> list[int]:
+    try:
+        return list(map(int, words))
+    except ValueError:
+        return [int(float(word)) for word in words]
 
 
 def _row_bytes(header: NpyHeader) -> int:

@@ -633,3 +633,21 @@ def test_random_water_is_sane():
         assert len(d) == 2 * 2 * 27
         assert np.all(np.abs(d - 0.957) < 0.04)
         assert np.all(i // 3 == j // 3)
+
+
+@pytest.mark.parametrize("form", ["{}", "{}.0", " {}.000e0 "])
+def test_type_raw_longer_than_the_first_read_and_written_with_a_point(tmp_path, form):
+    """type.raw longer than the first read (HEAD_BYTES) is read whole; types written as
+    numbers with a point read as the integers they are."""
+    from mdtrain.data.npy import HEAD_BYTES
+
+    natoms = HEAD_BYTES // 2 + 7  # "0\n" per atom at least: past the first read
+    types = np.arange(natoms) % 2
+    coords = np.random.default_rng(0).uniform(0, 30, (1, natoms, 3))
+    path = write_npy_system(tmp_path / "s", coords, types, ["A", "B"], np.eye(3)[None] * 30)
+    (tmp_path / "s" / "type.raw").write_text("\n".join(form.format(t) for t in types) + "\n")
+    assert os.path.getsize(tmp_path / "s" / "type.raw") > HEAD_BYTES
+    system = open_system(path)
+    assert system.natoms == natoms
+    assert np.array_equal(np.sort(system.atype), np.sort(types))
+    assert system.elements == ["A", "B"]
