@@ -8,13 +8,14 @@ every pair within rcut, its distance computed, then counted) cost most of a
 for each pair only the number of its images within rcut is kept, and summed per atom and
 type by one small product per frame.
 
-How: the squared lengths of every candidate come from one matrix product per frame, laid
-out images first (F, K, P), so that counting a pair's images is a sum of whole rows. A
-candidate clearly shorter than rcut (`images.length_bounds`) counts as it is; only the few
-within the rounding margin of rcut get their distance computed, as `images.image_pairs`
-computes it, and count when it is below rcut. A frame's shortest distance is computed the
-same way for the candidates within the margin of the frame's shortest squared length. Both
-therefore equal what `images.image_pairs` gives, bit for bit.
+How: the squared lengths of every candidate come from one matrix product for all the
+frames of a pass, laid out images first (K, F, P), so that counting a pair's images is a sum
+of whole planes. A candidate clearly shorter than rcut (`images.length_bounds`) counts as it
+is; only the few within the rounding margin of rcut get their distance computed, as
+`images.image_pairs` computes it, and count when it is below rcut (the squared lengths' own
+rounding is far inside that margin, however they are summed). A frame's shortest distance
+is computed the same way for the candidates within the margin of the frame's shortest
+squared length. Both therefore equal what `images.image_pairs` gives, bit for bit.
 """
 
 from __future__ import annotations
@@ -70,38 +71,33 @@ def _count_pass(coords, boxes, size: np.ndarray, rcut: float) -> tuple[np.ndarra
     found = candidates(coords, boxes, size, rcut)
     base, step = found.base, found.step
     nimages = step.shape[1]
-    # |base + step|² = s² + 2 s·b + b²: one product of (F, K, 6) and (F, 6, P), whose last
-    # terms put an atom's pairs with its own images that the half list leaves out far away
-    left = np.empty((nframes, nimages, 6))
-    left[:, :, :3] = 2.0 * step
-    left[:, :, 3] = 1.0
-    left[:, :, 4] = _squares(step.transpose(0, 2, 1))
-    left[:, :, 5] = np.where(found.own, 0.0, _FAR)
-    right = np.zeros((nframes, 6, npairs))
-    right[:, :3] = base.transpose(0, 2, 1)
-    right[:, 3] = _squares(right[:, :3])
-    right[:, 4] = 1.0
-    right[:, 5, diagonal(natoms)] = 1.0
-    r2 = np.matmul(left, right)  # (F, K, P)
+    # |base + step|² = b² + 2 b·s + s² laid out (K, F, P), s = offset @ box: the cross terms
+    # of every frame as one product (K, 3) × (3, F·P) of the offsets and base · cell vectors
+    along = np.matmul(base, boxes.transpose(0, 2, 1)).reshape(-1, 3)  # (F·P, 3)
+    r2 = np.matmul(2.0 * found.offsets, along.T).reshape(nimages, nframes, npairs)
+    r2 += _squares(base.transpose(0, 2, 1))
+    r2 += _squares(step.transpose(0, 2, 1)).T[:, :, None]
+    # an atom's pairs with its own images that the half list leaves out: far away
+    r2[:, :, diagonal(natoms)] += np.where(found.own, 0.0, _FAR).T[:, :, None]
     low, high = length_bounds(rcut)
     count_type = np.uint8 if nimages < 256 else np.int64
-    times = np.add.reduce(r2 < low, axis=1, dtype=count_type).astype(np.int64).ravel()
-    maybe = np.add.reduce(r2 < high, axis=1, dtype=count_type).ravel()
+    times = np.add.reduce(r2 < low, axis=0, dtype=count_type).astype(np.int64).ravel()
+    maybe = np.add.reduce(r2 < high, axis=0, dtype=count_type).ravel()
     edge = np.flatnonzero(maybe != times)  # pairs with an image within the margin of rcut
     if len(edge):
         f, p = np.divmod(edge, npairs)
-        rows = r2[f, :, p]  # (edge pairs, K)
+        rows = r2[:, f, p].T  # (edge pairs, K)
         e, k = np.nonzero((rows >= low) & (rows < high))
         inside = _lengths(base, step, f[e], p[e], k) < rcut
         np.add.at(times, edge[e[inside]], 1)
     # each frame's shortest distance: the candidates within the margin of its shortest
-    pair_low = r2.min(axis=1)  # (F, P)
+    pair_low = r2.min(axis=0)  # (F, P)
     frame_low = pair_low.min(axis=1)
     bound = frame_low + 2.0 * (high - rcut * rcut)
     bound = np.where(bound < low, bound, high)
     close = np.flatnonzero(pair_low <= bound[:, None])
     f, p = np.divmod(close, npairs)
-    rows = r2[f, :, p]
+    rows = r2[:, f, p].T
     c, k = np.nonzero((rows <= bound[f][:, None]) & (rows < high))
     dist = _lengths(base, step, f[c], p[c], k)
     inside = dist < rcut
