@@ -33,6 +33,7 @@ from mdtrain.errors import MDTrainError
 from mdtrain.memory import InferenceChunker, maybe_simulate_oom
 from mdtrain.model.committee import members_of, stats_shared
 from mdtrain.neighbors.layout import layout_of
+from mdtrain.train.adam_step import AdamSteps
 from mdtrain.train.batch_controller import MicroBatchController, frame_weights
 from mdtrain.train.batch_sums import step_sums
 from mdtrain.train.committee import SHARED, committee_tag, member_config
@@ -40,7 +41,6 @@ from mdtrain.train.ema import warn_short_average
 from mdtrain.train.loss import ErrorAccumulator, check_labels, merge_metrics
 from mdtrain.train.loss_scale import LossScaler
 from mdtrain.train.member import Member
-from mdtrain.train.optimizer import step_together
 from mdtrain.train.precision import check_networks, committee_problem, mode_of
 from mdtrain.train.prefetch import DEFAULT_DEPTH, ListPrefetcher, Lookahead
 from mdtrain.train.resume import member_dirs
@@ -118,6 +118,7 @@ class Trainer(TrainingLoop):
         # members that draw the same frames, evaluated by one forward
         self.groups = [list(range(size))] if sampling == SHARED else [[k] for k in range(size)]
         self.params = [p for m in self.members for p in m.params]
+        self.adam = AdamSteps([m.optimizer for m in self.members])  # the update, fused
         self.controller = self._controller(training, first)
         spread = training.get("distributed", {})
         self.overlap_comm = runtime.world_size > 1 and bool(spread.get("overlap_comm", True))
@@ -271,7 +272,7 @@ class Trainer(TrainingLoop):
         if self.max_norm:
             for member in self.members:  # each its own gradient
                 torch.nn.utils.clip_grad_norm_(member.params, float(self.max_norm))
-        step_together([member.optimizer for member in self.members])
+        self.adam.step()
         for member in self.members:
             member.extras.after_update()  # the weight average, when on
 
