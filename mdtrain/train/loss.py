@@ -172,7 +172,7 @@ class EnergyLoss:
         ``(loss, metrics)`` with metric keys `metric_keys()`.
         """
         ref = pred["energy"]
-        loss = ref.new_zeros(())
+        loss: torch.Tensor | None = None
         metrics: dict[str, torch.Tensor] = {}
         active = self.active_terms(label)
         for term in self.configured_terms():
@@ -181,12 +181,16 @@ class EnergyLoss:
                 metrics[key] = ref.new_full((), math.nan).detach()
                 continue
             value, metrics[key] = self._term(term, pred, label, natoms, self.pref(term, lr))
-            loss = loss + value
-        if not active:
+            if loss is None and value.dtype == ref.dtype:
+                loss = value  # 0 + x is x (no term is < 0): one operation and node less
+            else:  # the sum in the energy's dtype, as ever
+                loss = (ref.new_zeros(()) if loss is None else loss) + value
+        if loss is None:
             # keep the graph connected so backward() works; gradients are zero
-            loss = loss + 0.0 * ref.sum()
+            loss = ref.new_zeros(()) + 0.0 * ref.sum()
         metrics["rmse"] = loss.detach().sqrt()
-        return loss * weight, metrics
+        # x * 1.0 is x, and so is its gradient: the whole batch's loss skips the product
+        return (loss if weight == 1.0 else loss * weight), metrics
 
     def _term(
         self, term: str, pred: Mapping, label: Mapping, natoms: int, pref: float

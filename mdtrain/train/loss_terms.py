@@ -83,7 +83,9 @@ def frame_term(
     if opts.mae:
         mae = diff.abs().mean() / natoms
         return pref * mae, mae.detach()
-    per_frame = diff.square().reshape(diff.shape[0], -1).mean(dim=1)
+    squared = diff.square()
+    # a mean over one value per frame (the energy's) is that value: no pass, no node
+    per_frame = squared if squared.dim() == 1 else squared.reshape(diff.shape[0], -1).mean(dim=1)
     mse = per_frame.mean()
     rmse = mse.detach().sqrt() / natoms
     if opts.huber:
