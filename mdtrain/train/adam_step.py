@@ -40,6 +40,17 @@ class _Bucket:
         self.exp_avgs: list[torch.Tensor] = []
         self.exp_avg_sqs: list[torch.Tensor] = []
         self.steps: list[torch.Tensor] = []
+        self.counts = torch.zeros(0)
+
+    def share_counts(self, states: list[dict]) -> None:
+        """Each parameter's step count made a view of one vector, which one ``add_`` then
+        advances, instead of ``_foreach_add_`` over 0-d tensors (about 80 us of one thread
+        for 32 of them). Every count keeps its own value and its own tensor in the state
+        (torch's own step advances each view once; a checkpoint holds the same values)."""
+        self.counts = torch.stack(self.steps)
+        self.steps = [self.counts[i] for i in range(len(self.steps))]
+        for state, count in zip(states, self.steps, strict=True):
+            state["step"] = count
 
 
 class _Plan:
@@ -50,16 +61,20 @@ class _Plan:
         self.sources = [(opt.state, opt.param_groups, len(opt.param_groups)) for opt in optimizers]
         self.groups = [g for opt in optimizers for g in opt.param_groups]
         buckets: dict[tuple, _Bucket] = {}
+        owners: dict[int, list[dict]] = {}  # per bucket, the states its step counts are in
         for opt in optimizers:
             for group in opt.param_groups:
                 for p in group["params"]:
                     state = opt.state.get(p)
                     bucket = buckets.setdefault((p.device, p.dtype), _Bucket())
+                    owners.setdefault(id(bucket), []).append(state)
                     bucket.params.append(p)
                     bucket.exp_avgs.append(state["exp_avg"])
                     bucket.exp_avg_sqs.append(state["exp_avg_sq"])
                     bucket.steps.append(state["step"])
         self.buckets = list(buckets.values())
+        for bucket in self.buckets:
+            bucket.share_counts(owners[id(bucket)])
 
     def current(self, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
         return all(
@@ -124,7 +139,7 @@ class AdamSteps:
         )
         with torch.no_grad():
             for bucket, part in zip(plan.buckets, grads, strict=True):
-                torch._foreach_add_(bucket.steps, 1)
+                bucket.counts.add_(1)  # every parameter's step count
                 kernel(
                     bucket.params, part, bucket.exp_avgs, bucket.exp_avg_sqs, [],
                     bucket.steps, amsgrad=False, lr=settings["lr"], beta1=beta1,

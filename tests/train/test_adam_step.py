@@ -6,6 +6,7 @@ to torch's own step."""
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -81,12 +82,18 @@ def test_gathers_again_after_load_state_dict():
         opt.step()
     steps.step()
     saved = [copy.deepcopy(opt.state_dict()) for opt in reference]
-    for opt in reference:  # a step that the load below undoes in both
+    written = []
+    for opt in fused:  # a checkpoint's round trip: the shared step counts as they are saved
+        buffer = io.BytesIO()
+        torch.save(opt.state_dict(), buffer)
+        buffer.seek(0)
+        written.append(torch.load(buffer))
+    for opt in reference:  # a step that the loads below undo in both
         opt.step()
     steps.step()
-    for opts in (reference, fused):
-        for opt, state in zip(opts, saved, strict=True):
-            opt.load_state_dict(copy.deepcopy(state))
+    for opts, states in ((reference, saved), (fused, written)):
+        for opt, state in zip(opts, states, strict=True):
+            opt.load_state_dict(state)
     for _ in range(2):
         _grads([reference, fused], gen)
         for opt in reference:
@@ -98,15 +105,28 @@ def test_gathers_again_after_load_state_dict():
 
 def test_hands_uncovered_cases_to_torch_step():
     reference, fused = _setup(2, torch.float64), _setup(2, torch.float64)
-    fused[1].param_groups[0]["eps"] = reference[1].param_groups[0]["eps"] = 1e-6  # differ
     steps = AdamSteps(fused)
     gen = torch.Generator().manual_seed(3)
+    for opts in (reference, fused):
+        opts[1].param_groups[0]["eps"] = 1e-6  # settings that differ: torch's steps
+    for _ in range(2):
+        _grads([reference, fused], gen)
+        for opt in reference:
+            opt.step()
+        steps.step()
+    for opts in (reference, fused):
+        opts[1].param_groups[0]["eps"] = 1e-8
+    _grads([reference, fused], gen)
+    for opt in reference:
+        opt.step()
+    steps.step()  # covered: the direct path (its step counts shared in one vector)
     _grads([reference, fused], gen)
     _params(reference)[1].grad = _params(fused)[1].grad = None  # a parameter without gradient
     for opt in reference:
         opt.step()
-    steps.step()
+    steps.step()  # torch's step again, over the shared counts: each advanced once
     _assert_same(reference, fused)
+    assert float(fused[0].state[_params(fused)[1]]["step"]) == 3  # skipped once
     lazy_ref = [make_adam([torch.nn.Parameter(torch.ones(3))], 1e-2)]  # no state yet
     lazy = [make_adam([torch.nn.Parameter(torch.ones(3))], 1e-2)]
     lazy_steps = AdamSteps(lazy)
