@@ -134,9 +134,7 @@ class AdamSteps:
             self._plan = None  # it may have created state: gather again next time
             return
         beta1, beta2 = settings["betas"]
-        kernel = (
-            torch._fused_adamw_ if settings["decoupled_weight_decay"] else torch._fused_adam_
-        )
+        kernel = torch._fused_adamw_ if settings["decoupled_weight_decay"] else torch._fused_adam_
         with torch.no_grad():
             for bucket, part in zip(plan.buckets, grads, strict=True):
                 bucket.counts.add_(1)  # every parameter's step count

@@ -1,0 +1,79 @@
+"""CPU and wall time of the training step's parts outside the model's nodes, as the mdtrain on
+``PYTHONPATH`` makes them: the parameter update after the backward (``Trainer.
+apply_gradients``: Adam) and the loss's forward and backward on one batch's predictions.
+
+    PYTHONPATH=<tree> python benchmarks/step_outside.py /path/to/water-dft \\
+        [--precision float32] [--threads 1] [--calls 200] [--rounds 7]
+
+A Trainer is set up as ``benchmarks/train_step.py`` does and takes three real steps (the
+gradients and moments are then a real step's); the update then runs at a learning rate of
+1e-12, ``--calls`` times per round. Printed per part: the smallest per-call CPU and wall time
+over ``--rounds`` rounds (the least disturbed by other work on the machine). To compare two
+trees, run this alternately with each one's ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def _best(function, calls: int, rounds: int) -> tuple[float, float]:
+    """The smallest per-call (CPU, wall) time over ``rounds`` rounds of ``calls`` calls, us."""
+    runs = []
+    for _ in range(rounds):
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(calls):
+            function()
+        runs.append((time.process_time() - cpu, time.perf_counter() - wall))
+    return min(c for c, _ in runs) / calls * 1e6, min(w for _, w in runs) / calls * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("input", help="an input.json, or a directory holding one")
+    parser.add_argument("--precision", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import train_step
+
+    path = args.input
+    if os.path.isdir(path):
+        path = os.path.join(path, "input.json")
+    config, data, runtime = train_step._prepared(path, args.precision, 3, 0, args.threads, None)
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer, _, _ = train_step._trainer(config, data, runtime, 1, out_dir, False)
+        for step in range(3):
+            trainer.train_step(trainer.lr.value(step))
+        for member in trainer.members:
+            for group in member.optimizer.param_groups:
+                group["lr"] = 1e-12  # the update runs many times: keep the weights
+        update = _best(trainer.apply_gradients, args.calls, args.rounds)
+        member = trainer.members[0]
+        batch = trainer._batch(trainer.train_systems[0], [0])
+        pred = {
+            k: v.detach().requires_grad_(True) if v.is_floating_point() else v
+            for k, v in member.model(*batch.inputs()).items()
+        }
+
+        def loss_step() -> None:
+            loss, _ = member.loss(pred, batch.labels, batch.natoms, 1e-3)
+            loss.backward()
+
+        loss = _best(loss_step, args.calls, args.rounds)
+    print(
+        f"{args.precision}, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}: "
+        f"update {update[0]:.0f} us CPU {update[1]:.0f} us wall; "
+        f"loss forward+backward {loss[0]:.0f} us CPU {loss[1]:.0f} us wall"
+    )
+
+
+if __name__ == "__main__":
+    main()
