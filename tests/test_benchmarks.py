@@ -148,6 +148,17 @@ def test_train_step_times_a_committee_beside_the_single_model(tmp_path):
     assert "committee of 2" in done.stdout
 
 
+def test_step_outside_times_the_update_and_the_loss(tmp_path):
+    """benchmarks/step_outside.py on a generated project: one line with both parts."""
+    inp = make_project(tmp_path, numb_steps=1)
+    cmd = [sys.executable, str(BENCHMARKS / "step_outside.py"), str(inp), "--precision"]
+    cmd += ["float64", "--calls", "2", "--rounds", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "float64, 1 thread(s)" in done.stdout
+    assert "update" in done.stdout and "loss forward+backward" in done.stdout
+
+
 def test_descriptor_speed_input_and_slopes(tmp_path):
     """descriptor_speed.py: the example's copy (absolute systems, the run's step counts, the
     rest kept) and the wall/CPU slopes between two display lines of a child process."""
