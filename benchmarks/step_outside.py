@@ -10,6 +10,11 @@ gradients and moments are then a real step's); the update then runs at a learnin
 1e-12, ``--calls`` times per round. Printed per part: the smallest per-call CPU and wall time
 over ``--rounds`` rounds (the least disturbed by other work on the machine). To compare two
 trees, run this alternately with each one's ``PYTHONPATH``.
+
+``--paired-steps N`` (a tree with ``mdtrain.train.adam_step``) times instead N pairs of whole
+training steps in one process, the update of one step of each pair through ``AdamSteps`` (the
+fused kernel called directly) and of the other through ``step_together`` (torch's
+``Adam.step``), in turn, and prints the medians and the median of the pairs' differences.
 """
 
 from __future__ import annotations
@@ -32,6 +37,38 @@ def _best(function, calls: int, rounds: int) -> tuple[float, float]:
     return min(c for c, _ in runs) / calls * 1e6, min(w for _, w in runs) / calls * 1e6
 
 
+def _paired(trainer, pairs: int, precision: str, threads: int) -> None:
+    """Whole steps in turn with the direct fused update and with torch's ``Adam.step``."""
+    import statistics
+
+    from mdtrain.train.optimizer import step_together
+
+    class TorchStep:  # torch's Adam.step, where the Trainer calls AdamSteps.step
+        @staticmethod
+        def step() -> None:
+            step_together([member.optimizer for member in trainer.members])
+
+    direct = trainer.adam
+    times: dict[str, list[tuple[float, float]]] = {"torch": [], "direct": []}
+    for step in range(3, 3 + 2 * pairs):
+        which = "direct" if step % 2 else "torch"
+        trainer.adam = direct if which == "direct" else TorchStep
+        cpu, wall = time.process_time(), time.perf_counter()
+        trainer.train_step(trainer.lr.value(step))
+        times[which].append((time.process_time() - cpu, time.perf_counter() - wall))
+    line = [f"{precision}, {threads} thread(s), {pairs} pairs, load {os.getloadavg()[0]:.1f}:"]
+    for which, runs in times.items():
+        cpu_ms = statistics.median(c for c, _ in runs) * 1e3
+        wall_ms = statistics.median(w for _, w in runs) * 1e3
+        line.append(f"{which} {cpu_ms:.2f} ms CPU {wall_ms:.2f} ms wall;")
+    gain = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(times["torch"], times["direct"])]
+    line.append(
+        f"median of the pairs' differences {statistics.median(c for c, _ in gain) * 1e3:.3f} "
+        f"ms CPU {statistics.median(w for _, w in gain) * 1e3:.3f} ms wall"
+    )
+    print(" ".join(line))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("input", help="an input.json, or a directory holding one")
@@ -39,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--paired-steps", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +90,9 @@ def main(argv: list[str] | None = None) -> None:
         trainer, _, _ = train_step._trainer(config, data, runtime, 1, out_dir, False)
         for step in range(3):
             trainer.train_step(trainer.lr.value(step))
+        if args.paired_steps:
+            _paired(trainer, args.paired_steps, args.precision, args.threads)
+            return
         for member in trainer.members:
             for group in member.optimizer.param_groups:
                 group["lr"] = 1e-12  # the update runs many times: keep the weights

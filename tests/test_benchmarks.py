@@ -157,6 +157,10 @@ def test_step_outside_times_the_update_and_the_loss(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "float64, 1 thread(s)" in done.stdout
     assert "update" in done.stdout and "loss forward+backward" in done.stdout
+    done = subprocess.run([*cmd, "--paired-steps", "2"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 pairs" in done.stdout and "median of the pairs' differences" in done.stdout
 
 
 def test_descriptor_speed_input_and_slopes(tmp_path):
