@@ -30,6 +30,7 @@ from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel
 from mdtrain.model.accel.explicit_hybrid import ExplicitHybridModel
 from mdtrain.model.accel.kernel_nodes import KernelEmbedding
 from mdtrain.model.accel.kernels import load_kernels
+from mdtrain.model.accel.pair_kernels import CompiledPairs
 from mdtrain.model.autocast import COMPUTE_DTYPES, compute_mode, use_low_precision
 from mdtrain.model.combined import CombinedModel
 from mdtrain.model.combined_build import build_combined_model, is_combined
@@ -135,7 +136,8 @@ def build_model(
         ExplicitHybridModel if config["descriptor"]["type"] == "hybrid" else ExplicitEnergyModel
     )
     if name == "kernels":
-        model = explicit(config, KernelEmbedding(load_kernels()))
+        kernels = load_kernels()
+        model = explicit(config, KernelEmbedding(kernels), CompiledPairs(kernels))
     elif name == "fused":
         model = explicit(config, TorchEmbedding())
     else:
@@ -177,7 +179,8 @@ def build_committee(
     members = [build_model(c, device, mixed_precision, backend) for c in model_configs]
     if len({m.backend for m in members}) != 1:
         raise MDTrainError("committee members would run on different backends")
-    if isinstance(members[0], ExplicitEnergyModel) and members[0].form is FORMS["se_e2_a"]:
+    first = members[0]
+    if isinstance(first, ExplicitEnergyModel) and first.descriptor.type_name == "se_e2_a":
         return ExplicitCommittee(members)  # its shared environment is se_e2_a's
     return Committee(members)
 

@@ -88,8 +88,10 @@ def outputs_and_grads(model: EnergyModel, args) -> tuple[dict, list]:
     nodes = graph_nodes(loss)
     for name, signature in SIGNATURE.items():
         assert (signature in nodes) == (model.backend == name), (model.backend, name)
-    # the explicit backends' force node (``accel.force_node``)
-    assert ("_ForcePathBackward" in nodes) == (model.backend in SIGNATURE), model.backend
+    # the explicit backends' force node: ``accel.force_node``'s on the fused backend, the
+    # compiled one (``accel.pair_kernels``) on the kernels backend
+    assert ("_ForcePathBackward" in nodes) == (model.backend == "fused"), model.backend
+    assert ("_CompiledForcePathBackward" in nodes) == (model.backend == "kernels"), model.backend
     loss.backward()
     grads = [
         p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()

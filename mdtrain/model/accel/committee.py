@@ -20,11 +20,7 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.explicit import ExplicitEnergyModel
-from mdtrain.model.accel.explicit_descriptor import (
-    contract_environment,
-    explicit_environment,
-    row_gradients,
-)
+from mdtrain.model.accel.explicit_descriptor import contract_environment, row_gradients
 from mdtrain.model.accel.fitting_node import members_fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.accel.layout import layer_params
@@ -64,7 +60,7 @@ class ExplicitCommittee(Committee):
         x = coord.detach().to(torch.float64)
         cell = None if box is None else box.detach().to(torch.float64)
         diff = first.pair_vectors(x, cell, nlist, shift)
-        env = explicit_environment(first.descriptor, diff, nlist, atype)
+        env = first.form.environment(first.descriptor, diff, nlist, atype)  # se_e2_a's
         n, (nf, natoms) = len(members), nlist.shape[:2]
         contracted = [
             contract_environment(m.descriptor, m.embedding, env, nf, natoms) for m in members

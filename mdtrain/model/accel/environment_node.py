@@ -36,6 +36,8 @@ class RowKind(NamedTuple):
     pull: Callable[[Tensor, Tensor, Tensor], Tensor]
     # the transpose of ``pull``: a cotangent of dE/dd (…, 3, M, nnei) -> one of q
     pull_t: Callable[[Tensor, Tensor, Tensor], Tensor]
+    # the compiled kernels' name for these rows (``pair_kernels``): 0 se_e2_a, 1 se_e2_r
+    code: int = -1
 
 
 class PairPlan(NamedTuple):

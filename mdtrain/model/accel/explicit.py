@@ -12,6 +12,8 @@ used.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
@@ -30,14 +32,22 @@ from mdtrain.model.energy import EnergyModel
 FORMS: dict[str, ExplicitForm] = {"se_e2_a": SE_E2_A_FORM, "se_e2_r": SE_E2_R_FORM}
 
 
+def with_pairs(form: ExplicitForm, pairs) -> ExplicitForm:
+    """``form`` whose environment (and so force node) runs on the compiled pair kernels
+    ``pairs`` (``pair_kernels.CompiledPairs``); None keeps the PyTorch nodes."""
+    if pairs is None:
+        return form
+    return form._replace(environment=partial(form.environment, pairs=pairs))
+
+
 class ExplicitEnergyModel(EnergyModel):
     """``EnergyModel`` whose forces and virials are explicit operations (no double backward)."""
 
-    def __init__(self, model_config: dict, embedding: EmbeddingOps) -> None:
+    def __init__(self, model_config: dict, embedding: EmbeddingOps, pairs=None) -> None:
         super().__init__(model_config)
         self.embedding = embedding
         self.backend = embedding.name
-        self.form = FORMS[self.descriptor.type_name]
+        self.form = with_pairs(FORMS[self.descriptor.type_name], pairs)
 
     def forward(
         self,

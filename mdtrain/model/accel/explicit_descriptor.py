@@ -104,7 +104,7 @@ def pull_back_rows_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
     return torch.cat([(s * c0).unsqueeze(-3), angular], dim=-3)
 
 
-SE_E2_A_ROWS = RowKind(_raw_rows, pull_back_rows, pull_back_rows_t)
+SE_E2_A_ROWS = RowKind(_raw_rows, pull_back_rows, pull_back_rows_t, 0)
 
 
 class RowGroup(NamedTuple):
@@ -134,25 +134,40 @@ class Environment(NamedTuple):
 
 
 def explicit_environment(
-    desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor
+    desc: DescriptorSeA, diff: Tensor, nlist: Tensor, atype: Tensor, pairs=None
 ) -> Environment:
-    """The network-free part of the explicit forward (see `Environment`)."""
-    return kind_environment(desc, SE_E2_A_ROWS, diff, nlist, atype, None)
+    """The network-free part of the explicit forward (see `Environment`); ``pairs``: the
+    compiled pair kernels (``pair_kernels.CompiledPairs``) or None (the PyTorch nodes)."""
+    return kind_environment(desc, SE_E2_A_ROWS, diff, nlist, atype, None, pairs)
 
 
 def kind_environment(
-    desc, kind: RowKind, diff: Tensor, nlist: Tensor, atype: Tensor, extend: Callable | None
+    desc,
+    kind: RowKind,
+    diff: Tensor,
+    nlist: Tensor,
+    atype: Tensor,
+    extend: Callable | None,
+    pairs=None,
 ) -> Environment:
     """The environment of rows of ``kind`` in group order; ``extend`` (or None): the rows the
-    embedding sees, from the normalised ones (``explicit_radial`` appends a column of ones)."""
+    embedding sees, from the normalised ones (``explicit_radial`` appends a column of ones,
+    which is all the compiled ``pairs`` do with an ``extend``)."""
     plan, nl = pair_plan(desc.type_one_side, desc.ntypes, diff, nlist, atype)
-    (rows, far, coef, scale), mask = environment_matrix(
-        desc, kind, plan.vectors, nl, plan.types, atype
-    )
     pad = -desc.davg.to(desc.dtype) / desc.dstd.to(desc.dtype)
+    if pairs is None:
+        (rows, far, coef, scale), mask = environment_matrix(
+            desc, kind, plan.vectors, nl, plan.types, atype
+        )
+        if extend is not None:
+            rows = extend(rows)
+        cols = rows.transpose(1, 2).contiguous()
+    else:
+        (rows, cols, far, coef, scale), mask = pairs.environment(
+            desc, kind, plan.vectors, nl, plan.types, atype, extend is not None
+        )
     if extend is not None:
-        rows, pad = extend(rows), extend(pad)
-    cols = rows.transpose(1, 2).contiguous()
+        pad = extend(pad)
     widths = slot_widths(desc, mask, plan.bounds)
     one = desc.type_one_side
     groups = [
@@ -170,7 +185,7 @@ def kind_environment(
     # the virial's float64 vectors: ``far`` itself for a float64 descriptor (equal where real;
     # g is 0 where padded)
     planes = far if far.dtype == torch.float64 else as_planes(plan.vectors, torch.float64)
-    force = ForceInputs(kind, far, coef, scale, plan, planes)
+    force = ForceInputs(kind, far, coef, scale, plan, planes, pairs)
     return Environment(force, pad, groups)
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel
+from mdtrain.model.accel.explicit import FORMS, ExplicitEnergyModel, with_pairs
 from mdtrain.model.accel.explicit_descriptor import (
     EmbeddingOps,
     Environment,
@@ -44,12 +44,14 @@ def hybrid_environment(
     diff: Tensor,
     nlist: Tensor,
     atype: Tensor,
+    pairs=None,
 ) -> HybridEnvironment:
-    """Each member's environment on its slots of the list."""
+    """Each member's environment on its slots of the list (``pairs``: as
+    ``explicit_descriptor.explicit_environment``'s)."""
     lists = desc.member_lists(diff, nlist, atype)
     return HybridEnvironment(
         [
-            forms[m.type_name].environment(m, own_diff, own_nlist, atype)
+            forms[m.type_name].environment(m, own_diff, own_nlist, atype, pairs)
             for m, (own_diff, own_nlist) in zip(desc.members, lists, strict=True)
         ]
     )
@@ -99,11 +101,11 @@ HYBRID_FORM = ExplicitForm(
 class ExplicitHybridModel(ExplicitEnergyModel):
     """``ExplicitEnergyModel`` of a hybrid: forces and virials summed over its members."""
 
-    def __init__(self, model_config: dict, embedding: EmbeddingOps) -> None:
+    def __init__(self, model_config: dict, embedding: EmbeddingOps, pairs=None) -> None:
         EnergyModel.__init__(self, model_config)
         self.embedding = embedding
         self.backend = embedding.name
-        self.form = HYBRID_FORM
+        self.form = with_pairs(HYBRID_FORM, pairs)
 
     def evaluate_environment(
         self, env: HybridEnvironment, diff: Tensor, nlist: Tensor, atype: Tensor

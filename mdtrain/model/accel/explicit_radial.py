@@ -50,7 +50,7 @@ def pull_back_radial_t(gbar: Tensor, diff: Tensor, coef: Tensor) -> Tensor:
     return (gbar * diff).sum(dim=-3, keepdim=True) * coef
 
 
-SE_E2_R_ROWS = RowKind(_raw_entry, pull_back_radial, pull_back_radial_t)
+SE_E2_R_ROWS = RowKind(_raw_entry, pull_back_radial, pull_back_radial_t, 1)
 
 
 def _with_ones(rows: Tensor) -> Tensor:
@@ -59,11 +59,12 @@ def _with_ones(rows: Tensor) -> Tensor:
 
 
 def radial_environment(
-    desc: DescriptorSeR, diff: Tensor, nlist: Tensor, atype: Tensor
+    desc: DescriptorSeR, diff: Tensor, nlist: Tensor, atype: Tensor, pairs=None
 ) -> Environment:
     """Rows ``[s̃, 1]`` per group, the pull-back coefficient (M, nnei, 1) and its scale
-    ``1/dstd`` (0 for excluded pairs); see the module docstring."""
-    return kind_environment(desc, SE_E2_R_ROWS, diff, nlist, atype, _with_ones)
+    ``1/dstd`` (0 for excluded pairs); see the module docstring (``pairs``: as
+    ``explicit_descriptor.explicit_environment``'s)."""
+    return kind_environment(desc, SE_E2_R_ROWS, diff, nlist, atype, _with_ones, pairs)
 
 
 def _d_of_t(tmat: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ leading dimension of the same pairs).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ class ForceInputs(NamedTuple):
     scale: Tensor  # (M, nnei, width) 1/dstd, 0 for excluded pairs
     plan: PairPlan
     planes: Tensor  # (3, M, nnei) float64 pair vectors as given (the virial's)
+    # the compiled pair kernels that made the environment (``pair_kernels.CompiledPairs``),
+    # which then run the force path too; None: this module's node
+    pairs: Any = None
 
 
 def _flat_index(plan: PairPlan, members: int) -> Tensor:
@@ -114,4 +117,6 @@ class _ForcePath(torch.autograd.Function):
 def forces_and_virial(inputs: ForceInputs, pieces: list[Tensor], members: int = 1):
     """Forces (K, nf, N, 3) and virials (K, nf, 3, 3) float64 from dE/dR̃ of each group of
     rows (``pieces``: (B_c, nnei, width) each, members first, each member's groups in order)."""
+    if inputs.pairs is not None:
+        return inputs.pairs.forces_and_virial(inputs, pieces, members)
     return _ForcePath.apply(inputs, members, *pieces)
