@@ -48,7 +48,7 @@ class CompiledPairs:
                 _I64, _I64, _P, _P, ctypes.c_double, _P, _P, _P, _INT,
             ]  # fmt: skip
             getattr(lib, f"mdt_pair_environment_{s}").argtypes = [
-                _INT, _I64, _I64, *[_P] * 7, _INT, *[_P] * 4, _INT,
+                _INT, _I64, _I64, _I64, *[_P] * 7, _INT, *[_P] * 4, _INT,
             ]  # fmt: skip
             getattr(lib, f"mdt_pair_force_forward_{s}").argtypes = [
                 _INT, _I64, _I64, _I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _INT,
@@ -110,7 +110,7 @@ class _CompiledEnvironment(torch.autograd.Function):
         r.sqrt_()  # torch's (MKL's) square root: not always the correctly rounded one
         consts = (ctypes.c_double * 3)(desc.rcut, desc.rcut_smth, desc.env_protection)
         status = pairs.fn("environment", dtype)(
-            kind.code, m, nnei, _ptr(far), _ptr(r), _ptr(types64), _ptr(keep), _ptr(davg),
+            kind.code, m, nnei, davg.shape[0], _ptr(far), _ptr(r), _ptr(types64), _ptr(keep), _ptr(davg),
             _ptr(dstd), consts, int(ones), _ptr(rows), _ptr(cols), _ptr(coef), _ptr(scale),
             threads,
         )  # fmt: skip

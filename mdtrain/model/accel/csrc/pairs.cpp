@@ -20,13 +20,26 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include <cstdint>
+#include <new>
+#include <vector>
 
 namespace {
 
 using i64 = std::int64_t;
 
 constexpr int kOk = 0;
-constexpr int kBadKind = 3;
+constexpr int kOutOfMemory = 1;  // as in embedding.cpp: raised as MemoryError by kernels._check
+constexpr int kBadKind = 3;      // rows other than se_e2_a's (4 columns) or se_e2_r's ([s, 1])
+constexpr int kBadPieces = 4;    // pieces of dE/dR̃ short of K·M rows; a backward of nothing
+
+template <typename F>
+int guarded(F f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return kOutOfMemory;
+  }
+}
 
 template <typename T>
 inline T fused(T a, T b, T c) {  // torch.addcmul(c, a, b): a·b + c rounded once
@@ -66,86 +79,183 @@ int distance(i64 m_rows, i64 nnei, const double* vec, const i64* nl, double rcut
   return kOk;
 }
 
-// Pass 2: from the far vectors and r, the rows, their transpose, the coefficients and the scale.
-template <typename T>
-int environment(int kind, i64 m_rows, i64 nnei, const T* far, const T* dist, const i64* types,
-                const std::uint8_t* keep, const T* davg, const T* dstd, const double* consts,
-                int ones, T* rows, T* cols, T* coef, T* scale, int threads) {
-  if (kind != 0 && kind != 1) return kBadKind;
-  const Switch sw{consts[0], consts[1], consts[2]};
-  const int width = kind == 0 ? 4 : 1;
-  const int a_cols = width + (ones ? 1 : 0);
-  const i64 plane = m_rows * nnei;
+// Pass 2 for one row m (slots contiguous, so that the compiler vectorises each loop over j):
+// the switch and its derivative, the coefficients, then each column of the normalised rows.
+template <typename T, int KIND, bool ONES>
+void environment_row(const Switch& sw, i64 m, i64 nnei, i64 plane, const T* __restrict far,
+                     const T* __restrict dist, const T* __restrict avg_t,
+                     const T* __restrict std_t, const T* __restrict inv_t,
+                     const std::uint8_t* keep, T* __restrict rows, T* __restrict cols,
+                     T* __restrict coef, T* __restrict scale, T* __restrict raw) {
+  constexpr int width = KIND == 0 ? 4 : 1;
+  constexpr int a_cols = width + (ONES ? 1 : 0);
   const T lo = T(sw.rcut_smth), hi = T(sw.rcut), span = T(sw.rcut - sw.rcut_smth);
-  const T slope30 = T(-30.0 / (sw.rcut - sw.rcut_smth));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (i64 m = 0; m < m_rows; ++m) {
-    const i64 t = types[m];
+  const T slope30 = T(-30.0 / (sw.rcut - sw.rcut_smth)), protection = T(sw.protection);
+  const i64 p0 = m * nnei;
+  const T* __restrict r_m = dist + p0;
+  for (i64 j = 0; j < nnei; ++j) {
+    const T r = r_m[j];
+    const T rp = r + protection;
+    T c = r < lo ? lo : r;  // torch.clamp(r, rcut_smth, rcut)
+    c = c > hi ? hi : c;
+    const T u = (c - lo) / span;
+    const T u3 = u * u * u;
+    const T poly = (T(-6.0) * u * u + T(15.0) * u) - T(10.0);
+    const T w = u3 * poly + T(1.0);
+    const T v = u * (T(1.0) - u);
+    const T dw = v * v * slope30;
+    if constexpr (KIND == 0) {
+      const T inv = w / rp;
+      const T h = inv / rp;
+      raw[j] = inv;
+      for (int a = 0; a < 3; ++a) raw[(a + 1) * nnei + j] = far[a * plane + p0 + j] * h;
+      const T slope = dw / rp;
+      coef[p0 + j] = h;
+      coef[plane + p0 + j] = (slope - h) / r;
+      coef[2 * plane + p0 + j] = (slope - T(2.0) * h) / (rp * r);
+    } else {
+      const T s = w / rp;
+      raw[j] = s;
+      coef[p0 + j] = (dw - s) / (rp * r);
+    }
+  }
+  T* __restrict rows_m = rows + p0 * a_cols;
+  T* __restrict cols_m = cols + m * a_cols * nnei;
+  T* __restrict scale_m = scale + p0 * width;
+  for (int a = 0; a < width; ++a) {
+    const T* __restrict avg_a = avg_t + a * nnei;
+    const T* __restrict std_a = std_t + a * nnei;
+    const T* __restrict inv_a = inv_t + a * nnei;
+    const T* __restrict raw_a = raw + a * nnei;
+    T* __restrict col = cols_m + a * nnei;
+    for (i64 j = 0; j < nnei; ++j) col[j] = (raw_a[j] - avg_a[j]) / std_a[j];
+    if (keep) {
+      const std::uint8_t* keep_m = keep + p0;
+      for (i64 j = 0; j < nnei; ++j) {
+        const T k = keep_m[j] ? T(1) : T(0);
+        col[j] = col[j] * k;
+        scale_m[j * width + a] = inv_a[j] * k;
+      }
+    } else {
+      for (i64 j = 0; j < nnei; ++j) scale_m[j * width + a] = inv_a[j];
+    }
+    for (i64 j = 0; j < nnei; ++j) rows_m[j * a_cols + a] = col[j];
+  }
+  if constexpr (ONES) {
+    T* __restrict col = cols_m + width * nnei;
     for (i64 j = 0; j < nnei; ++j) {
-      const i64 p = m * nnei + j;
-      const T r = dist[p];
-      const T rp = r + T(sw.protection);
-      T c = r < lo ? lo : r;  // torch.clamp(r, rcut_smth, rcut)
-      c = c > hi ? hi : c;
-      const T u = (c - lo) / span;
-      const T u3 = u * u * u;
-      const T poly = (T(-6.0) * u * u + T(15.0) * u) - T(10.0);
-      const T w = u3 * poly + T(1.0);
-      const T v = u * (T(1.0) - u);
-      const T dw = v * v * slope30;
-      T raw[4];
-      if (kind == 0) {
-        const T inv = w / rp;
-        const T h = inv / rp;
-        raw[0] = inv;
-        for (int a = 0; a < 3; ++a) raw[a + 1] = far[a * plane + p] * h;
-        const T slope = dw / rp;
-        coef[p] = h;
-        coef[plane + p] = (slope - h) / r;
-        coef[2 * plane + p] = (slope - T(2.0) * h) / (rp * r);
-      } else {
-        raw[0] = w / rp;
-        coef[p] = (dw - raw[0]) / (rp * r);
+      col[j] = T(1);
+      rows_m[j * a_cols + width] = T(1);
+    }
+  }
+}
+
+// Pass 2: from the far vectors and r, the rows, their transpose, the coefficients and the scale.
+// davg and dstd are (ntypes, S, W); 1/dstd (torch: reciprocal, then ·1.0) is taken once per
+// type and slot.
+template <typename T, int KIND, bool ONES>
+int environment(i64 m_rows, i64 nnei, i64 ntypes, const T* far, const T* dist,
+                const i64* types, const std::uint8_t* keep, const T* davg, const T* dstd,
+                const Switch& sw, T* rows, T* cols, T* coef, T* scale, int threads) {
+  constexpr int width = KIND == 0 ? 4 : 1;
+  const i64 plane = m_rows * nnei;
+  const i64 table = ntypes * width * nnei;
+  std::vector<T> stats(3 * table);  // per type, column, slot: davg, dstd, 1/dstd
+  for (i64 t = 0; t < ntypes; ++t)
+    for (int a = 0; a < width; ++a)
+      for (i64 j = 0; j < nnei; ++j) {
+        const i64 from = (t * nnei + j) * width + a, to = (t * width + a) * nnei + j;
+        stats[to] = davg[from];
+        stats[table + to] = dstd[from];
+        stats[2 * table + to] = (T(1) / dstd[from]) * T(1.0);
       }
-      const i64 stat = (t * nnei + j) * width;
-      const T k = keep ? T(keep[p] ? 1 : 0) : T(1);
-      for (int a = 0; a < width; ++a) {
-        T row = (raw[a] - davg[stat + a]) / dstd[stat + a];
-        T sc = (T(1) / dstd[stat + a]) * T(1.0);
-        if (keep) {
-          row = row * k;
-          sc = sc * k;
-        }
-        rows[p * a_cols + a] = row;
-        cols[(m * a_cols + a) * nnei + j] = row;
-        scale[p * width + a] = sc;
-      }
-      if (ones) {
-        rows[p * a_cols + width] = T(1);
-        cols[(m * a_cols + width) * nnei + j] = T(1);
-      }
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<T> raw(width * nnei);
+#pragma omp for schedule(static)
+    for (i64 m = 0; m < m_rows; ++m) {
+      const i64 at = types[m] * width * nnei;
+      environment_row<T, KIND, ONES>(sw, m, nnei, plane, far, dist, stats.data() + at,
+                                     stats.data() + table + at, stats.data() + 2 * table + at,
+                                     keep, rows, cols, coef, scale, raw.data());
     }
   }
   return kOk;
 }
 
-// g = dE/dd of every pair and member from dE/dR̃ (pieces of whole rows), then the gathered sums
-// Σ over the pairs whose neighbour is n, per member and component, in pair order.
 template <typename T>
-int force_forward(int kind, i64 members, i64 m_rows, i64 nnei, const T* const* pieces,
+int environment(int kind, i64 m_rows, i64 nnei, i64 ntypes, const T* far, const T* dist,
+                const i64* types, const std::uint8_t* keep, const T* davg, const T* dstd,
+                const double* consts, int ones, T* rows, T* cols, T* coef, T* scale,
+                int threads) {
+  const Switch sw{consts[0], consts[1], consts[2]};
+  return guarded([&] {
+    if (kind == 0 && !ones)
+      return environment<T, 0, false>(m_rows, nnei, ntypes, far, dist, types, keep, davg, dstd,
+                                      sw, rows, cols, coef, scale, threads);
+    if (kind == 1 && ones)
+      return environment<T, 1, true>(m_rows, nnei, ntypes, far, dist, types, keep, davg, dstd,
+                                     sw, rows, cols, coef, scale, threads);
+    return kBadKind;
+  });
+}
+
+// g = dE/dd of one row (K members' row k) from its dE/dR̃ rb (S, W): q = dE/dR̃ · scale, then
+// the pull-back (se_e2_a: g = d·(q₀c₀ + (q₁₂₃·d)c₁) + h·q₁₂₃, the last an addcmul; se_e2_r:
+// g = d·(q·c)), in T, converted to float64.
+template <typename T, int KIND>
+void force_row(i64 nnei, i64 plane, i64 p0, const T* __restrict rb, const T* __restrict scale,
+               const T* __restrict far, const T* __restrict coef, double* __restrict g) {
+  const T* __restrict d0 = far + p0;
+  const T* __restrict d1 = far + plane + p0;
+  const T* __restrict d2 = far + 2 * plane + p0;
+  double* __restrict g0 = g + p0;
+  double* __restrict g1 = g + plane + p0;
+  double* __restrict g2 = g + 2 * plane + p0;
+  if constexpr (KIND == 0) {
+    const T* __restrict sc = scale + p0 * 4;
+    const T* __restrict h = coef + p0;
+    const T* __restrict c0 = coef + plane + p0;
+    const T* __restrict c1 = coef + 2 * plane + p0;
+    for (i64 j = 0; j < nnei; ++j) {
+      const T q0 = rb[4 * j] * sc[4 * j], q1 = rb[4 * j + 1] * sc[4 * j + 1];
+      const T q2 = rb[4 * j + 2] * sc[4 * j + 2], q3 = rb[4 * j + 3] * sc[4 * j + 3];
+      T s = T(0) + q1 * d0[j];  // (q₁₂₃ · d).sum(dim=-3): from 0, in component order
+      s = s + q2 * d1[j];
+      s = s + q3 * d2[j];
+      const T radial = q0 * c0[j] + s * c1[j];
+      g0[j] = double(fused(h[j], q1, d0[j] * radial));
+      g1[j] = double(fused(h[j], q2, d1[j] * radial));
+      g2[j] = double(fused(h[j], q3, d2[j] * radial));
+    }
+  } else {
+    const T* __restrict sc = scale + p0;
+    const T* __restrict c = coef + p0;
+    for (i64 j = 0; j < nnei; ++j) {
+      const T qc = (rb[j] * sc[j]) * c[j];
+      g0[j] = double(d0[j] * qc);
+      g1[j] = double(d1[j] * qc);
+      g2[j] = double(d2[j] * qc);
+    }
+  }
+}
+
+// g of every pair and member from dE/dR̃ (pieces of whole rows, members first), then the
+// gathered sums Σ over the pairs whose neighbour is n, per member and component, in pair order
+// (torch's index_add_ of single elements, which runs serially in that order).
+template <typename T, int KIND>
+int force_forward(i64 members, i64 m_rows, i64 nnei, const T* const* pieces,
                   const i64* piece_rows, i64 npieces, const T* scale, const T* far,
                   const T* coef, const i64* neighbour, i64 flat, double* g, double* pulled,
                   int threads) {
-  if (kind != 0 && kind != 1) return kBadKind;
-  const int width = kind == 0 ? 4 : 1;
+  constexpr int width = KIND == 0 ? 4 : 1;
   const i64 plane = m_rows * nnei;
   const i64 total = members * m_rows;
-  // the piece and its first row of every row of the (K·M) rows
+  std::vector<const T*> row_of(total);  // each of the K·M rows' dE/dR̃
   i64 piece = 0, first = 0;
-  (void)npieces;
-  const T** row_of = new const T*[total];
   for (i64 kr = 0; kr < total; ++kr) {
-    while (kr >= first + piece_rows[piece]) first += piece_rows[piece++];
+    while (piece < npieces && kr >= first + piece_rows[piece]) first += piece_rows[piece++];
+    if (piece == npieces) return kBadPieces;
     row_of[kr] = pieces[piece] + (kr - first) * nnei * width;
   }
 #pragma omp parallel num_threads(threads)
@@ -153,29 +263,8 @@ int force_forward(int kind, i64 members, i64 m_rows, i64 nnei, const T* const* p
 #pragma omp for schedule(static)
     for (i64 kr = 0; kr < total; ++kr) {
       const i64 k = kr / m_rows, m = kr % m_rows;
-      const T* rb = row_of[kr];
-      double* gk = g + k * 3 * plane;
-      for (i64 j = 0; j < nnei; ++j) {
-        const i64 p = m * nnei + j;
-        const T d0 = far[p], d1 = far[plane + p], d2 = far[2 * plane + p];
-        if (kind == 0) {
-          T q[4];
-          for (int a = 0; a < 4; ++a) q[a] = rb[j * 4 + a] * scale[p * 4 + a];
-          const T h = coef[p], c0 = coef[plane + p], c1 = coef[2 * plane + p];
-          T s = T(0) + q[1] * d0;
-          s = s + q[2] * d1;
-          s = s + q[3] * d2;
-          const T radial = q[0] * c0 + s * c1;
-          gk[p] = double(fused(h, q[1], d0 * radial));
-          gk[plane + p] = double(fused(h, q[2], d1 * radial));
-          gk[2 * plane + p] = double(fused(h, q[3], d2 * radial));
-        } else {
-          const T qc = (rb[j] * scale[p]) * coef[p];
-          gk[p] = double(d0 * qc);
-          gk[plane + p] = double(d1 * qc);
-          gk[2 * plane + p] = double(d2 * qc);
-        }
-      }
+      force_row<T, KIND>(nnei, plane, m * nnei, row_of[kr], scale, far, coef,
+                         g + k * 3 * plane);
     }
 #pragma omp for schedule(static)
     for (i64 kc = 0; kc < members * 3; ++kc) {
@@ -185,8 +274,23 @@ int force_forward(int kind, i64 members, i64 m_rows, i64 nnei, const T* const* p
       for (i64 p = 0; p < plane; ++p) out[neighbour[p]] += src[p];
     }
   }
-  delete[] row_of;
   return kOk;
+}
+
+template <typename T>
+int force_forward(int kind, i64 members, i64 m_rows, i64 nnei, const T* const* pieces,
+                  const i64* piece_rows, i64 npieces, const T* scale, const T* far,
+                  const T* coef, const i64* neighbour, i64 flat, double* g, double* pulled,
+                  int threads) {
+  return guarded([&] {
+    if (kind == 0)
+      return force_forward<T, 0>(members, m_rows, nnei, pieces, piece_rows, npieces, scale, far,
+                                 coef, neighbour, flat, g, pulled, threads);
+    if (kind == 1)
+      return force_forward<T, 1>(members, m_rows, nnei, pieces, piece_rows, npieces, scale, far,
+                                 coef, neighbour, flat, g, pulled, threads);
+    return kBadKind;
+  });
 }
 
 // Forces (K, F, 3) = the rows' own sums (K, 3, M) placed at their centres, less the gathered.
@@ -201,47 +305,98 @@ void force_assemble(i64 members, i64 m_rows, i64 flat, const double* own, const 
       }
 }
 
-// The transpose: ḡ = F̄_centre − F̄_neighbour (− the virial's part), then the pull-back's
-// transpose and the scale, into dE/dR̃'s cotangent (K·M, S, W).
+// The transpose for one row: ḡ = F̄_centre − F̄_neighbour (− the virial's part V̄d, torch's
+// product), in T; the pull-back's transpose (se_e2_a: [s·c₀, d·(s·c₁) + h·ḡ] with s = ḡ·d, the
+// second an addcmul; se_e2_r: s·c) and the scale, into dE/dR̃'s cotangent (S, W).
+template <typename T, int KIND>
+void force_back_row(i64 nnei, i64 plane, i64 m, const double* fb, const double* vp,
+                    const i64* __restrict centre, const i64* __restrict neighbour,
+                    const T* __restrict far, const T* __restrict coef, const T* __restrict scale,
+                    T* __restrict out, T* __restrict gb) {
+  const i64 p0 = m * nnei;
+  for (int c = 0; c < 3; ++c) {
+    T* __restrict gc = gb + c * nnei;
+    if (fb) {
+      const double own = fb[centre[m] * 3 + c];
+      if (vp) {
+        const double* __restrict v = vp + c * plane + p0;
+        for (i64 j = 0; j < nnei; ++j) gc[j] = T((own - fb[neighbour[p0 + j] * 3 + c]) - v[j]);
+      } else {
+        for (i64 j = 0; j < nnei; ++j) gc[j] = T(own - fb[neighbour[p0 + j] * 3 + c]);
+      }
+    } else {  // torch: zeros, less the virial's part
+      const double* __restrict v = vp + c * plane + p0;
+      for (i64 j = 0; j < nnei; ++j) gc[j] = T(0.0 - v[j]);
+    }
+  }
+  const T* __restrict d0 = far + p0;
+  const T* __restrict d1 = far + plane + p0;
+  const T* __restrict d2 = far + 2 * plane + p0;
+  const T* __restrict b0 = gb;
+  const T* __restrict b1 = gb + nnei;
+  const T* __restrict b2 = gb + 2 * nnei;
+  if constexpr (KIND == 0) {
+    const T* __restrict sc = scale + p0 * 4;
+    const T* __restrict h = coef + p0;
+    const T* __restrict c0 = coef + plane + p0;
+    const T* __restrict c1 = coef + 2 * plane + p0;
+    for (i64 j = 0; j < nnei; ++j) {
+      T s = T(0) + b0[j] * d0[j];
+      s = s + b1[j] * d1[j];
+      s = s + b2[j] * d2[j];
+      const T sc1 = s * c1[j];
+      out[4 * j] = (s * c0[j]) * sc[4 * j];
+      out[4 * j + 1] = fused(h[j], b0[j], d0[j] * sc1) * sc[4 * j + 1];
+      out[4 * j + 2] = fused(h[j], b1[j], d1[j] * sc1) * sc[4 * j + 2];
+      out[4 * j + 3] = fused(h[j], b2[j], d2[j] * sc1) * sc[4 * j + 3];
+    }
+  } else {
+    const T* __restrict sc = scale + p0;
+    const T* __restrict c = coef + p0;
+    for (i64 j = 0; j < nnei; ++j) {
+      T s = T(0) + b0[j] * d0[j];
+      s = s + b1[j] * d1[j];
+      s = s + b2[j] * d2[j];
+      out[j] = (s * c[j]) * sc[j];
+    }
+  }
+}
+
+template <typename T, int KIND>
+int force_backward(i64 members, i64 m_rows, i64 nnei, const double* fb, const double* vpart,
+                   const i64* centre, const i64* neighbour, i64 flat, const T* far,
+                   const T* coef, const T* scale, T* out, int threads) {
+  constexpr int width = KIND == 0 ? 4 : 1;
+  const i64 plane = m_rows * nnei;
+  const i64 total = members * m_rows;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<T> gb(3 * nnei);
+#pragma omp for schedule(static)
+    for (i64 kr = 0; kr < total; ++kr) {
+      const i64 k = kr / m_rows, m = kr % m_rows;
+      force_back_row<T, KIND>(nnei, plane, m, fb ? fb + k * flat * 3 : nullptr,
+                              vpart ? vpart + k * 3 * plane : nullptr, centre, neighbour, far,
+                              coef, scale, out + kr * nnei * width, gb.data());
+    }
+  }
+  return kOk;
+}
+
 template <typename T>
 int force_backward(int kind, i64 members, i64 m_rows, i64 nnei, const double* fb,
                    const double* vpart, const i64* centre, const i64* neighbour, i64 flat,
                    const T* far, const T* coef, const T* scale, T* out, int threads) {
-  if (kind != 0 && kind != 1) return kBadKind;
-  const int width = kind == 0 ? 4 : 1;
-  const i64 plane = m_rows * nnei;
-  const i64 total = members * m_rows;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (i64 kr = 0; kr < total; ++kr) {
-    const i64 k = kr / m_rows, m = kr % m_rows;
-    const double* own = fb ? fb + (k * flat + centre[m]) * 3 : nullptr;
-    for (i64 j = 0; j < nnei; ++j) {
-      const i64 p = m * nnei + j;
-      T gb[3];
-      for (int c = 0; c < 3; ++c) {
-        double v = 0.0;
-        if (fb) v = own[c] - fb[(k * flat + neighbour[p]) * 3 + c];
-        if (vpart) v = v - vpart[(k * 3 + c) * plane + p];
-        gb[c] = T(v);
-      }
-      const T d0 = far[p], d1 = far[plane + p], d2 = far[2 * plane + p];
-      T s = T(0) + gb[0] * d0;
-      s = s + gb[1] * d1;
-      s = s + gb[2] * d2;
-      T* o = out + (kr * nnei + j) * width;
-      if (kind == 0) {
-        const T h = coef[p], c0 = coef[plane + p], c1 = coef[2 * plane + p];
-        const T sc1 = s * c1;
-        o[0] = (s * c0) * scale[p * 4];
-        o[1] = fused(h, gb[0], d0 * sc1) * scale[p * 4 + 1];
-        o[2] = fused(h, gb[1], d1 * sc1) * scale[p * 4 + 2];
-        o[3] = fused(h, gb[2], d2 * sc1) * scale[p * 4 + 3];
-      } else {
-        o[0] = (s * coef[p]) * scale[p];
-      }
-    }
-  }
-  return kOk;
+  if (!fb && !vpart) return kBadPieces;
+  return guarded([&] {
+    if (kind == 0)
+      return force_backward<T, 0>(members, m_rows, nnei, fb, vpart, centre, neighbour, flat,
+                                  far, coef, scale, out, threads);
+    if (kind == 1)
+      return force_backward<T, 1>(members, m_rows, nnei, fb, vpart, centre, neighbour, flat,
+                                  far, coef, scale, out, threads);
+    return kBadKind;
+  });
 }
 
 }  // namespace
@@ -253,12 +408,13 @@ extern "C" {
                                  double rcut, T* far, T* sq, std::uint8_t* mask, int threads) { \
     return distance<T>(m_rows, nnei, vec, nl, rcut, far, sq, mask, threads);                    \
   }                                                                                              \
-  int mdt_pair_environment_##SUFFIX(int kind, i64 m_rows, i64 nnei, const T* far, const T* r,   \
-                                    const i64* types, const std::uint8_t* keep, const T* davg,  \
-                                    const T* dstd, const double* consts, int ones, T* rows,     \
-                                    T* cols, T* coef, T* scale, int threads) {                  \
-    return environment<T>(kind, m_rows, nnei, far, r, types, keep, davg, dstd, consts, ones,    \
-                          rows, cols, coef, scale, threads);                                    \
+  int mdt_pair_environment_##SUFFIX(int kind, i64 m_rows, i64 nnei, i64 ntypes, const T* far,  \
+                                    const T* r, const i64* types, const std::uint8_t* keep,     \
+                                    const T* davg, const T* dstd, const double* consts,         \
+                                    int ones, T* rows, T* cols, T* coef, T* scale,              \
+                                    int threads) {                                              \
+    return environment<T>(kind, m_rows, nnei, ntypes, far, r, types, keep, davg, dstd, consts,  \
+                          ones, rows, cols, coef, scale, threads);                              \
   }                                                                                              \
   int mdt_pair_force_forward_##SUFFIX(int kind, i64 members, i64 m_rows, i64 nnei,              \
                                       const T* const* pieces, const i64* piece_rows,            \
