@@ -162,13 +162,14 @@ def kind_environment(
         if extend is not None:
             rows = extend(rows)
         cols = rows.transpose(1, 2).contiguous()
+        widths = slot_widths(desc, mask, plan.bounds)
     else:
         (rows, cols, far, coef, scale), mask = pairs.environment(
             desc, kind, plan.vectors, nl, plan.types, atype, extend is not None
         )
+        widths = pairs.slot_widths(desc, mask, plan.bounds)
     if extend is not None:
         pad = extend(pad)
-    widths = slot_widths(desc, mask, plan.bounds)
     one = desc.type_one_side
     groups = [
         RowGroup(

@@ -56,6 +56,7 @@ class CompiledPairs:
             getattr(lib, f"mdt_pair_force_backward_{s}").argtypes = [
                 _INT, _I64, _I64, _I64, *[_P] * 4, _I64, *[_P] * 4, _INT,
             ]  # fmt: skip
+        lib.mdt_pair_slot_widths.argtypes = [_I64, _P, _P, _I64, _P, _I64, _P]
         lib.mdt_pair_force_assemble.argtypes = [_I64, _I64, _I64, _P, _P, _P, _P]
         lib.mdt_pair_force_assemble.restype = None
         self.lib = lib
@@ -74,6 +75,18 @@ class CompiledPairs:
             keep = desc.pair_keep[types.unsqueeze(-1), ntype_j].contiguous()
         out = _CompiledEnvironment.apply(diff, nl, types, keep, desc, kind, ones, self)
         return out[:5], out[5]
+
+    def slot_widths(self, desc, mask: Tensor, bounds: list[int]) -> list[list[int]]:
+        """As ``environment_node.slot_widths`` (no torch operations, no synchronisation)."""
+        groups, ntypes = len(bounds) - 1, desc.ntypes
+        widths = (_I64 * (groups * ntypes))()
+        offsets = (_I64 * (ntypes + 1))(*desc.offsets[: ntypes + 1])
+        status = self.lib.mdt_pair_slot_widths(
+            mask.shape[1], _ptr(mask), (_I64 * len(bounds))(*bounds), groups, offsets, ntypes,
+            widths,
+        )  # fmt: skip
+        _check(status, "slot widths")
+        return [list(widths[g * ntypes : (g + 1) * ntypes]) for g in range(groups)]
 
     def forces_and_virial(self, inputs: ForceInputs, pieces: list[Tensor], members: int):
         """As ``force_node.forces_and_virial``."""

@@ -399,6 +399,25 @@ int force_backward(int kind, i64 members, i64 m_rows, i64 nnei, const double* fb
   });
 }
 
+// Per group of rows [bounds[g], bounds[g+1]) and neighbour type t (slots offsets[t] to
+// offsets[t+1]): one past the last slot that holds a real neighbour in any of its rows, or 0
+// (environment_node.slot_widths).
+void slot_widths(i64 nnei, const std::uint8_t* mask, const i64* bounds, i64 groups,
+                 const i64* offsets, i64 ntypes, i64* widths) {
+  std::vector<std::uint8_t> used(nnei);
+  for (i64 g = 0; g < groups; ++g) {
+    for (i64 j = 0; j < nnei; ++j) used[j] = 0;
+    for (i64 m = bounds[g]; m < bounds[g + 1]; ++m)
+      for (i64 j = 0; j < nnei; ++j) used[j] |= mask[m * nnei + j];
+    for (i64 t = 0; t < ntypes; ++t) {
+      i64 width = 0;
+      for (i64 j = offsets[t]; j < offsets[t + 1]; ++j)
+        if (used[j]) width = j + 1 - offsets[t];
+      widths[g * ntypes + t] = width;
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -435,6 +454,14 @@ extern "C" {
 
 MDT_PAIRS(f32, float)
 MDT_PAIRS(f64, double)
+
+int mdt_pair_slot_widths(i64 nnei, const std::uint8_t* mask, const i64* bounds, i64 groups,
+                         const i64* offsets, i64 ntypes, i64* widths) {
+  return guarded([&] {
+    slot_widths(nnei, mask, bounds, groups, offsets, ntypes, widths);
+    return kOk;
+  });
+}
 
 void mdt_pair_force_assemble(i64 members, i64 m_rows, i64 flat, const double* own,
                              const double* pulled, const i64* centre, double* force) {
