@@ -163,8 +163,11 @@ def kind_environment(
             rows = extend(rows)
         cols = rows.transpose(1, 2).contiguous()
         widths = slot_widths(desc, mask, plan.bounds)
+        # the virial's float64 vectors: ``far`` itself for a float64 descriptor (equal where
+        # real; g is 0 where padded)
+        planes = far if far.dtype == torch.float64 else as_planes(plan.vectors, torch.float64)
     else:
-        (rows, cols, far, coef, scale), mask = pairs.environment(
+        (rows, cols, far, coef, scale, planes), mask = pairs.environment(
             desc, kind, plan.vectors, nl, plan.types, atype, extend is not None
         )
         widths = pairs.slot_widths(desc, mask, plan.bounds)
@@ -183,9 +186,6 @@ def kind_environment(
         )  # fmt: skip
         for c, (a, b) in enumerate(zip(plan.bounds[:-1], plan.bounds[1:], strict=True))
     ]
-    # the virial's float64 vectors: ``far`` itself for a float64 descriptor (equal where real;
-    # g is 0 where padded)
-    planes = far if far.dtype == torch.float64 else as_planes(plan.vectors, torch.float64)
     force = ForceInputs(kind, far, coef, scale, plan, planes, pairs)
     return Environment(force, pad, groups)
 

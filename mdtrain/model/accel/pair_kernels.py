@@ -45,7 +45,7 @@ class CompiledPairs:
         lib = kernels.lib
         for s in ("f32", "f64"):
             getattr(lib, f"mdt_pair_distance_{s}").argtypes = [
-                _I64, _I64, _P, _P, ctypes.c_double, _P, _P, _P, _INT,
+                _I64, _I64, _P, _P, ctypes.c_double, _P, _P, _P, _P, _INT,
             ]  # fmt: skip
             getattr(lib, f"mdt_pair_environment_{s}").argtypes = [
                 _INT, _I64, _I64, _I64, *[_P] * 7, _INT, *[_P] * 4, _INT,
@@ -68,13 +68,18 @@ class CompiledPairs:
                     atype: Tensor, ones: bool):  # fmt: skip
         """As ``environment_node.environment_matrix`` followed by appending a column of ones
         (``ones``: se_e2_r's rows) and the rows' transpose: ((rows, columns, far vectors,
-        coefficients, scale), mask)."""
+        coefficients, scale, float64 pair-vector planes), mask); the planes are the far
+        vectors themselves in float64 (as ``explicit_descriptor.kind_environment``'s)."""
         keep = None
         if desc.has_exclusions:
             ntype_j = torch.where(nl >= 0, atype[nl.clamp(min=0)], desc.ntypes)
             keep = desc.pair_keep[types.unsqueeze(-1), ntype_j].contiguous()
-        out = _CompiledEnvironment.apply(diff, nl, types, keep, desc, kind, ones, self)
-        return out[:5], out[5]
+        planes = None  # the float64 vectors of a float32 descriptor, filled by the node
+        if desc.dtype != torch.float64:
+            planes = torch.empty(3, *nl.shape, dtype=torch.float64, device=diff.device)
+        out = _CompiledEnvironment.apply(diff, nl, types, keep, desc, kind, ones, self, planes)
+        rows, cols, far, coef, scale, mask = out
+        return (rows, cols, far, coef, scale, far if planes is None else planes), mask
 
     def slot_widths(self, desc, mask: Tensor, bounds: list[int]) -> list[list[int]]:
         """As ``environment_node.slot_widths`` (no torch operations, no synchronisation)."""
@@ -99,7 +104,7 @@ class _CompiledEnvironment(torch.autograd.Function):
     ``_EnvironmentMatrix``'s on the rows' first ``width`` columns."""
 
     @staticmethod
-    def forward(ctx, diff, nl, types, keep, desc, kind: RowKind, ones: bool, pairs):
+    def forward(ctx, diff, nl, types, keep, desc, kind: RowKind, ones: bool, pairs, planes):
         dtype, device = desc.dtype, diff.device
         m, nnei = nl.shape
         width = 4 if kind.code == 0 else 1
@@ -117,15 +122,16 @@ class _CompiledEnvironment(torch.autograd.Function):
         threads = torch.get_num_threads()
         nl64, types64 = nl.to(torch.int64).contiguous(), types.to(torch.int64).contiguous()
         status = pairs.fn("distance", dtype)(
-            m, nnei, _ptr(vec), _ptr(nl64), desc.rcut, _ptr(far), _ptr(r), _ptr(mask), threads
-        )
+            m, nnei, _ptr(vec), _ptr(nl64), desc.rcut, _ptr(far), _ptr(r), _ptr(mask),
+            _ptr(planes), threads,
+        )  # fmt: skip
         _check(status, "pair distances")
         r.sqrt_()  # torch's (MKL's) square root: not always the correctly rounded one
         consts = (ctypes.c_double * 3)(desc.rcut, desc.rcut_smth, desc.env_protection)
         status = pairs.fn("environment", dtype)(
-            kind.code, m, nnei, davg.shape[0], _ptr(far), _ptr(r), _ptr(types64), _ptr(keep), _ptr(davg),
-            _ptr(dstd), consts, int(ones), _ptr(rows), _ptr(cols), _ptr(coef), _ptr(scale),
-            threads,
+            kind.code, m, nnei, davg.shape[0], _ptr(far), _ptr(r), _ptr(types64), _ptr(keep),
+            _ptr(davg), _ptr(dstd), consts, int(ones), _ptr(rows), _ptr(cols), _ptr(coef),
+            _ptr(scale), threads,
         )  # fmt: skip
         _check(status, "environment matrix")
         ctx.kind, ctx.dtype, ctx.width = kind, diff.dtype, width
@@ -144,7 +150,7 @@ class _CompiledEnvironment(torch.autograd.Function):
             part = cols_bar[:, :width].transpose(1, 2)
             bar = part if bar is None else bar + part
         grad = _EnvironmentMatrix.backward(ctx, bar)[0]
-        return grad, *([None] * 7)
+        return grad, *([None] * 8)
 
 
 def _check_layout(inputs: ForceInputs) -> None:

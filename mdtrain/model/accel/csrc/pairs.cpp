@@ -54,11 +54,12 @@ struct Switch {  // the smooth switch's settings
   double rcut, rcut_smth, protection;
 };
 
-// Pass 1: the far vectors (padded slots moved to 2·rcut) and |d|² per pair. The square root is
-// torch's (MKL's vector sqrt, which is not always the correctly rounded one), between the passes.
+// Pass 1: the far vectors (padded slots moved to 2·rcut) and |d|² per pair, and (planes not
+// null) the pair vectors as float64 planes (3, M, S). The square root is torch's (MKL's vector
+// sqrt, which is not always the correctly rounded one), between the passes.
 template <typename T>
 int distance(i64 m_rows, i64 nnei, const double* vec, const i64* nl, double rcut, T* far,
-             T* sq, std::uint8_t* mask, int threads) {
+             T* sq, std::uint8_t* mask, double* planes, int threads) {
   const i64 plane = m_rows * nnei;
   const T two_rcut = T(2.0 * rcut);
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -71,6 +72,7 @@ int distance(i64 m_rows, i64 nnei, const double* vec, const i64* nl, double rcut
     for (int c = 0; c < 3; ++c) {
       f[c] = fused(T(vec[3 * p + c]), keep, base);
       far[c * plane + p] = f[c];
+      if (planes) planes[c * plane + p] = vec[3 * p + c];
     }
     T s = f[0] * f[0];
     s = fused(f[1], f[1], s);
@@ -424,8 +426,9 @@ extern "C" {
 
 #define MDT_PAIRS(SUFFIX, T)                                                                     \
   int mdt_pair_distance_##SUFFIX(i64 m_rows, i64 nnei, const double* vec, const i64* nl,      \
-                                 double rcut, T* far, T* sq, std::uint8_t* mask, int threads) { \
-    return distance<T>(m_rows, nnei, vec, nl, rcut, far, sq, mask, threads);                    \
+                                 double rcut, T* far, T* sq, std::uint8_t* mask,                \
+                                 double* planes, int threads) {                                 \
+    return distance<T>(m_rows, nnei, vec, nl, rcut, far, sq, mask, planes, threads);            \
   }                                                                                              \
   int mdt_pair_environment_##SUFFIX(int kind, i64 m_rows, i64 nnei, i64 ntypes, const T* far,  \
                                     const T* r, const i64* types, const std::uint8_t* keep,     \
