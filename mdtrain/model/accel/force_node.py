@@ -52,7 +52,7 @@ def _frames(x: Tensor, nf: int) -> Tensor:
     return x.reshape(k, 3, nf, -1).transpose(1, 2).reshape(k * nf, 3, -1)
 
 
-def _virial(g: Tensor, inputs: ForceInputs) -> Tensor:
+def virial_of(g: Tensor, inputs: ForceInputs) -> Tensor:
     """``−Σ g ⊗ d`` per frame (K, nf, 3, 3) from g (K, 3, M, nnei) float64, group by group
     (each group's rows are frame-major)."""
     plan, k, nf = inputs.plan, g.shape[0], inputs.plan.nf
@@ -85,7 +85,7 @@ class _ForcePath(torch.autograd.Function):
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
         ctx.dtype = rbar.dtype
         ctx.set_materialize_grads(False)
-        return force.view(members, plan.nf, plan.natoms, 3), _virial(g, inputs)
+        return force.view(members, plan.nf, plan.natoms, 3), virial_of(g, inputs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -19,13 +19,22 @@ import ctypes
 import torch
 from torch import Tensor
 
-from mdtrain.model.accel.environment_node import RowKind, _EnvironmentMatrix
-from mdtrain.model.accel.force_node import ForceInputs, _virial
-from mdtrain.model.accel.kernels import Kernels, _check
+from mdtrain.model.accel.environment_node import RowKind, as_planes, as_rows
+from mdtrain.model.accel.force_node import ForceInputs, virial_of
+from mdtrain.model.accel.kernels import OUT_OF_MEMORY, Kernels
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
+
+
+def _check(status: int, what: str) -> None:
+    """A kernel's status as an exception (``MemoryError`` for an allocation failure, which
+    the batch controller recovers from, as for the embedding kernels)."""
+    if status == OUT_OF_MEMORY:
+        raise MemoryError(f"compiled pair kernels, {what}: out of memory")
+    if status != 0:
+        raise RuntimeError(f"compiled pair kernels, {what}: status {status}")
 
 
 def _ptr(t: Tensor | None) -> _P:
@@ -101,7 +110,7 @@ class CompiledPairs:
 class _CompiledEnvironment(torch.autograd.Function):
     """Rows (M, nnei, A) and their transpose (M, A, nnei) of pair vectors (M, nnei, 3), with
     the far vectors, coefficients, scale and mask (no gradient); the backward is
-    ``_EnvironmentMatrix``'s on the rows' first ``width`` columns."""
+    ``environment_node``'s (the pull-back) on the rows' first ``width`` columns."""
 
     @staticmethod
     def forward(ctx, diff, nl, types, keep, desc, kind: RowKind, ones: bool, pairs, planes):
@@ -149,7 +158,8 @@ class _CompiledEnvironment(torch.autograd.Function):
         if cols_bar is not None:
             part = cols_bar[:, :width].transpose(1, 2)
             bar = part if bar is None else bar + part
-        grad = _EnvironmentMatrix.backward(ctx, bar)[0]
+        far, coef, scale = ctx.saved_tensors  # the pull-back, as the PyTorch node's backward
+        grad = as_rows(ctx.kind.pull(as_planes(bar * scale), far, coef)).to(ctx.dtype)
         return grad, *([None] * 8)
 
 
@@ -185,7 +195,7 @@ class _CompiledForcePath(torch.autograd.Function):
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
         ctx.dtype = dtype
         ctx.set_materialize_grads(False)
-        return force.view(members, plan.nf, plan.natoms, 3), _virial(g, inputs)
+        return force.view(members, plan.nf, plan.natoms, 3), virial_of(g, inputs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
