@@ -19,6 +19,9 @@
 
 #pragma GCC optimize("fp-contract=off")
 
+#include <omp.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <new>
 #include <vector>
@@ -171,15 +174,17 @@ int environment(i64 m_rows, i64 nnei, i64 ntypes, const T* far, const T* dist,
         stats[table + to] = dstd[from];
         stats[2 * table + to] = (T(1) / dstd[from]) * T(1.0);
       }
+  // scratch per thread, allocated here: an exception cannot leave a parallel region
+  std::vector<T> scratch(static_cast<std::size_t>(threads) * width * nnei);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<T> raw(width * nnei);
+    T* raw = scratch.data() + static_cast<i64>(omp_get_thread_num()) * width * nnei;
 #pragma omp for schedule(static)
     for (i64 m = 0; m < m_rows; ++m) {
       const i64 at = types[m] * width * nnei;
       environment_row<T, KIND, ONES>(sw, m, nnei, plane, far, dist, stats.data() + at,
                                      stats.data() + table + at, stats.data() + 2 * table + at,
-                                     keep, rows, cols, coef, scale, raw.data());
+                                     keep, rows, cols, coef, scale, raw);
     }
   }
   return kOk;
@@ -371,15 +376,16 @@ int force_backward(i64 members, i64 m_rows, i64 nnei, const double* fb, const do
   constexpr int width = KIND == 0 ? 4 : 1;
   const i64 plane = m_rows * nnei;
   const i64 total = members * m_rows;
+  std::vector<T> scratch(static_cast<std::size_t>(threads) * 3 * nnei);  // ḡ per thread
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<T> gb(3 * nnei);
+    T* gb = scratch.data() + static_cast<i64>(omp_get_thread_num()) * 3 * nnei;
 #pragma omp for schedule(static)
     for (i64 kr = 0; kr < total; ++kr) {
       const i64 k = kr / m_rows, m = kr % m_rows;
       force_back_row<T, KIND>(nnei, plane, m, fb ? fb + k * flat * 3 : nullptr,
                               vpart ? vpart + k * 3 * plane : nullptr, centre, neighbour, far,
-                              coef, scale, out + kr * nnei * width, gb.data());
+                              coef, scale, out + kr * nnei * width, gb);
     }
   }
   return kOk;
