@@ -4,13 +4,16 @@ kernels backend's), in one process, alternating rounds, on ``model_step.py``'s 1
 frame (the water model: sel [46, 92], type_one_side).
 
     python benchmarks/pair_nodes.py [--precision float64|float32] [--threads T]
-        [--rounds R] [--calls N]
+        [--rounds R] [--calls N] [--steps S]
 
-Each round times N calls of each part per implementation (medians of the process CPU time
-and of the wall time per call): the environment (``form.environment``: the pair plan, the
-matrix, its coefficients, scale, transposed rows and slot widths) and the force node's forward
-and backward (forces and virial from random dE/dR̃, the backward of a force + virial loss).
-It first checks that both give the same bits.
+Both are the kernels backend's model with the same weights, one with the PyTorch nodes. Each
+round times N calls of each part per implementation (medians of the process CPU time and of
+the wall time per call): the environment (``form.environment``: the pair plan, the matrix,
+its coefficients, scale, transposed rows and slot widths) and the force node's forward and
+backward (forces and virial from random dE/dR̃, the backward of a force + virial loss); with
+``--steps``, also S whole training steps (``model_step.py``'s: forward, energy + force loss,
+backward, Adam), so that the two steps meet the same load. It first checks that both give
+the same bits.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import numpy as np
 import torch
 from model_step import BOX, CONFIG, water_box
 
+from mdtrain.model.accel.explicit import FORMS
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.backend import build_model
 from mdtrain.model.stats import PairStatSums
 from mdtrain.neighbors.layout import layout_of
+from mdtrain.train.optimizer import make_adam
 
 
 def main() -> None:
@@ -35,6 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=0, help="whole training steps a round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = {
@@ -42,8 +48,11 @@ def main() -> None:
         "descriptor": {**CONFIG["descriptor"], "precision": args.precision},
         "fitting_net": {**CONFIG["fitting_net"], "precision": args.precision},
     }
-    models = {"torch nodes": build_model(config, backend="fused")}
+    models = {"torch nodes": build_model(config, backend="kernels")}
     models["compiled"] = build_model(config, backend="kernels")
+    plain = models["torch nodes"]
+    plain.form = FORMS[plain.descriptor.type_name]  # no compiled pairs
+    plain.load_state_dict(models["compiled"].state_dict())
     coord, atype = water_box()
     box = np.eye(3) * BOX
     first = models["compiled"]
@@ -87,12 +96,29 @@ def main() -> None:
         "environment": lambda name: environment(models[name]),
         "force fwd+bwd": lambda name: force(envs[name]),
     }
+    if args.steps:
+        inputs = (frame[0], types, frame[1], *lists)
+        optimizers = {n: make_adam(list(m.parameters()), 1e-3) for n, m in models.items()}
+        f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
+
+        def train_step(name: str) -> None:
+            model, optimizer = models[name], optimizers[name]
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            out = model(*inputs)
+            loss = 0.02 * ((out["energy"] + 187.0 * 32) ** 2).mean() / len(atype)
+            loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+
+        parts["training step"] = train_step
+    calls = {"training step": args.steps}
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for name in models:
             for part, fn in parts.items():
                 cpu, wall = [], []
-                for _ in range(args.calls):
+                for _ in range(calls.get(part, args.calls)):
                     c0, w0 = time.process_time(), time.perf_counter()
                     fn(name)
                     cpu.append(time.process_time() - c0)
