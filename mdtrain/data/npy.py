@@ -194,7 +194,8 @@ class NpyStore:
                 self._files, self._sets = folder_listing(entries)
         return self._files
 
-    def _text(self, name: str) -> str | None:
+    def text(self, name: str) -> str | None:
+        """The text of a file of the system's folder (``type.raw``), None when absent."""
         file = f"{self.path}{os.sep}{name}"
         if not self._listing().get(name, False):
             return None
@@ -212,9 +213,10 @@ class NpyStore:
         except (OSError, UnicodeDecodeError) as exc:
             raise MDTrainError(f"{file}: cannot read ({exc})") from None
 
-    def types(self) -> np.ndarray | None:
-        """Contents of type.raw as integers, or None when the file is missing."""
-        text = self._text("type.raw")
+    def types(self, text: str | None = None) -> np.ndarray | None:
+        """Contents of type.raw as integers, or None when the file is missing; ``text``:
+        the file's text, when it was just read (`text`)."""
+        text = self.text("type.raw") if text is None else text
         if text is None:
             return None
         words = text.split()
@@ -226,7 +228,7 @@ class NpyStore:
             ) from None
 
     def type_map(self) -> list[str] | None:
-        text = self._text("type_map.raw")
+        text = self.text("type_map.raw")
         return None if text is None else text.split()
 
     def nopbc(self) -> bool:
@@ -283,6 +285,14 @@ class NpyStore:
             self._kept_bytes += grown
             _kept_total += grown
         return header.shape, header.dtype
+
+    def absent(self, set_name: str, name: str) -> bool:
+        """Whether ``set_name/name.npy`` is known to be absent: from the set's listing when
+        it was listed, else by one existence check (cheaper than a failed read)."""
+        entries = self._set_entries(set_name) if self._list_sets else self._arrays.get(set_name)
+        if entries:
+            return name + ".npy" not in entries
+        return not os.access(f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy", os.F_OK)
 
     def kept(self, set_name: str, name: str) -> np.ndarray | None:
         """The whole array when it came with its header's read (read-only, as stored), else
@@ -370,3 +380,12 @@ def as_slice(rows: np.ndarray) -> slice | np.ndarray:
     if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
         return slice(int(rows[0]), int(rows[-1]) + 1)
     return rows
+
+
+def row_bounds(index: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest of some frame numbers: a few (a batch, a system's frames)
+    cost less as a Python list than two numpy reductions."""
+    if len(index) <= 64:
+        values = index.tolist()
+        return min(values), max(values)
+    return int(index.min()), int(index.max())

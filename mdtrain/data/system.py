@@ -26,9 +26,9 @@ from mdtrain.data.labels import (  # noqa: F401 (LABELS ... PARAMS: imported fro
     TENSOR_LABELS,
     scatter_selected,
 )
-from mdtrain.data.npy import NpyStore
+from mdtrain.data.npy import NpyStore, row_bounds
 from mdtrain.data.stores import open_store
-from mdtrain.data.types import remap_types, sort_by_type
+from mdtrain.data.types import read_atom_types
 from mdtrain.errors import MDTrainError
 
 _ARRAYS = ("box", *LABELS, *EXTRA_LABELS, *TENSOR_LABELS, *PARAMS)  # besides coord
@@ -75,31 +75,26 @@ class System:
         label files when `labels` is first asked (``neighbor-stat`` never asks)."""
         self._store = store
         self._outputs = dict(outputs or {})
-        self._layout = {**LAYOUT, **self._outputs}
+        self._layout = {**LAYOUT, **self._outputs} if self._outputs else LAYOUT  # not changed
         self.path: str = store.path
         # the system as the input names it: a mixed-type system's compositions share it
         self.source: str = getattr(store, "source", store.path)
         self.type_map = list(type_map) if type_map else None
         names = store.set_names()
-        if names and store.header(names[0], "real_atom_types") is not None:
+        absent = getattr(store, "absent", None)  # one existence check, not a failed read
+        mixed = names and not (absent and absent(names[0], "real_atom_types"))
+        if mixed and store.header(names[0], "real_atom_types") is not None:
             # before type.raw is read: a mixed-type system's type.raw holds placeholders
             raise MixedTypeFound(
                 f"system {self.path}: mixed-type (set.*/real_atom_types.npy): open it with "
                 "mdtrain.data.open_systems"
             )
-        own_types = store.types()
-        if own_types is None:
-            raise MDTrainError(f"system {self.path}: type.raw is missing")
-        if own_types.size == 0:
-            raise MDTrainError(f"system {self.path}: type.raw is empty")
-        own = own_types.tolist()
-        if min(own) < 0:  # before type_map.raw is read
-            raise MDTrainError(f"system {self.path}: type.raw holds a negative type")
-        self._own_types = own_types
-        self._own_map = store.type_map()
-        self.natoms = len(own)
-        model_types, self.elements = remap_types(self.path, own, self._own_map, self.type_map)
-        self.atom_order, self.atype, self._reorder = sort_by_type(model_types)
+        types = read_atom_types(self.path, store, self.type_map)
+        self._own_types, self._own_map = types.own, types.own_map
+        self.natoms = len(types.model_types)
+        model_types, self.elements = types.model_types, list(types.elements)
+        self.atom_order, self.atype = types.atom_order.copy(), types.atype.copy()
+        self._reorder = types.reordered
         sel = getattr(outputs, "sel_type", None)  # a mixed-type composition: all atoms only
         self._selected = None if sel is None or not getattr(store, "fixed_atoms", True) else (
             np.isin(np.asarray(model_types), sel))  # fmt: skip
@@ -174,6 +169,18 @@ class System:
             )
         return int(shape[0])
 
+    def _plain_frames(self, set_name: str, name: str, nframes: int = 0) -> int | None:
+        """`_nframes_of` of ``coord`` or ``box`` (fixed widths), the common case checked in
+        a few steps (thousands of small systems): anything else by `_nframes_of`."""
+        header = self._store.header(set_name, name)
+        if header is not None:
+            shape, dtype = header
+            width, per_atom = LAYOUT[name]
+            expected = width * self.natoms if per_atom else width
+            if len(shape) == 2 and shape[1] == expected and dtype.kind in "fiu":
+                return shape[0]
+        return self._nframes_of(set_name, name)
+
     def _free_width(self, name: str, shape: tuple, where: str, per_atom: bool) -> int:
         """Frame count of an array whose width per frame (or atom) the first set sets."""
         step, unit = FREE_WIDTH[name]
@@ -203,8 +210,9 @@ class System:
         sets: list[SetInfo] = []
         labels: frozenset[str] | None = None
         start = 0
+        frames_of = self._nframes_of if only is None else self._plain_frames
         for set_name in names:
-            nf = self._nframes_of(set_name, "coord")
+            nf = frames_of(set_name, "coord")
             if nf is None:
                 raise MDTrainError(f"{self._store.where(set_name, 'coord.npy')}: missing")
             present = set()
@@ -212,7 +220,7 @@ class System:
             listed = None if listed is None or only is not None else listed(set_name)
             arrays = (*_ARRAYS, *self._outputs) if only is None else only
             for name in arrays if listed is None else [n for n in arrays if n in listed]:
-                count = self._nframes_of(set_name, name, nf)
+                count = frames_of(set_name, name, nf)
                 if count is None:
                     continue
                 if count != nf:
@@ -272,7 +280,7 @@ class System:
         energies only)."""
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         if index.size:
-            low, high = _bounds(index)
+            low, high = row_bounds(index)
             if low < -self.nframes or high >= self.nframes:
                 raise IndexError(f"{self.path}: frame index out of range 0..{self.nframes - 1}")
             if low < 0:
@@ -389,12 +397,3 @@ class System:
                                 self._width, self._store)  # fmt: skip
         return {"path": self.path, "nframes": self.nframes, "natoms": self.natoms,
                 "sha256": digest}  # fmt: skip
-
-
-def _bounds(index: np.ndarray) -> tuple[int, int]:
-    """The smallest and largest of some frame numbers: a few (a batch, a system's frames)
-    cost less as a Python list than two numpy reductions."""
-    if len(index) <= 64:
-        values = index.tolist()
-        return min(values), max(values)
-    return int(index.min()), int(index.max())
