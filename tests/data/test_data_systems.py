@@ -651,3 +651,46 @@ def test_type_raw_longer_than_the_first_read_and_written_with_a_point(tmp_path, 
     assert system.natoms == natoms
     assert np.array_equal(np.sort(system.atype), np.sort(types))
     assert system.elements == ["A", "B"]
+
+
+def test_systems_sharing_a_type_file_keep_their_own_types(tmp_path, water_data):
+    """Type files are worked out once per distinct ``type.raw`` text (many small systems):
+    another ``type_map.raw`` or none, another model type_map, or a bad file still count."""
+    from mdtrain.data import open_all
+
+    plain = write_npy_system(tmp_path / "a", **water_data)
+    swapped = write_npy_system(tmp_path / "b", **{**water_data, "type_map": ["H", "O"]})
+    bare = write_npy_system(tmp_path / "c", **{**water_data, "type_map": None})
+    a, b, c = open_all([plain, swapped, bare], ["O", "H"], positions_only=True)
+    types = water_data["types"]
+    assert a.elements == ["O", "H"] and b.elements == ["H", "O"] and c.elements == ["O", "H"]
+    assert np.array_equal(np.sort(a.atype), np.sort(types))
+    assert np.array_equal(np.sort(b.atype), np.sort(1 - types))
+    assert np.array_equal(c.atype, a.atype) and a.fingerprint() != b.fingerprint()
+    a.atype[0] = 1  # a system's arrays are its own
+    assert open_all([plain], ["O", "H"])[0].atype[0] == 0 and b.atype[0] == 0
+    assert open_all([plain], ["H", "O"])[0].elements == ["O", "H"]
+    for path in (plain, plain):  # a bad file is reported each time, not remembered
+        with open(os.path.join(path, "type_map.raw"), "w") as handle:
+            handle.write("O\n")
+        with pytest.raises(MDTrainError, match="names only 1 elements"):
+            open_all([path], ["O", "H"], positions_only=True)
+
+
+def test_positions_only_reports_bad_cells_and_coordinates_alike(tmp_path, water_data):
+    from mdtrain.data import open_all
+
+    for name, shape in (("coord", (6, 70)), ("box", (6, 3, 2)), ("box", (5, 9))):
+        path = write_npy_system(tmp_path / f"{name}{len(shape)}", **water_data)
+        np.save(f"{path}/set.000/{name}.npy", np.zeros(shape))
+        with pytest.raises(MDTrainError) as full:
+            open_system(path, ["O", "H"])
+        with pytest.raises(MDTrainError) as quick:
+            open_all([path], ["O", "H"], positions_only=True)
+        assert str(quick.value) == str(full.value) and f"{name}.npy" in str(full.value)
+    path = write_npy_system(tmp_path / "text", **water_data)
+    np.save(f"{path}/set.000/box.npy", np.array([["x"] * 9] * 6))
+    with pytest.raises(MDTrainError, match="box.npy: expected numbers"):
+        open_all([path], ["O", "H"], positions_only=True)
+    np.save(f"{path}/set.000/box.npy", water_data["boxes"].reshape(6, 3, 3))  # as dpdata may
+    assert open_all([path], ["O", "H"], positions_only=True)[0].nframes == 6

@@ -335,3 +335,15 @@ def test_atomic_tensors_of_a_mixed_system_cover_every_atom_slot(mixed):
     np.save(os.path.join(path, "set.000", "atomic_dipole.npy"), np.ones((4, 15)))
     with pytest.raises(MDTrainError, match=r"atomic_dipole.npy: shape \[4, 15\] does not match"):
         open_systems(path, MODEL_MAP, outputs)
+
+
+def test_found_when_opened_for_positions_only(mixed):
+    """``neighbor-stat`` opens systems for their positions, asking whether the first set
+    holds real_atom_types.npy without listing the set: the same compositions."""
+    path, _ = mixed
+    listings: dict = {}
+    (found,) = expand_systems(path, "/", listings)
+    quick = open_all([found], MODEL_MAP, positions_only=True, listings=listings)
+    full = open_systems(path, MODEL_MAP)
+    assert [s.path for s in quick] == [s.path for s in full] and len(full) > 1
+    assert [s.fingerprint() for s in quick] == [s.fingerprint() for s in full]
