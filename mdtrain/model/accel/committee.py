@@ -76,7 +76,7 @@ class ExplicitCommittee(Committee):
                 self._stacked = [StackedParams(p) for p in params]
             stacked = [s.views(p) for s, p in zip(self._stacked, params, strict=True)]
         energies, grads = members_fitting_with_grad(
-            fittings, torch.stack([c[0] for c in contracted]), atype, stacked, first.fitting_node
+            fittings, torch.stack([c[0] for c in contracted]), atype, stacked
         )
         # unbind, not energies[k]: a select's backward fills a zero (K, ...) tensor per member
         parts = [

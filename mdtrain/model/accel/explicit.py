@@ -24,7 +24,6 @@ from mdtrain.model.accel.explicit_descriptor import (
     ExplicitForm,
 )
 from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
-from mdtrain.model.accel.fitting_compiled import fitting_node_for
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.energy import EnergyModel
@@ -49,7 +48,6 @@ class ExplicitEnergyModel(EnergyModel):
         self.embedding = embedding
         self.backend = embedding.name
         self.form = with_pairs(FORMS[self.descriptor.type_name], pairs)
-        self.fitting_node = fitting_node_for(embedding)
 
     def forward(
         self,
@@ -111,7 +109,7 @@ class ExplicitEnergyModel(EnergyModel):
         plan = env.force.plan
         nf, natoms = plan.nf, plan.natoms
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
-        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype, self.fitting_node)
+        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
         return atom_energy, self.form.row_gradients(
             self.descriptor, self.embedding, grad, cache, atype

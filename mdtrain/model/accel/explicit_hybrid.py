@@ -26,7 +26,6 @@ from mdtrain.model.accel.explicit_descriptor import (
     ExplicitCache,
     ExplicitForm,
 )
-from mdtrain.model.accel.fitting_compiled import fitting_node_for
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.descriptors.hybrid import DescriptorHybrid
@@ -107,7 +106,6 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         self.embedding = embedding
         self.backend = embedding.name
         self.form = with_pairs(HYBRID_FORM, pairs)
-        self.fitting_node = fitting_node_for(embedding)
 
     def evaluate_environment(
         self, env: HybridEnvironment, diff: Tensor, nlist: Tensor, atype: Tensor
@@ -115,7 +113,7 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         """As ``ExplicitEnergyModel``'s, each member's force node on its own pairs."""
         nf, natoms = nlist.shape[0], nlist.shape[1]
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
-        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype, self.fitting_node)
+        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
         rbar = self.form.row_gradients(self.descriptor, self.embedding, grad, cache, atype)
         force, virial = None, None

@@ -14,16 +14,13 @@ fold(g_(k+1))``. Its reverse (cotangent ``ḡ`` of ``g_0``) gives ``p̄ = ḡW``
 ``−2t·p̄·g·idt`` to ``t̄``; the reverse of the forward then runs as usual with that extra ``t̄``.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from mdtrain.model.accel.layout import Layout, layer_layout, layer_params, tanh_grad
 from mdtrain.model.fitting import EnergyFitting
-
-# the node's implementation: (x, layout, *params) -> (energy, g)
-Node = Callable[..., tuple[Tensor, Tensor]]
 
 
 def _unfold(grad: Tensor, skip: int) -> Tensor | None:
@@ -82,14 +79,10 @@ def _split(layout: Layout, params: tuple[Tensor, ...]) -> list[tuple[Tensor, ...
     return [tuple(params[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
-def fitting_with_grad(
-    fitting: EnergyFitting, descriptor: Tensor, atype: Tensor, node: Node | None = None
-):
+def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor):
     """Atomic energies (nf, N) float64 and their gradient w.r.t. D (nf, N, dim_in) in the
     fitting dtype, one node per type's net (``EnergyFitting.forward`` plus its input gradient,
-    as an ordinary first-order function of the parameters). ``node``: the node's
-    implementation, chosen with the backend (``fitting_compiled``); None: this module's."""
-    node = node or _ValueAndInputGrad.apply
+    as an ordinary first-order function of the parameters)."""
     nf, natoms = descriptor.shape[0], descriptor.shape[1]
     dim_in = fitting.dim_in
     out = torch.zeros(nf, natoms, dtype=torch.float64, device=descriptor.device)
@@ -98,7 +91,7 @@ def fitting_with_grad(
         idx = torch.nonzero(atype == c).view(-1)
         d_c = descriptor.index_select(1, idx).reshape(-1, dim_in).to(fitting.dtype)
         layout = layer_layout(net.layers[:-1])  # the hidden layers; the output layer is fixed
-        e_c, g_c = node(d_c, layout, *layer_params(net.layers))
+        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *layer_params(net.layers))
         out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
         grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, dim_in))
     return out, grad
@@ -109,15 +102,12 @@ def members_fitting_with_grad(
     descriptors: Tensor,
     atype: Tensor,
     stacked: Sequence[Sequence[Tensor]] | None = None,
-    node: Node | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``fitting_with_grad`` of K fitting nets of one architecture (a committee's members),
     each on its own descriptor, ``descriptors`` (K, nf, N, dim_in): energies (K, nf, N) and
     gradients (K, nf, N, dim_in), with one node per type for all K (batched products) instead
     of K nodes of small products. ``stacked``: per type, the nets' parameters already stacked
-    in ``layer_params`` order (``stacked.StackedParams.views``); None stacks them here.
-    ``node``: as ``fitting_with_grad``'s."""
-    node = node or _ValueAndInputGrad.apply
+    in ``layer_params`` order (``stacked.StackedParams.views``); None stacks them here."""
     first = fittings[0]
     k, nf, natoms, dim_in = descriptors.shape
     groups = [torch.nonzero(atype == c).view(-1) for c in range(first.ntypes)]
@@ -132,7 +122,7 @@ def members_fitting_with_grad(
             params = [
                 _stacked(p) for p in zip(*(layer_params(n.layers) for n in nets), strict=True)
             ]
-        e_c, g_c = node(d_c.to(first.dtype), layout, *params)
+        e_c, g_c = _ValueAndInputGrad.apply(d_c.to(first.dtype), layout, *params)
         energies.append(e_c.view(k, nf, -1).to(torch.float64))
         grads.append(g_c.reshape(k, nf, -1, dim_in))
     out = _MergeByType.apply(groups, natoms, *energies)
