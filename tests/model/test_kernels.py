@@ -7,6 +7,7 @@ The model-level comparison with the reference model is in ``test_backends.py``.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -251,13 +252,25 @@ def test_unknown_blas_is_refused():
 
 @needs_kernels
 def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
-    """A second build finds the first; nothing but the library is left in the cache."""
-    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))
+    """A second build finds the first; nothing but the library is left in the cache; another
+    source is another library. The build's logic on a one-function source: the kernels' own
+    sources are compiled (once per cache) and run by every other test here, so a second
+    ``-O3`` build of them in a fresh cache (tens of seconds of CPU) would test nothing more."""
+    source = tmp_path / "src" / "tiny.cpp"
+    source.parent.mkdir()
+    source.write_text('extern "C" int mdtrain_tiny(int x) { return 2 * x; }\n')
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(cache))
+    monkeypatch.setattr(build, "SOURCES", [source])
     first = build.build(os.environ.get("CXX", "c++"))
     mtime = first.stat().st_mtime_ns
     second = build.build(os.environ.get("CXX", "c++"))
     assert first == second and second.stat().st_mtime_ns == mtime
-    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+    assert sorted(p.name for p in cache.iterdir()) == [first.name]
+    assert ctypes.CDLL(str(first)).mdtrain_tiny(21) == 42  # a library that loads and runs
+    source.write_text(source.read_text().replace("2 * x", "3 * x"))
+    third = build.build(os.environ.get("CXX", "c++"))
+    assert third != first and ctypes.CDLL(str(third)).mdtrain_tiny(21) == 63
 
 
 _BAD_ALLOC_SCRIPT = """
