@@ -63,13 +63,30 @@ def table(tmp_path_factory):
     return write_table(path, zbl_table(["O", "H"], 0.2, 4.0, 0.02, zero_from=3.6))
 
 
+@pytest.fixture(scope="module")
+def frozen_file(table, tmp_path_factory):
+    """``frozen_file(kind, params, suffix) -> (model, path)``: the model of ``combined`` frozen
+    by ``mdtrain freeze`` to ``suffix``, once per module (an export takes tens of seconds of
+    CPU; the tests below only read the files)."""
+    made = {}
+
+    def get(kind: str, params: bool, suffix: str):
+        if (kind, params, suffix) not in made:
+            model = combined(kind, table, params)
+            tmp = tmp_path_factory.mktemp(f"{kind}-{params}")
+            ckpt = save_tiny_checkpoint(tmp / "model.ckpt.pt", model)
+            out = tmp / f"model{suffix}"
+            assert main(["freeze", ckpt, "-o", str(out)]) == 0
+            made[kind, params, suffix] = model, out
+        return made[kind, params, suffix]
+
+    return get
+
+
 @pytest.mark.parametrize("suffix", [".pth", ".pt2"])
 @pytest.mark.parametrize("kind, params", [("zbl", False), ("linear", True)])
-def test_frozen_combined_model_equals_the_eager_one(table, tmp_path, kind, params, suffix):
-    model = combined(kind, table, params)
-    ckpt = save_tiny_checkpoint(tmp_path / "model.ckpt.pt", model)
-    out = tmp_path / f"model{suffix}"
-    assert main(["freeze", ckpt, "-o", str(out)]) == 0
+def test_frozen_combined_model_equals_the_eager_one(frozen_file, kind, params, suffix):
+    model, out = frozen_file(kind, params, suffix)
     frozen = load_model(out, scripted=True)
     assert not isinstance(frozen, type(model))  # the frozen module, not a rebuilt eager one
     for nmol, seed, periodic in ((3, 1, True), (5, 2, False), (2, 3, True)):
@@ -117,15 +134,13 @@ def test_frame_and_atomic_parameters_reach_the_network_parts(table):
     assert rel_err(out["force"][0].numpy(), fd_forces(wrapped, coord, box, atype)) < 1e-6
 
 
-def test_a_pair_below_the_table_raises_in_torchscript_and_is_nan_in_a_program(table, tmp_path):
-    model = combined("zbl", table)
-    ckpt = save_tiny_checkpoint(tmp_path / "model.ckpt.pt", model)
-    for suffix in (".pth", ".pt2"):
-        assert main(["freeze", ckpt, "-o", str(tmp_path / f"m{suffix}")]) == 0
+def test_a_pair_below_the_table_raises_in_torchscript_and_is_nan_in_a_program(frozen_file):
+    model, pth = frozen_file("zbl", False, ".pth")
+    _, pt2 = frozen_file("zbl", False, ".pt2")  # the files of the test above
     squeezed = inputs(model, 3, seed=1, squeeze=0.12)  # pairs closer than 0.2 Å
-    scripted = load_model(tmp_path / "m.pth", scripted=True)
+    scripted = load_model(pth, scripted=True)
     below = pytest.raises(torch.jit.Error, match="closer than the table's first distance")
     with below, torch.enable_grad():
         scripted(*squeezed)
-    got = load_model(tmp_path / "m.pt2")(*squeezed)
+    got = load_model(pt2)(*squeezed)
     assert torch.isnan(got["energy"]).all()
