@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import compileall
 import copy
+import gc
 import os
 from functools import cache
 from pathlib import Path
@@ -48,6 +49,18 @@ def _precompile(root: Path) -> None:
     for folder in ("mdtrain", "tests", "benchmarks"):
         if (root / folder).is_dir():
             compileall.compile_dir(root / folder, quiet=2)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What exists once the tests are collected (torch, mdtrain, the test modules and their
+    parameters: a few hundred thousand objects, alive for the whole session) is moved out of
+    the garbage collector's sight (``gc.freeze``). Every out-of-memory recovery calls
+    ``gc.collect()`` (``mdtrain.memory.release_memory``), and the tests simulate hundreds of
+    them: each walked that whole heap again (0.15 s apiece in a worker that has imported torch
+    and the exporters), as did Python's own full collections. Objects made later, by the
+    tests, are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)
