@@ -4,6 +4,7 @@ background training runs of the preemption and rank-failure tests; the session's
 from __future__ import annotations
 
 import compileall
+import contextlib
 import copy
 import gc
 import os
@@ -36,6 +37,31 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
     if not hasattr(config, "workerinput"):  # once per session, before xdist starts workers
         _precompile(config.rootpath)
+        _build_kernels(config.rootpath)
+
+
+def _build_kernels(root: Path) -> None:
+    """The compiled kernels built once, before the workers start, where the cache may lack
+    them. Otherwise, with a cold cache (a first run on a machine, or new kernel sources), the
+    first users compiled them all at once, each its own copy (tens of seconds of CPU each):
+    both workers and the ranks of the multi-process tests they start first. Where the cache
+    holds a library newer than every kernel source, nothing is imported (xdist's controller
+    runs no test and needs no torch); after a build or a cache hit the library's time stamp
+    is renewed, so that the next session skips this."""
+    sources = list((root / "mdtrain" / "model" / "accel" / "csrc").glob("*.cpp"))
+    cache = os.environ.get("MDTRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "mdtrain",
+    )
+    newest = max((p.stat().st_mtime for p in sources), default=None)
+    built = [p.stat().st_mtime for p in Path(cache).glob("embedding-*.so")]
+    if newest is None or any(t > newest for t in built):
+        return
+    from mdtrain.model.accel import build  # imports torch: only where a build may be due
+
+    # no compiler or no cache here: the tests that need them say so themselves
+    with contextlib.suppress(RuntimeError, OSError):
+        os.utime(build.build(os.environ.get("CXX", "c++")))
 
 
 def _precompile(root: Path) -> None:
