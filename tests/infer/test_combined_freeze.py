@@ -64,10 +64,11 @@ def table(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def frozen_file(table, tmp_path_factory):
-    """``frozen_file(kind, params, suffix) -> (model, path)``: the model of ``combined`` frozen
-    by ``mdtrain freeze`` to ``suffix``, once per module (an export takes tens of seconds of
-    CPU; the tests below only read the files)."""
+def frozen_model(table, tmp_path_factory):
+    """``frozen_model(kind, params, suffix) -> (model, frozen)``: the model of ``combined``
+    frozen by ``mdtrain freeze`` to ``suffix`` and loaded back (``load_model(...,
+    scripted=True)``), once per module (an export takes tens of seconds of CPU and loading a
+    program seconds; the tests below only evaluate them)."""
     made = {}
 
     def get(kind: str, params: bool, suffix: str):
@@ -77,7 +78,7 @@ def frozen_file(table, tmp_path_factory):
             ckpt = save_tiny_checkpoint(tmp / "model.ckpt.pt", model)
             out = tmp / f"model{suffix}"
             assert main(["freeze", ckpt, "-o", str(out)]) == 0
-            made[kind, params, suffix] = model, out
+            made[kind, params, suffix] = model, load_model(out, scripted=True)
         return made[kind, params, suffix]
 
     return get
@@ -85,9 +86,8 @@ def frozen_file(table, tmp_path_factory):
 
 @pytest.mark.parametrize("suffix", [".pth", ".pt2"])
 @pytest.mark.parametrize("kind, params", [("zbl", False), ("linear", True)])
-def test_frozen_combined_model_equals_the_eager_one(frozen_file, kind, params, suffix):
-    model, out = frozen_file(kind, params, suffix)
-    frozen = load_model(out, scripted=True)
+def test_frozen_combined_model_equals_the_eager_one(frozen_model, kind, params, suffix):
+    model, frozen = frozen_model(kind, params, suffix)
     assert not isinstance(frozen, type(model))  # the frozen module, not a rebuilt eager one
     for nmol, seed, periodic in ((3, 1, True), (5, 2, False), (2, 3, True)):
         args = inputs(model, nmol, seed, periodic)
@@ -134,13 +134,12 @@ def test_frame_and_atomic_parameters_reach_the_network_parts(table):
     assert rel_err(out["force"][0].numpy(), fd_forces(wrapped, coord, box, atype)) < 1e-6
 
 
-def test_a_pair_below_the_table_raises_in_torchscript_and_is_nan_in_a_program(frozen_file):
-    model, pth = frozen_file("zbl", False, ".pth")
-    _, pt2 = frozen_file("zbl", False, ".pt2")  # the files of the test above
+def test_a_pair_below_the_table_raises_in_torchscript_and_is_nan_in_a_program(frozen_model):
+    model, scripted = frozen_model("zbl", False, ".pth")
+    _, program = frozen_model("zbl", False, ".pt2")  # the files of the test above
     squeezed = inputs(model, 3, seed=1, squeeze=0.12)  # pairs closer than 0.2 Å
-    scripted = load_model(pth, scripted=True)
     below = pytest.raises(torch.jit.Error, match="closer than the table's first distance")
     with below, torch.enable_grad():
         scripted(*squeezed)
-    got = load_model(pt2)(*squeezed)
+    got = program(*squeezed)
     assert torch.isnan(got["energy"]).all()
