@@ -49,12 +49,10 @@ def _build_kernels(root: Path) -> None:
     runs no test and needs no torch); after a build or a cache hit the library's time stamp
     is renewed, so that the next session skips this."""
     sources = list((root / "mdtrain" / "model" / "accel" / "csrc").glob("*.cpp"))
-    cache = os.environ.get("MDTRAIN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "mdtrain",
-    )
+    from mdtrain.cache_dir import cache_dir  # no torch
+
     newest = max((p.stat().st_mtime for p in sources), default=None)
-    built = [p.stat().st_mtime for p in Path(cache).glob("embedding-*.so")]
+    built = [p.stat().st_mtime for p in cache_dir().glob("embedding-*.so")]
     if newest is None or any(t > newest for t in built):
         return
     from mdtrain.model.accel import build  # imports torch: only where a build may be due

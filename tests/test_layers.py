@@ -22,7 +22,7 @@ LAYERS: list[list[str]] = [
     ["mdtrain.progress"],
     ["mdtrain.schema"],
     ["mdtrain.config", "mdtrain.schema_doc"],
-    ["mdtrain.heap"],  # freed memory kept (no torch)
+    ["mdtrain.heap", "mdtrain.cache_dir"],  # process set-up without torch
     ["mdtrain.memory"],
     ["mdtrain.data"],
     ["mdtrain.neighbors"],

@@ -12,6 +12,7 @@ import torch
 
 from mdtrain.data.trajectory import open_frame_sources
 from mdtrain.errors import MDTrainError
+from mdtrain.heap import keep_freed_memory
 from mdtrain.infer.committee import expand_models, load_committee
 from mdtrain.infer.model_devi import (
     committee_model_devi,
@@ -19,7 +20,7 @@ from mdtrain.infer.model_devi import (
     trust_counts,
     write_model_devi,
 )
-from mdtrain.memory import InferenceChunker, keep_freed_memory
+from mdtrain.memory import InferenceChunker
 from mdtrain.outputs import KIND_MODEL_DEVI, Output, check_outputs
 from mdtrain.progress import progress
 

@@ -16,6 +16,7 @@ import torch
 from mdtrain.data import System, expand_systems, open_systems
 from mdtrain.data.labels import output_labels
 from mdtrain.errors import MDTrainError
+from mdtrain.heap import keep_freed_memory
 from mdtrain.infer.detail import detail_paths, remove_stale, write_details
 from mdtrain.infer.detail_output import write_output_details
 from mdtrain.infer.detail_tensor import (
@@ -25,7 +26,7 @@ from mdtrain.infer.detail_tensor import (
 )
 from mdtrain.infer.load import load_model, model_file
 from mdtrain.infer.test import ErrorSums, SystemResult, draw_parity, evaluate_system, format_table
-from mdtrain.memory import InferenceChunker, keep_freed_memory
+from mdtrain.memory import InferenceChunker
 from mdtrain.outputs import KIND_JSON, KIND_PNG, Output, check_outputs
 from mdtrain.progress import progress
 

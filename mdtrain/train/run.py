@@ -21,7 +21,7 @@ from mdtrain.batching import NeighborListCache
 from mdtrain.config import dump_config, load_config, resolve_path
 from mdtrain.config.model_kind import model_kind, network_sections
 from mdtrain.errors import MDTrainError
-from mdtrain.memory import keep_freed_memory
+from mdtrain.heap import keep_freed_memory
 from mdtrain.model.backend import build_models
 from mdtrain.model.combined_build import build_combined_model, is_combined, take_stored_tables
 from mdtrain.model.committee import members_of, share_statistics

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from mdtrain.cache_dir import cache_dir
+
 log = logging.getLogger("mdtrain.model.accel")
 
 SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.cpp"))
@@ -31,14 +33,6 @@ def _cpu_signature() -> str:
         return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor()
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("MDTRAIN_CACHE_DIR")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mdtrain"
 
 
 def torch_lib_dir() -> Path:
@@ -78,7 +72,7 @@ def build(compiler: str) -> Path:
         ).encode()
     ).hexdigest()[:16]
     name = f"embedding-{key}.so"
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"mdtrain-{os.getuid()}"):
+    for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"mdtrain-{os.getuid()}"):
         target = folder / name
         if target.exists():
             return target
@@ -89,7 +83,7 @@ def build(compiler: str) -> Path:
         if os.access(folder, os.W_OK):
             break
     else:
-        raise RuntimeError(f"no writable folder for the build ({_cache_dir()})")
+        raise RuntimeError(f"no writable folder for the build ({cache_dir()})")
     # Several ranks may build at once: each writes its own file and renames it into place.
     log.info("building the compiled embedding kernels (once per machine type): %s", target)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)

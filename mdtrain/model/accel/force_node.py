@@ -68,6 +68,18 @@ def virial_of(g: Tensor, inputs: ForceInputs) -> Tensor:
     return total.neg_().view(k, nf, 3, 3)
 
 
+def virial_cotangent(virial_bar: Tensor, inputs: ForceInputs, k: int) -> Tensor:
+    """``Σ_b V̄_ab d_b`` (K, 3, M, nnei) float64, the virial's share of g's cotangent, group by
+    group and frame by frame (torch's products; both force nodes' backward)."""
+    plan = inputs.plan
+    out = inputs.planes.new_empty(k, 3, *inputs.planes.shape[1:])
+    for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
+        d_c = inputs.planes[:, a:b].reshape(3, plan.nf, -1).transpose(0, 1)
+        part = torch.matmul(virial_bar, d_c)  # (K, nf, 3, n·nnei)
+        out[:, :, a:b].view(k, 3, plan.nf, -1).copy_(part.transpose(1, 2))
+    return out
+
+
 class _ForcePath(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: ForceInputs, members: int, *pieces: Tensor):
@@ -102,12 +114,8 @@ class _ForcePath(torch.autograd.Function):
             g_bar = own - other.view(k, 3, rows, nnei)
         else:
             g_bar = inputs.planes.new_zeros(k, 3, rows, nnei)
-        if virial_bar is not None:  # ḡ_a −= Σ_b V̄_ab d_b, frame by frame
-            for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
-                d_c = inputs.planes[:, a:b].reshape(3, plan.nf, -1).transpose(0, 1)
-                part = torch.matmul(virial_bar, d_c)  # (K, nf, 3, n·nnei)
-                g_c = g_bar[:, :, a:b].view(k, 3, plan.nf, -1)
-                g_c -= part.transpose(1, 2)
+        if virial_bar is not None:  # ḡ_a −= Σ_b V̄_ab d_b
+            g_bar -= virial_cotangent(virial_bar, inputs, k)
         q_bar = inputs.kind.pull_t(g_bar.to(ctx.dtype), inputs.far, inputs.coef)
         q_bar = as_rows(q_bar).mul_(inputs.scale)
         grads = q_bar.view(k * rows, nnei, -1).split(ctx.sizes)

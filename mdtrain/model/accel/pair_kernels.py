@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.environment_node import RowKind, as_planes, as_rows
-from mdtrain.model.accel.force_node import ForceInputs, virial_of
+from mdtrain.model.accel.force_node import ForceInputs, virial_cotangent, virial_of
 from mdtrain.model.accel.kernels import OUT_OF_MEMORY, Kernels
 
 _P = ctypes.c_void_p
@@ -206,13 +206,7 @@ class _CompiledForcePath(torch.autograd.Function):
         if force_bar is None and virial_bar is None:
             return None, None, *([None] * len(ctx.sizes))
         fb = None if force_bar is None else force_bar.reshape(k, -1, 3).contiguous()
-        vpart = None
-        if virial_bar is not None:  # V̄ d of each group, frame by frame (torch's products)
-            vpart = inputs.planes.new_empty(k, 3, rows, nnei)
-            for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
-                d_c = inputs.planes[:, a:b].reshape(3, plan.nf, -1).transpose(0, 1)
-                part = torch.matmul(virial_bar, d_c)  # (K, nf, 3, n·nnei)
-                vpart[:, :, a:b].view(k, 3, plan.nf, -1).copy_(part.transpose(1, 2))
+        vpart = None if virial_bar is None else virial_cotangent(virial_bar, inputs, k)
         width = inputs.scale.shape[-1]
         out = inputs.far.new_empty(k * rows, nnei, width)
         status = inputs.pairs.fn("force_backward", ctx.dtype)(
