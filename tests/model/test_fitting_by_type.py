@@ -1,12 +1,22 @@
-"""The committee fitting node's per-type split and merge (``fitting_node._SplitByType``,
-``_MergeByType``) against plain ``index_select`` / ``zeros().index_copy()``: the same values and
-gradients, bit for bit, also with an atom type absent from the frame and with a type's
-output unused."""
+"""The fitting nets per atom type. The committee fitting node's per-type split and merge
+(``fitting_node._SplitByType``, ``_MergeByType``) against plain ``index_select`` /
+``zeros().index_copy()``: the same values and gradients, bit for bit, also with an atom type
+absent from the frame and with a type's output unused. One model's node for all types
+(``fitting_types.TypesValueAndInputGrad``) against a plain node per type, bit for bit, and
+against finite differences."""
 
 import pytest
 import torch
 
-from mdtrain.model.accel.fitting_node import _MergeByType, _SplitByType
+from mdtrain.model.accel.fitting_node import (
+    _MergeByType,
+    _SplitByType,
+    _ValueAndInputGrad,
+    fitting_with_grad,
+)
+from mdtrain.model.accel.fitting_types import TypesValueAndInputGrad, type_rows
+from mdtrain.model.accel.layout import layer_layout, layer_params
+from mdtrain.model.fitting import EnergyFitting
 
 
 def _groups(atype: torch.Tensor, ntypes: int) -> list[torch.Tensor]:
@@ -66,3 +76,86 @@ def test_split_and_merge_gradcheck():
         torch.randn(2, 1, len(i), 3, dtype=torch.float64, requires_grad=True) for i in groups
     )
     assert torch.autograd.gradcheck(lambda *p: _MergeByType.apply(groups, 5, *p), parts)
+
+
+def _per_type_nodes(fitting, descriptor, atype):
+    """The plain composition the by-type node replaces: per type, ``index_select`` of its
+    atoms, one ``_ValueAndInputGrad`` node, ``index_copy`` back into zeros."""
+    nf, natoms, dim = descriptor.shape
+    out = torch.zeros(nf, natoms, dtype=torch.float64)
+    grad = torch.zeros(nf, natoms, dim, dtype=fitting.dtype)
+    for c, net in enumerate(fitting.networks):
+        idx = torch.nonzero(atype == c).view(-1)
+        d_c = descriptor.index_select(1, idx).reshape(-1, dim)
+        layout = layer_layout(net.layers[:-1])
+        e_c, g_c = _ValueAndInputGrad.apply(d_c, layout, *layer_params(net.layers))
+        out = out.index_copy(1, idx, e_c.view(nf, -1).to(torch.float64))
+        grad = grad.index_copy(1, idx, g_c.reshape(nf, -1, dim))
+    return out, grad
+
+
+def _outputs_and_grads(fn, fitting, descriptor, atype, terms):
+    d = descriptor.clone().requires_grad_(True)
+    energy, grad = fn(fitting, d, atype)
+    gen = torch.Generator().manual_seed(7)
+    loss = 0.0
+    if "energy" in terms:
+        loss = loss + (energy * torch.randn(energy.shape, generator=gen, dtype=energy.dtype)).sum()
+    if "gradient" in terms:
+        loss = loss + (grad * torch.randn(grad.shape, generator=gen, dtype=grad.dtype)).sum()
+    params = list(fitting.parameters())
+    grads = torch.autograd.grad(loss, [d, *params], allow_unused=True)
+    return [energy.detach(), grad.detach(), *grads]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    ("atype", "nf", "neuron"),
+    [
+        ([0, 1, 1, 0, 1, 1], 1, [16, 16, 16]),
+        ([1, 0, 2, 1, 1, 0, 2, 1], 3, [6, 12, 12]),  # a doubling skip (6 -> 12)
+        ([2, 2, 0, 2], 2, [8, 8]),  # type 1 absent: its net's gradients are zeros
+    ],
+)
+@pytest.mark.parametrize("terms", [("energy", "gradient"), ("energy",), ("gradient",)])
+def test_fitting_with_grad_equals_a_node_per_type(dtype, atype, nf, neuron, terms):
+    """One node for every type's net (``fitting_with_grad``) gives the bits of a
+    ``_ValueAndInputGrad`` per type: outputs, dL/dD and every parameter's gradient."""
+    atype = torch.tensor(atype)
+    fitting = EnergyFitting(3, 10, neuron, resnet_dt=True, dtype=dtype, seed=5)
+    gen = torch.Generator().manual_seed(nf)
+    descriptor = torch.randn(nf, len(atype), 10, generator=gen, dtype=dtype)
+    fused = _outputs_and_grads(fitting_with_grad, fitting, descriptor, atype, terms)
+    plain = _outputs_and_grads(_per_type_nodes, fitting, descriptor, atype, terms)
+    for a, b in zip(fused, plain, strict=True):
+        if a is None or b is None:  # the output bias does not reach dE/dD
+            assert a is None and b is None and terms == ("gradient",)
+            continue
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_by_type_node_gradcheck():
+    atype = torch.tensor([1, 0, 1, 1, 0])
+    fitting = EnergyFitting(2, 4, [5, 5], resnet_dt=True, dtype=torch.float64, seed=2)
+    params = [p for net in fitting.networks for p in layer_params(net.layers)]
+    layout = layer_layout(fitting.networks[0].layers[:-1])
+    rows = type_rows(atype, 2, 2)
+    d = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, *p: TypesValueAndInputGrad.apply(x, rows, layout, *p), (d, *params)
+    )
+
+
+def test_atoms_of_no_net_get_zeros():
+    """Atoms whose type has no net (here type 2 of a two-net fitting) get zero energy and
+    gradient, and no gradient flows to their descriptor rows."""
+    atype = torch.tensor([0, 2, 1, 2])
+    fitting = EnergyFitting(2, 3, [4], resnet_dt=True, dtype=torch.float64, seed=1)
+    d = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
+    energy, grad = fitting_with_grad(fitting, d, atype)
+    assert energy[0, [1, 3]].eq(0).all() and grad[0, [1, 3]].eq(0).all()
+    assert energy[0, [0, 2]].ne(0).all()
+    (energy.sum() + grad.square().sum()).backward()
+    assert d.grad[0, [1, 3]].eq(0).all() and d.grad[0, [0, 2]].ne(0).all()
+    ref_e, ref_g = _per_type_nodes(fitting, d.detach(), atype)
+    assert torch.equal(energy, ref_e) and torch.equal(grad, ref_g)

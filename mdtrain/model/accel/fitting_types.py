@@ -1,0 +1,195 @@
+"""A fitting with one net per atom type as ONE autograd node on all atoms: the atomic energies
+and dE/dD of a frame batch, in atom order, from the descriptor in atom order.
+
+The rows are gathered by type once (each type's rows contiguous, frame-major as
+``index_select`` per type gives them); each product runs per type into its slice of one
+array, and every elementwise step (tanh, its derivatives, the idt scales, the skips) runs
+once on all rows: half the calls of a node per type on a two-type model, and arrays of all
+atoms, which at two threads are past ATen's parallel grain (32768 elements) where each
+type's alone is not. Energies and dE/dD are scattered back once; the backward gathers the
+cotangents once and scatters dL/dD once, where a node per type needed a zero array per type
+and their sum. The bits are those of a ``fitting_node._ValueAndInputGrad`` per type: the
+same products on the same rows, the same elementwise operations, the same order of
+accumulation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from mdtrain.model.accel.fitting_sweep import (
+    Gradients,
+    flat,
+    offsets,
+    reverse,
+    shaped,
+    split,
+    sweep,
+    unflat,
+)
+from mdtrain.model.accel.layout import Layout
+
+
+class TypeRows(NamedTuple):
+    """Where each row of the by-type order comes from: ``index`` (frame·N + atom), each
+    type's ``bounds`` in it, and whether every atom of every frame is in some type."""
+
+    index: Tensor
+    bounds: list[tuple[int, int]]
+    covered: bool
+    nf: int
+    natoms: int
+
+
+def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
+    """The rows of types 0..ntypes−1 for ``nf`` frames of the atom types ``atype`` (N,)."""
+    natoms = atype.shape[0]
+    groups = [torch.nonzero(atype == c).view(-1) for c in range(ntypes)]
+    if nf > 1:
+        frames = torch.arange(nf, device=atype.device).mul_(natoms).view(-1, 1)
+        groups = [(frames + idx).view(-1) for idx in groups]
+    bounds, start = [], 0
+    for idx in groups:
+        bounds.append((start, start + len(idx)))
+        start += len(idx)
+    return TypeRows(torch.cat(groups), bounds, start == nf * natoms, nf, natoms)
+
+
+class TypeNets:
+    """The products of one net per type, each on its type's rows, written into one array
+    (``fitting_sweep``'s ``ops``). ``cache``: the per-row idt and output weights and the
+    transposed weights, built in the forward, reused by the backward."""
+
+    def __init__(self, layout: Layout, params, bounds: list[tuple[int, int]], cache=None) -> None:
+        self.offsets = offsets(layout)
+        per_net = self.offsets[-1]
+        self.nets = [split(layout, params[i : i + per_net]) for i in range(0, len(params), per_net)]
+        self.starts = range(0, len(params), per_net)  # each net's first parameter
+        self.bounds = bounds
+        self.grads = Gradients(len(params))
+        self.cache: dict = {} if cache is None else cache
+
+    def idt(self, k: int) -> Tensor:
+        """Layer ``k``'s idt on every row (each type's)."""
+        rows = self.cache.get(k)
+        if rows is None:
+            rows = torch.cat([n[k][2].expand(e - s, -1) for (s, e), n in self._each()])
+            self.cache[k] = rows
+        return rows
+
+    def output_rows(self, x: Tensor) -> Tensor:
+        """Each type's ``wᵀ`` of the output layer on its rows."""
+        rows = self.cache.get("out")
+        if rows is None:
+            rows = torch.cat([n[-1][0].t().expand(e - s, -1) for (s, e), n in self._each()])
+            self.cache["out"] = rows
+        return rows
+
+    def _transposed(self, k: int) -> list[Tensor]:
+        found = self.cache.get(("t", k))
+        if found is None:
+            found = [net[k][0].t() for net in self.nets]
+            self.cache[("t", k)] = found
+        return found
+
+    def _each(self):
+        return zip(self.bounds, self.nets, strict=True)
+
+    def affine(self, k: int, x: Tensor) -> Tensor:
+        out = x.new_empty(x.shape[0], self.nets[0][k][0].shape[1])
+        for (s, e), net in self._each():
+            w, b = net[k][:2]
+            torch.addmm(b, x[s:e], w, out=out[s:e])
+        return out
+
+    def times_wt(self, k: int, p: Tensor, fold: Tensor | None) -> Tensor:
+        """``p Wᵀ (+ fold)``, each type with its W."""
+        out = p.new_empty(p.shape[0], self.nets[0][k][0].shape[0])
+        for (s, e), wt in zip(self.bounds, self._transposed(k), strict=True):
+            if fold is None:
+                torch.mm(p[s:e], wt, out=out[s:e])
+            else:
+                torch.addmm(fold[s:e], p[s:e], wt, out=out[s:e])
+        return out
+
+    def sweep_back(self, k: int, g: Tensor, p: Tensor) -> Tensor:
+        """``g W``, and ``W̄ += gᵀ p``, each type with its W."""
+        out = g.new_empty(g.shape[0], self.nets[0][k][0].shape[1])
+        for (s, e), net, first in zip(self.bounds, self.nets, self.starts, strict=True):
+            g_c = g[s:e]
+            self.grads.add_product(first + self.offsets[k], g_c, p[s:e])
+            torch.mm(g_c, net[k][0], out=out[s:e])
+        return out
+
+    def layer_back(self, k: int, x: Tensor, a_bar: Tensor, fold: Tensor | None) -> Tensor:
+        """``W̄ += xᵀ ā``, ``b̄ += Σ ā``, and ``ā Wᵀ (+ fold)``, each type with its W."""
+        out = a_bar.new_empty(a_bar.shape[0], self.nets[0][k][0].shape[0])
+        i = self.offsets[k]
+        parts = zip(self.bounds, self.starts, self._transposed(k), strict=True)
+        for (s, e), first, wt in parts:
+            a_c = a_bar[s:e]
+            self.grads.add_product(first + i, x[s:e], a_c)
+            self.grads.add(first + i + 1, a_c.sum(dim=0))
+            if fold is None:
+                torch.mm(a_c, wt, out=out[s:e])
+            else:
+                torch.addmm(fold[s:e], a_c, wt, out=out[s:e])
+        return out
+
+    def add_weight_grad(self, k: int, left: Tensor, right: Tensor) -> None:
+        for (s, e), first in zip(self.bounds, self.starts, strict=True):
+            self.grads.add_product(first + self.offsets[k], left[s:e], right[s:e])
+
+    def add_rowsum(self, k: int, j: int, a: Tensor) -> None:
+        for (s, e), net, first in zip(self.bounds, self.nets, self.starts, strict=True):
+            self.grads.add(first + self.offsets[k] + j, shaped(a[s:e].sum(dim=0), net[k][j]))
+
+
+def _scattered(values: Tensor, rows: TypeRows) -> Tensor:
+    """Rows in the by-type order put back in (frame, atom) order; zero for atoms of no type."""
+    shape = (rows.nf * rows.natoms, *values.shape[1:])
+    out = values.new_empty(shape) if rows.covered else values.new_zeros(shape)
+    return out.index_copy_(0, rows.index, values)
+
+
+class TypesValueAndInputGrad(torch.autograd.Function):
+    """Atomic energies (nf, N) float64 and dE/dD (nf, N, dim) from D (nf, N, dim), the
+    parameters being each type's net's ``layer_params`` in turn."""
+
+    @staticmethod
+    def forward(
+        ctx, descriptor: Tensor, rows: TypeRows, layout: Layout, *params: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        nf, natoms, dim = descriptor.shape
+        x = descriptor.reshape(-1, dim).index_select(0, rows.index)
+        ops = TypeNets(layout, params, rows.bounds)
+        energy, g, tape = sweep(ops, x, layout)
+        ctx.rows, ctx.layout, ctx.nparams, ctx.cache = rows, layout, len(params), ops.cache
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*params, *flat(tape))
+        energies = _scattered(energy.view(-1).to(torch.float64), rows).view(nf, natoms)
+        return energies, _scattered(g, rows).view(nf, natoms, dim)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, energy_bar: Tensor | None, grad_bar: Tensor | None):
+        rows, layout = ctx.rows, ctx.layout
+        saved = ctx.saved_tensors
+        params, rest = saved[: ctx.nparams], saved[ctx.nparams :]
+        tape = unflat(rest, len(layout))
+        ops = TypeNets(layout, params, rows.bounds, ctx.cache)
+        dim = tape.inputs[0].shape[-1]
+        e_bar = g_bar = None
+        if energy_bar is not None:
+            e_bar = energy_bar.reshape(-1).index_select(0, rows.index)
+            e_bar = e_bar.to(params[0].dtype).view(-1, 1)
+        if grad_bar is not None:
+            g_bar = grad_bar.reshape(-1, dim).index_select(0, rows.index)
+        x_bar = reverse(ops, layout, tape, e_bar, g_bar)
+        d_bar = None
+        if ctx.needs_input_grad[0]:
+            d_bar = _scattered(x_bar, rows).view(rows.nf, rows.natoms, dim)
+        return (d_bar, None, None, *ops.grads.values)
