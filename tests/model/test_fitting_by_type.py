@@ -159,3 +159,27 @@ def test_atoms_of_no_net_get_zeros():
     assert d.grad[0, [1, 3]].eq(0).all() and d.grad[0, [0, 2]].ne(0).all()
     ref_e, ref_g = _per_type_nodes(fitting, d.detach(), atype)
     assert torch.equal(energy, ref_e) and torch.equal(grad, ref_g)
+
+
+@pytest.mark.parametrize("by_type", [True, False])
+def test_parameter_gradients_without_descriptor_gradient(by_type):
+    """A descriptor that needs no gradient (a frozen descriptor) skips dL/dD, whose first
+    layer's product is the largest of the reverse; the parameters' gradients keep their bits."""
+    atype = torch.tensor([0, 1, 1, 0, 1])
+    fitting = EnergyFitting(2, 6, [8, 8, 8], resnet_dt=True, dtype=torch.float64, seed=3)
+    descriptor = torch.randn(2, 5, 6, dtype=torch.float64)
+    params = list(fitting.parameters())
+    grads = []
+    for needed in (True, False):
+        d = descriptor.clone().requires_grad_(needed)
+        if by_type:
+            energy, grad = fitting_with_grad(fitting, d, atype)
+        else:
+            net = fitting.networks[1]
+            layout = layer_layout(net.layers[:-1])
+            energy, grad = _ValueAndInputGrad.apply(d[0], layout, *layer_params(net.layers))
+        loss = energy.sum() + grad.square().sum()
+        grads.append(torch.autograd.grad(loss, params, allow_unused=True))
+    for a, b in zip(*grads, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert any(g is not None for g in grads[1])

@@ -140,5 +140,5 @@ class _ValueAndInputGrad(torch.autograd.Function):
         params, rest = saved[: ctx.nparams], saved[ctx.nparams :]
         tape = unflat(rest, len(layout))
         ops = DenseNets(layout, params)
-        x_bar = reverse(ops, layout, tape, energy_bar, g_bar)
-        return (x_bar if ctx.needs_input_grad[0] else None, None, *ops.grads.values)
+        x_bar = reverse(ops, layout, tape, energy_bar, g_bar, ctx.needs_input_grad[0])
+        return (x_bar, None, *ops.grads.values)

@@ -113,9 +113,15 @@ def sweep(ops, x: Tensor, layout: Layout) -> tuple[Tensor, Tensor, Tape]:
 
 
 def reverse(
-    ops, layout: Layout, tape: Tape, energy_bar: Tensor | None, g_bar: Tensor | None
-) -> Tensor:
-    """The cotangent of x; the parameters' gradients are accumulated by ``ops``."""
+    ops,
+    layout: Layout,
+    tape: Tape,
+    energy_bar: Tensor | None,
+    g_bar: Tensor | None,
+    need_x: bool = True,
+) -> Tensor | None:
+    """The cotangent of x (None where not ``need_x``: the first layer's product with Wᵀ is
+    skipped); the parameters' gradients are accumulated by ``ops``."""
     inputs, ts, upper, scaled, slopes = tape
     nlayers = len(layout)
     t_extra: list[Tensor | None] = [None] * nlayers  # −2t·p̄·g·idt, without its −2
@@ -148,7 +154,8 @@ def reverse(
         if extra is not None:  # times −2: exact, so the same bits as adding −2·extra
             t_bar = torch.add(t_bar, extra, alpha=-2.0)
         a_bar = tanh_grad(t_bar, ts[k])
-        y_bar = ops.layer_back(k, inputs[k], a_bar, fold(y_bar, skip, n_in))
+        onward = k > 0 or need_x
+        y_bar = ops.layer_back(k, inputs[k], a_bar, fold(y_bar, skip, n_in), onward)
     return y_bar
 
 
@@ -226,11 +233,13 @@ class DenseNets:
         self.grads.add_product(self.offsets[k], g, p)
         return _mm(g, self.layers[k][0])
 
-    def layer_back(self, k: int, x: Tensor, a_bar: Tensor, fold: Tensor | None) -> Tensor:
-        """``W̄ += xᵀ ā``, ``b̄ += Σ ā``, and ``ā Wᵀ (+ fold)``."""
+    def layer_back(
+        self, k: int, x: Tensor, a_bar: Tensor, fold: Tensor | None, onward: bool
+    ) -> Tensor | None:
+        """``W̄ += xᵀ ā``, ``b̄ += Σ ā``, and (if ``onward``) ``ā Wᵀ (+ fold)``."""
         self.grads.add_product(self.offsets[k], x, a_bar)
         self.add_rowsum(k, 1, a_bar)
-        return self.times_wt(k, a_bar, fold)
+        return self.times_wt(k, a_bar, fold) if onward else None
 
     def add_weight_grad(self, k: int, left: Tensor, right: Tensor) -> None:
         self.grads.add_product(self.offsets[k], left, right)

@@ -124,15 +124,20 @@ class TypeNets:
             torch.mm(g_c, net[k][0], out=out[s:e])
         return out
 
-    def layer_back(self, k: int, x: Tensor, a_bar: Tensor, fold: Tensor | None) -> Tensor:
-        """``W̄ += xᵀ ā``, ``b̄ += Σ ā``, and ``ā Wᵀ (+ fold)``, each type with its W."""
-        out = a_bar.new_empty(a_bar.shape[0], self.nets[0][k][0].shape[0])
+    def layer_back(
+        self, k: int, x: Tensor, a_bar: Tensor, fold: Tensor | None, onward: bool
+    ) -> Tensor | None:
+        """``W̄ += xᵀ ā``, ``b̄ += Σ ā``, and (if ``onward``) ``ā Wᵀ (+ fold)``, each type
+        with its W."""
+        out = a_bar.new_empty(a_bar.shape[0], self.nets[0][k][0].shape[0]) if onward else None
         i = self.offsets[k]
         parts = zip(self.bounds, self.starts, self._transposed(k), strict=True)
         for (s, e), first, wt in parts:
             a_c = a_bar[s:e]
             self.grads.add_product(first + i, x[s:e], a_c)
             self.grads.add(first + i + 1, a_c.sum(dim=0))
+            if out is None:
+                continue
             if fold is None:
                 torch.mm(a_c, wt, out=out[s:e])
             else:
@@ -188,8 +193,9 @@ class TypesValueAndInputGrad(torch.autograd.Function):
             e_bar = e_bar.to(params[0].dtype).view(-1, 1)
         if grad_bar is not None:
             g_bar = grad_bar.reshape(-1, dim).index_select(0, rows.index)
-        x_bar = reverse(ops, layout, tape, e_bar, g_bar)
+        need_x = ctx.needs_input_grad[0]
+        x_bar = reverse(ops, layout, tape, e_bar, g_bar, need_x)
         d_bar = None
-        if ctx.needs_input_grad[0]:
+        if need_x:
             d_bar = _scattered(x_bar, rows).view(rows.nf, rows.natoms, dim)
         return (d_bar, None, None, *ops.grads.values)
