@@ -115,6 +115,9 @@ def _outputs_and_grads(fn, fitting, descriptor, atype, terms):
         ([0, 1, 1, 0, 1, 1], 1, [16, 16, 16]),
         ([1, 0, 2, 1, 1, 0, 2, 1], 3, [6, 12, 12]),  # a doubling skip (6 -> 12)
         ([2, 2, 0, 2], 2, [8, 8]),  # type 1 absent: its net's gradients are zeros
+        # odd widths and counts: the blocks padded to aligned rows, as MKL needs for the bits
+        ([0] * 5 + [1] * 11 + [2] * 3, 1, [7, 7, 7]),
+        ([1, 0, 2] * 5, 2, [25, 50]),
     ],
 )
 @pytest.mark.parametrize("terms", [("energy", "gradient"), ("energy",), ("gradient",)])

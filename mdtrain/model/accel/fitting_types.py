@@ -32,14 +32,24 @@ from mdtrain.model.accel.fitting_sweep import (
 )
 from mdtrain.model.accel.layout import Layout
 
+# Each type's block starts at a row that is a multiple of this: 64 bytes into the array for
+# any width in float32 and float64, as a tensor of its own would be. MKL's products can round
+# differently on operands that are not so aligned.
+ALIGN_ROWS = 16
+
 
 class TypeRows(NamedTuple):
-    """Where each row of the by-type order comes from: ``index`` (frame·N + atom), each
-    type's ``bounds`` in it, and whether every atom of every frame is in some type."""
+    """The by-type order of the rows: ``index``, where each row comes from (frame·N + atom;
+    0 in the padding between blocks); each type's real rows ``bounds`` and its block with the
+    padding after it, ``spans``; ``inverse``, each atom's row, where every atom of every frame
+    is in some type, else ``atoms`` and ``positions``, the real rows' atoms and rows."""
 
     index: Tensor
     bounds: list[tuple[int, int]]
-    covered: bool
+    spans: list[tuple[int, int]]
+    inverse: Tensor | None
+    atoms: Tensor
+    positions: Tensor
     nf: int
     natoms: int
 
@@ -51,11 +61,25 @@ def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
     if nf > 1:
         frames = torch.arange(nf, device=atype.device).mul_(natoms).view(-1, 1)
         groups = [(frames + idx).view(-1) for idx in groups]
-    bounds, start = [], 0
-    for idx in groups:
+    bounds, parts, start = [], [], 0
+    for c, idx in enumerate(groups):
         bounds.append((start, start + len(idx)))
         start += len(idx)
-    return TypeRows(torch.cat(groups), bounds, start == nf * natoms, nf, natoms)
+        parts.append(idx)
+        pad = -start % ALIGN_ROWS if c < ntypes - 1 else 0
+        if pad:
+            parts.append(idx.new_zeros(pad))
+            start += pad
+    spans = [(s, nxt) for (s, _), (nxt, _) in zip(bounds, [*bounds[1:], (start, 0)], strict=True)]
+    atoms = torch.cat(groups)
+    padded = len(atoms) < start
+    index = torch.cat(parts) if padded else atoms
+    positions = torch.cat([torch.arange(s, e) for s, e in bounds]) if padded else None
+    inverse = None
+    if len(atoms) == nf * natoms:  # every atom has a net
+        rows = positions if padded else torch.arange(len(atoms))
+        inverse = torch.empty_like(atoms).index_copy_(0, atoms, rows)
+    return TypeRows(index, bounds, spans, inverse, atoms, positions, nf, natoms)
 
 
 class TypeNets:
@@ -63,12 +87,13 @@ class TypeNets:
     (``fitting_sweep``'s ``ops``). ``cache``: the per-row idt and output weights and the
     transposed weights, built in the forward, reused by the backward."""
 
-    def __init__(self, layout: Layout, params, bounds: list[tuple[int, int]], cache=None) -> None:
+    def __init__(self, layout: Layout, params, rows: TypeRows, cache=None) -> None:
         self.offsets = offsets(layout)
         per_net = self.offsets[-1]
         self.nets = [split(layout, params[i : i + per_net]) for i in range(0, len(params), per_net)]
         self.starts = range(0, len(params), per_net)  # each net's first parameter
-        self.bounds = bounds
+        self.bounds = rows.bounds
+        self.spans = rows.spans  # with the padding rows after each block
         self.grads = Gradients(len(params))
         self.cache: dict = {} if cache is None else cache
 
@@ -76,7 +101,7 @@ class TypeNets:
         """Layer ``k``'s idt on every row (each type's)."""
         rows = self.cache.get(k)
         if rows is None:
-            rows = torch.cat([n[k][2].expand(e - s, -1) for (s, e), n in self._each()])
+            rows = torch.cat([n[k][2].expand(e - s, -1) for (s, e), n in self._spans()])
             self.cache[k] = rows
         return rows
 
@@ -84,7 +109,7 @@ class TypeNets:
         """Each type's ``wᵀ`` of the output layer on its rows."""
         rows = self.cache.get("out")
         if rows is None:
-            rows = torch.cat([n[-1][0].t().expand(e - s, -1) for (s, e), n in self._each()])
+            rows = torch.cat([n[-1][0].t().expand(e - s, -1) for (s, e), n in self._spans()])
             self.cache["out"] = rows
         return rows
 
@@ -97,6 +122,9 @@ class TypeNets:
 
     def _each(self):
         return zip(self.bounds, self.nets, strict=True)
+
+    def _spans(self):
+        return zip(self.spans, self.nets, strict=True)
 
     def affine(self, k: int, x: Tensor) -> Tensor:
         out = x.new_empty(x.shape[0], self.nets[0][k][0].shape[1])
@@ -155,9 +183,11 @@ class TypeNets:
 
 def _scattered(values: Tensor, rows: TypeRows) -> Tensor:
     """Rows in the by-type order put back in (frame, atom) order; zero for atoms of no type."""
-    shape = (rows.nf * rows.natoms, *values.shape[1:])
-    out = values.new_empty(shape) if rows.covered else values.new_zeros(shape)
-    return out.index_copy_(0, rows.index, values)
+    if rows.inverse is not None:
+        return values.index_select(0, rows.inverse)
+    real = values if rows.positions is None else values.index_select(0, rows.positions)
+    out = values.new_zeros((rows.nf * rows.natoms, *values.shape[1:]))
+    return out.index_copy_(0, rows.atoms, real)
 
 
 class TypesValueAndInputGrad(torch.autograd.Function):
@@ -170,7 +200,7 @@ class TypesValueAndInputGrad(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         nf, natoms, dim = descriptor.shape
         x = descriptor.reshape(-1, dim).index_select(0, rows.index)
-        ops = TypeNets(layout, params, rows.bounds)
+        ops = TypeNets(layout, params, rows)
         energy, g, tape = sweep(ops, x, layout)
         ctx.rows, ctx.layout, ctx.nparams, ctx.cache = rows, layout, len(params), ops.cache
         ctx.set_materialize_grads(False)
@@ -185,7 +215,7 @@ class TypesValueAndInputGrad(torch.autograd.Function):
         saved = ctx.saved_tensors
         params, rest = saved[: ctx.nparams], saved[ctx.nparams :]
         tape = unflat(rest, len(layout))
-        ops = TypeNets(layout, params, rows.bounds, ctx.cache)
+        ops = TypeNets(layout, params, rows, ctx.cache)
         dim = tape.inputs[0].shape[-1]
         e_bar = g_bar = None
         if energy_bar is not None:
