@@ -74,10 +74,13 @@ def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
     atoms = torch.cat(groups)
     padded = len(atoms) < start
     index = torch.cat(parts) if padded else atoms
-    positions = torch.cat([torch.arange(s, e) for s, e in bounds]) if padded else None
+    device = atype.device
+    positions = (
+        torch.cat([torch.arange(s, e, device=device) for s, e in bounds]) if padded else None
+    )
     inverse = None
     if len(atoms) == nf * natoms:  # every atom has a net
-        rows = positions if padded else torch.arange(len(atoms))
+        rows = positions if padded else torch.arange(len(atoms), device=device)
         inverse = torch.empty_like(atoms).index_copy_(0, atoms, rows)
     return TypeRows(index, bounds, spans, inverse, atoms, positions, nf, natoms)
 
