@@ -14,7 +14,8 @@ chosen once when the model is built.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from functools import partial
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -70,6 +71,8 @@ class ExplicitCache(NamedTuple):
     tmats: list[Tensor]  # per group: T = Σ R̃ᵀG / nnei, (B, 4, M)
     rows: list[Tensor]  # per group: normalised rows (B, nnei, 4)
     blocks: list[EmbeddedBlock]
+    # the compiled D and dE/dT (``descriptor_products.DescriptorProducts``) or None: torch's
+    products: Any = None
 
 
 def _raw_rows(far: Tensor, r: Tensor, rp: Tensor, w: Tensor, dw: Tensor):
@@ -194,7 +197,15 @@ def contract_environment(
     desc: DescriptorSeA, ops: EmbeddingOps, env: Environment, nf: int, natoms: int
 ) -> tuple[Tensor, ExplicitCache]:
     """Descriptor D (nf, N, M·axis) of ``desc``'s networks on a computed environment, plus
-    what ``row_gradients`` needs."""
+    what ``row_gradients`` needs. With the compiled pair kernels, D and later dE/dT run on
+    their compiled products where these were measured to give torch's bits."""
+    pairs = env.force.pairs
+    products = None if pairs is None else pairs.products
+    if products is not None and products.orders(desc.dtype, 4, desc.neuron_out, desc.axis_neuron):
+        d, cache = contract_groups(
+            desc, ops, env, nf, natoms, partial(products.descriptor_of_t, desc)
+        )
+        return d, cache._replace(products=products)
     return contract_groups(desc, ops, env, nf, natoms, desc.descriptor_of_t)
 
 
@@ -228,7 +239,8 @@ def row_gradients(
     ``D = TᵀT<`` gives ``dT = T< dDᵀ + [T dD, 0]``; a row R̃ of a real slot enters T
     through ``R̃ᵀG(s)`` with ``s = R̃[0]``, so ``dR̃ = G dTᵀ + [R̃·(G' dTᵀ), 0, 0, 0]``.
     """
-    return group_row_gradients(desc, ops, grad, cache, atype, _tbar_of, 4)
+    tbar_of = _tbar_of if cache.products is None else cache.products.tbar_of
+    return group_row_gradients(desc, ops, grad, cache, atype, tbar_of, 4)
 
 
 def group_row_gradients(

@@ -19,6 +19,7 @@ import ctypes
 import torch
 from torch import Tensor
 
+from mdtrain.model.accel.descriptor_products import DescriptorProducts
 from mdtrain.model.accel.environment_node import RowKind, as_planes, as_rows
 from mdtrain.model.accel.force_node import ForceInputs, virial_cotangent, virial_of
 from mdtrain.model.accel.kernels import OUT_OF_MEMORY, Kernels
@@ -69,6 +70,8 @@ class CompiledPairs:
         lib.mdt_pair_force_assemble.argtypes = [_I64, _I64, _I64, _P, _P, _P, _P]
         lib.mdt_pair_force_assemble.restype = None
         self.lib = lib
+        # se_e2_a's D and dE/dT (``descriptor_products``), used where they give torch's bits
+        self.products = DescriptorProducts(kernels)
 
     def fn(self, name: str, dtype: torch.dtype):
         return getattr(self.lib, f"mdt_pair_{name}_{_suffix(dtype)}")
