@@ -17,8 +17,13 @@ import torch
 
 from mdtrain.errors import MDTrainError
 from mdtrain.model.accel import build, kernel_nodes, kernels
-from mdtrain.model.accel.embedding_nodes import _EmbedContract, _RowGrad
-from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, _KernelRowGrad, plan_blocks
+from mdtrain.model.accel.embedding_nodes import (
+    EmbeddedBlock,
+    TorchEmbedding,
+    _EmbedContract,
+    _RowGrad,
+)
+from mdtrain.model.accel.kernel_nodes import _KernelEmbedContract, _KernelRowGrads, plan_blocks
 from mdtrain.model.accel.layout import layer_layout, layer_params
 from mdtrain.model.backend import build_model
 from mdtrain.model.network import EmbeddingNet
@@ -54,7 +59,10 @@ def _node_outputs(net, rows, cot, use_kernels, used=None):
         lib, plan = kernels.load_kernels(), plan_blocks(used, rows.shape[0], rows.shape[2])
         tmat, value, slope = _KernelEmbedContract.apply(rows, lib, plan, layout, *params)
         tbar = torch.tanh(tmat)  # a T̄ that depends on the parameters, as in the model
-        rbar = _KernelRowGrad.apply(tbar, value, slope, rows, lib, plan)
+        span = ((0, rows.shape[2], plan),)  # one block of all columns of rows (B, n, A)
+        rbar = _KernelRowGrads.apply(
+            tbar, rows.transpose(1, 2), lib, span, rows.shape[1], value, slope
+        )
     else:
         tmat, value, slope = _EmbedContract.apply(rows, layout, *params)
         rbar = _RowGrad.apply(torch.tanh(tmat), value, slope, rows)
@@ -121,6 +129,50 @@ def test_kernels_match_pytorch_path_on_two_component_rows(neuron, resnet_dt, nc,
     for a, b in zip(compiled, reference, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, b.abs().max().item()))
+
+
+def _group_row_grads(nets, rows, spans, width, cot, use_kernels):
+    """A group's row gradients (B, nnei, ``width``) from the blocks of columns ``spans``
+    ((lo, n) per net) of its rows (B, nnei, A), and the gradients of a loss on T and on them
+    w.r.t. the nets' parameters, through ``row_grads`` of the kernels or of PyTorch."""
+    lib = kernels.load_kernels()
+    ops = kernel_nodes.KernelEmbedding(lib) if use_kernels else TorchEmbedding()
+    blocks, tmat, params = [], 0.0, []
+    for net, (lo, n) in zip(nets, spans, strict=True):
+        layout, p = layer_layout(net.layers), layer_params(net.layers)
+        cols = rows[:, lo : lo + n].transpose(1, 2)
+        if use_kernels:
+            plan = plan_blocks(None, rows.shape[0], n)
+            t_k, value, slope = _KernelEmbedContract.apply(cols, lib, plan, layout, *p)
+        else:
+            plan = None
+            t_k, value, slope = _EmbedContract.apply(cols, layout, *p)
+        blocks.append(EmbeddedBlock(value, slope, 0, lo, n, plan))
+        tmat, params = tmat + t_k, params + p
+    rbar = ops.row_grads(torch.tanh(tmat), blocks, rows, width)
+    loss = (cot[0] * tmat).sum() + (cot[1] * rbar).sum()
+    return [rbar.detach(), *torch.autograd.grad(loss, params)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("axes, width", [(4, 4), (2, 1)])
+def test_group_row_grads_of_several_blocks_match_pytorch_path(axes, width):
+    """Blocks of a group's columns with gaps before, between and after them (columns no net
+    evaluates: row gradient 0), three of them (their T̄ parts summed), and se_e2_r's rows
+    whose row gradient keeps only the first of their two columns."""
+    nc, nnei, spans = 9, 16, [(2, 3), (6, 4), (11, 2)]
+    nets = [EmbeddingNet([4, 8], "tanh", False, torch.float64, seed=k) for k in range(3)]
+    gen = torch.Generator().manual_seed(8)
+    rows = torch.randn(nc, nnei, axes, generator=gen, dtype=torch.float64)
+    cot = [torch.randn(nc, axes, 8, generator=gen, dtype=torch.float64)]
+    cot.append(torch.randn(nc, nnei, width, generator=gen, dtype=torch.float64))
+    compiled = _group_row_grads(nets, rows, spans, width, cot, True)
+    reference = _group_row_grads(nets, rows, spans, width, cot, False)
+    assert compiled[0].shape == (nc, nnei, width)
+    for lo, hi in [(0, 2), (5, 6), (10, 11), (13, 16)]:
+        assert (compiled[0][:, lo:hi] == 0).all()
+    for a, b in zip(compiled, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 @needs_kernels

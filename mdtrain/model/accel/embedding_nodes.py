@@ -80,9 +80,24 @@ class TorchEmbedding:
             tmat = tmat + padded_tail(tail, net(tail[:, :, 0].reshape(-1, 1)), types)
         return tmat, block
 
-    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
-        """dE/dR̃ (B, n, 4) of the block's columns, rows (B, 4, n)."""
-        return _RowGrad.apply(tbar, block.value, block.slope, rows)
+    def row_grads(
+        self, tbar: Tensor, blocks: list[EmbeddedBlock], rows: Tensor, width: int
+    ) -> Tensor:
+        """dE/dR̃ (B, nnei, ``width``) of a group's rows (B, nnei, A): each block's columns
+        from ``_RowGrad``, 0 on the columns no block evaluates."""
+        pieces: list[Tensor] = []
+        col = 0
+        for block in blocks:
+            lo, n = block.lo, block.n
+            if lo > col:
+                pieces.append(rows.new_zeros(rows.shape[0], lo - col, width))
+            cols = rows[:, lo : lo + n].transpose(1, 2)
+            rbar = _RowGrad.apply(tbar, block.value, block.slope, cols)
+            pieces.append(rbar if rbar.shape[2] == width else rbar[:, :, :width])
+            col = lo + n
+        if col < rows.shape[1]:
+            pieces.append(rows.new_zeros(rows.shape[0], rows.shape[1] - col, width))
+        return torch.cat(pieces, dim=1)
 
     def __deepcopy__(self, memo):  # stateless: copies of a model share it
         return self

@@ -59,8 +59,12 @@ class EmbeddingOps(Protocol):
         evaluated on them (a committee's members)."""
         ...
 
-    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
-        """dE/dR̃ (B, n, 4) of the block's columns, rows (B, 4, n)."""
+    def row_grads(
+        self, tbar: Tensor, blocks: list[EmbeddedBlock], rows: Tensor, width: int
+    ) -> Tensor:
+        """dE/dR̃ (B, nnei, ``width``) of one group's rows (B, nnei, A) from its dE/dT
+        ``tbar`` and its embedding ``blocks`` (in column order); 0 on the columns no block
+        evaluates."""
         ...
 
 
@@ -316,22 +320,9 @@ def _row_grad(
     width: int,
 ) -> Tensor:
     """dE/dR̃ (B, nnei, width) of one group from its dE/dD (B, dim_out)."""
-    rows = cache.rows[group]
     tbar = tbar_of(desc, cache.tmats[group], grad)
-    pieces: list[Tensor] = []
-    col = 0
-    for block in cache.blocks:
-        if block.group != group:
-            continue
-        lo, n = block.lo, block.n
-        if lo > col:
-            pieces.append(rows.new_zeros(rows.shape[0], lo - col, width))
-        rbar = ops.row_grad(tbar, block, rows[:, lo : lo + n].transpose(1, 2))
-        pieces.append(rbar if rbar.shape[2] == width else rbar[:, :, :width])
-        col = lo + n
-    if col < desc.nnei:
-        pieces.append(rows.new_zeros(rows.shape[0], desc.nnei - col, width))
-    return torch.cat(pieces, dim=1)
+    blocks = [block for block in cache.blocks if block.group == group]
+    return ops.row_grads(tbar, blocks, cache.rows[group], width)
 
 
 class ExplicitForm(NamedTuple):

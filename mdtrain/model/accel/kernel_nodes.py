@@ -133,10 +133,14 @@ class KernelEmbedding:
             tmat = tmat + padded_share(tail, g, first - start, types)
         return tmat, EmbeddedBlock(value, slope, group, lo, n, plan)
 
-    def row_grad(self, tbar: Tensor, block: EmbeddedBlock, rows: Tensor) -> Tensor:
-        """dE/dR̃ (B, n, 4) of the block's columns, rows (B, 4, n); 0 on the slots the plan
-        did not evaluate."""
-        return _KernelRowGrad.apply(tbar, block.value, block.slope, rows, self.kernels, block.plan)
+    def row_grads(
+        self, tbar: Tensor, blocks: list[EmbeddedBlock], rows: Tensor, width: int
+    ) -> Tensor:
+        """dE/dR̃ (B, nnei, ``width``) of a group's rows (B, nnei, A), every block's columns
+        written into one tensor; 0 on the slots no block evaluates."""
+        spans = tuple((block.lo, block.n, block.plan) for block in blocks)
+        tapes = [t for block in blocks for t in (block.value, block.slope)]
+        return _KernelRowGrads.apply(tbar, rows, self.kernels, spans, width, *tapes)
 
     def __deepcopy__(self, memo):  # holds the loaded library: copies of a model share it
         return self
@@ -172,27 +176,48 @@ class _KernelEmbedContract(torch.autograd.Function):
         return (None, None, None, None, *grads)
 
 
-class _KernelRowGrad(torch.autograd.Function):
-    """``_RowGrad`` on the kernels; its backward hands (Z, T̄) to the ``_KernelEmbedContract``
-    node that made G and dG/ds."""
+class _KernelRowGrads(torch.autograd.Function):
+    """``_RowGrad`` on the kernels for all the blocks of a group of rows (B, nnei, A) at once:
+    each block (``spans``: its first column, columns, plan; ``tapes``: its G and dG/ds) writes
+    its columns and zeros up to the next block's into one (B, nnei, W) tensor, so that no zero
+    pieces are made and concatenated. Its backward sums the blocks' T̄ parts (in the order
+    autograd summed them when each block was a node of its own: the last block's first) and
+    hands each block's (Z, T̄) to the ``_KernelEmbedContract`` node that made its G and dG/ds."""
 
     @staticmethod
-    def forward(ctx, tbar, value, slope, rows, kernels: Kernels, plan: BlockPlan) -> Tensor:
+    def forward(ctx, tbar, rows, kernels: Kernels, spans: tuple, width: int, *tapes) -> Tensor:
         tbar = tbar.contiguous()
-        rbar = kernels.row_grad(tbar, value, slope, rows, plan)
-        ctx.kernels, ctx.plan = kernels, plan
-        ctx.producer = value.grad_fn
-        ctx.save_for_backward(tbar, value, slope, rows)
-        return rbar
+        nc, nnei = rows.shape[:2]
+        out = tbar.new_empty(nc, nnei, width)
+        starts = [lo for lo, _, _ in spans] + [nnei]
+        if starts[0] > 0:
+            out[:, : starts[0]].zero_()
+        for (lo, n, plan), end, k in zip(spans, starts[1:], range(0, len(tapes), 2), strict=True):
+            cols = rows[:, lo : lo + n].transpose(1, 2)
+            kernels.row_grad_into(tbar, tapes[k], tapes[k + 1], cols, plan, out[:, lo:end])
+        ctx.kernels, ctx.spans = kernels, spans
+        ctx.producers = [tapes[k].grad_fn for k in range(0, len(tapes), 2)]
+        ctx.save_for_backward(tbar, rows, *tapes)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, z: Tensor):
-        tbar, value, slope, rows = ctx.saved_tensors
-        producer = ctx.producer
-        if producer is None or not isinstance(producer, _KernelEmbedContract._backward_cls):
-            raise RuntimeError("compiled row gradients need G and dG/ds from the kernels' node")
+        tbar, rows, *tapes = ctx.saved_tensors
         z = z.contiguous()
-        tbar_grad = ctx.kernels.row_grad_tbar(z, value, slope, rows, ctx.plan)
-        producer.row_grad = (z.detach(), tbar.detach())  # no cycle: see embedding_nodes
-        return tbar_grad, None, None, None, None, None
+        tbar_grad = None
+        for k in reversed(range(len(ctx.spans))):
+            producer = ctx.producers[k]
+            if producer is None or not isinstance(producer, _KernelEmbedContract._backward_cls):
+                raise RuntimeError("compiled row gradients need G and dG/ds from the kernels' node")
+            lo, n, plan = ctx.spans[k]
+            cols = rows[:, lo : lo + n].transpose(1, 2)
+            value, slope = tapes[2 * k], tapes[2 * k + 1]
+            part = ctx.kernels.row_grad_tbar(z[:, lo:], value, slope, cols, plan)
+            tbar_grad = part if tbar_grad is None else tbar_grad + part
+            zk = z[:, lo : lo + n]
+            if zk.shape[2] < rows.shape[2]:  # the row gradient's dropped columns: no cotangent
+                zk = torch.cat([zk, zk.new_zeros(*zk.shape[:2], rows.shape[2] - zk.shape[2])], 2)
+            producer.row_grad = (zk.detach(), tbar.detach())  # no cycle: see embedding_nodes
+        ctx.producers = []
+        return tbar_grad, None, None, None, None, *([None] * len(tapes))

@@ -50,9 +50,10 @@ class Kernels:
             fn.argtypes = [*rows, *net, *plan, _P, _INT]
             fn = getattr(lib, f"mdt_embed_backward_{suffix}")
             fn.argtypes = [*rows, *net, *plan, _I64, *[_P] * 6, _INT]
-            for name in ("mdt_row_grad_", "mdt_row_grad_tbar_"):
-                fn = getattr(lib, name + suffix)
-                fn.argtypes = [*rows, *plan, _I64, _INT, *[_P] * 4, _INT]
+            fn = getattr(lib, f"mdt_rows_grad_{suffix}")  # csrc/row_grad.cpp
+            fn.argtypes = [*rows, *plan, _INT, *[_P] * 4, _I64, _INT, _I64, _INT]
+            fn = getattr(lib, f"mdt_rows_grad_tbar_{suffix}")
+            fn.argtypes = [*rows, *plan, _INT, _P, _I64, _INT, *[_P] * 3, _INT]
 
     def use_blas(self, choice: str) -> str:
         """Point the kernels' products at a BLAS: "torch" (the one inside torch, usually MKL;
@@ -125,33 +126,38 @@ class Kernels:
     def row_grad(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
         """dE/dR̃ (B, n, A) of one block of slot columns, rows (B, A, n); 0 on the slots the
         plan does not evaluate."""
-        nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
-        out = value.new_empty(nc, n, rows.shape[1])
-        fn = self._fn("mdt_row_grad", value.dtype)
+        out = value.new_empty(rows.shape[0], rows.shape[2], rows.shape[1])
+        self.row_grad_into(tbar, value, slope, rows, plan, out)
+        return out
+
+    def row_grad_into(self, tbar, value, slope, rows: Tensor, plan, out: Tensor) -> None:
+        """Write dE/dR̃ of one block of slot columns, rows (B, A, n), into ``out`` (B, f, W):
+        f ≥ n slots (0 past each centre's evaluated ones), the first W ≤ A components, any
+        stride between centres (a slice of a wider tensor)."""
+        fn = self._fn("mdt_rows_grad", value.dtype)
         status = fn(
             *_rows_args(rows),
             *_plan_args(plan),
-            n,
-            m,
-            *map(_pointer, (tbar, value, slope)),
-            _pointer(out),
+            value.shape[-1],
+            *map(_pointer, (tbar, value, slope, out)),
+            *_slice_args(out),
+            out.shape[1],
             self._threads(),
         )
         _check(status, "row gradients")
-        return out
 
     def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        """The T̄ (B, A, M) part of ``row_grad``'s backward for the cotangent z (B, n, A)."""
-        nc, n, m = rows.shape[0], rows.shape[2], value.shape[-1]
-        out = value.new_empty(nc, rows.shape[1], m)
-        fn = self._fn("mdt_row_grad_tbar", value.dtype)
+        """The T̄ (B, A, M) part of ``row_grad``'s backward for the cotangent z (B, ≥n, W ≤ A;
+        ``row_grad_into``'s layout, components past W taken as 0)."""
+        out = value.new_empty(rows.shape[0], rows.shape[1], value.shape[-1])
+        fn = self._fn("mdt_rows_grad_tbar", value.dtype)
         status = fn(
             *_rows_args(rows),
             *_plan_args(plan),
-            n,
-            m,
-            *map(_pointer, (z, value, slope)),
-            _pointer(out),
+            value.shape[-1],
+            _pointer(z),
+            *_slice_args(z),
+            *map(_pointer, (value, slope, out)),
             self._threads(),
         )
         _check(status, "row-gradient backward")
@@ -179,6 +185,13 @@ def _plan_args(plan) -> list:
         _pointer(plan.row0),
         len(plan.width),
     ]
+
+
+def _slice_args(t: Tensor) -> list:
+    """A (B, f, W) slice with unit strides inside a row: its stride between centres and W."""
+    if t.stride(2) != 1 or (t.shape[1] > 1 and t.stride(1) != t.shape[2]):
+        raise RuntimeError("row gradients need rows of (slots, W) without gaps")
+    return [t.stride(0), t.shape[2]]
 
 
 def _address(fn) -> _P:

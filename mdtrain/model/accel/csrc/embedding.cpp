@@ -3,8 +3,9 @@
 //
 // The math is that of mdtrain/model/accel/embedding_nodes.py (the PyTorch path, which the tests
 // compare against): per layer a = xW + b, t = tanh(a), y = t·idt + skip(x), carried forward together with
-// the tangent dy/ds; T = Σ_j R̃_jᵀ G(s_j) per centre; the row gradients; and the backward of all of
-// it w.r.t. the parameters. The difference is the execution: OpenMP threads (torch's own runtime)
+// the tangent dy/ds; T = Σ_j R̃_jᵀ G(s_j) per centre; and the backward of all of it w.r.t. the
+// parameters (the row gradients, from G and dG/ds, are in row_grad.cpp; their cotangent comes
+// back here as Z and T̄). The difference is the execution: OpenMP threads (torch's own runtime)
 // each take whole blocks of centres through every layer, with single-threaded BLAS products and
 // fused elementwise loops, so that a block stays in the core's cache and the two cores never wait
 // on each other between operations.
@@ -555,74 +556,6 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
   return kOk;
 }
 
-// Calls f(centre, its first tape row, its width) for every centre of the plan, each block on
-// the thread the other kernels give it.
-template <typename F>
-void each_centre(const Plan& P, int threads, F f) {
-#pragma omp parallel num_threads(threads)
-  {
-    const int me = omp_get_thread_num(), team = omp_get_num_threads();
-    for (i64 b = 0; b < P.blocks; ++b) {
-      if (!P.mine(b, me, team)) continue;
-      const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b];
-      for (i64 q = 0; q < nb; ++q) f(P.order[p0 + q], P.row0[b] + q * w, w);
-    }
-  }
-}
-
-// dE/dR̃ (nc, n, A) = G T̄ᵀ + [R̃·(G' T̄ᵀ), 0, …] on the evaluated slots, 0 on the others.
-template <typename T, int A>
-int row_grad(const Rows<T>& R, const Plan& P, i64 n, int m, const T* tbar, const T* value,
-             const T* slope, T* out, int threads) {
-  each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
-    const T* tc = tbar + c * A * m;
-    T* oc = out + c * n * A;
-    std::fill(oc + w * A, oc + n * A, T(0));
-    for (i64 j = 0; j < w; ++j) {
-      const T* g = value + (r0 + j) * m;
-      const T* d = slope + (r0 + j) * m;
-      T* o = oc + j * A;
-      T sbar = 0;
-      for (int a = 0; a < A; ++a) {
-        const T* ta = tc + a * m;
-        T dot = 0, dots = 0;
-#pragma omp simd reduction(+ : dot, dots)
-        for (int k = 0; k < m; ++k) {
-          dot += g[k] * ta[k];
-          dots += d[k] * ta[k];
-        }
-        o[a] = dot;
-        sbar += R.at(c, a, j) * dots;
-      }
-      o[0] += sbar;
-    }
-  });
-  return kOk;
-}
-
-// T̄ (nc, A, M) of row_grad's backward for the cotangent Z (nc, n, A):
-// Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j over each centre's evaluated slots.
-template <typename T, int A>
-int row_grad_tbar(const Rows<T>& R, const Plan& P, i64 n, int m, const T* z, const T* value,
-                  const T* slope, T* out, int threads) {
-  each_centre(P, threads, [&](i64 c, i64 r0, i64 w) {
-    T* oc = out + c * A * m;
-    std::fill(oc, oc + A * m, T(0));
-    for (i64 j = 0; j < w; ++j) {
-      const T* g = value + (r0 + j) * m;
-      const T* d = slope + (r0 + j) * m;
-      const T* zj = z + (c * n + j) * A;
-      for (int a = 0; a < A; ++a) {
-        const T za = zj[a], zr = R.at(c, a, j) * zj[0];
-        T* oa = oc + a * m;
-#pragma omp simd
-        for (int k = 0; k < m; ++k) oa[k] += za * g[k] + zr * d[k];
-      }
-    }
-  });
-  return kOk;
-}
-
 }  // namespace
 
 extern "C" {
@@ -696,22 +629,6 @@ int mdt_reserve_blas(int threads) {
     return guarded([&] {                                                                      \
       return MDT_AXES((backward<T, A>(MDT_ROWS(T), MDT_NET(T), MDT_PLAN, in, grads, threads))); \
     });                                                                                       \
-  }                                                                                           \
-  int mdt_row_grad_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* tbar,     \
-                            const void* value, const void* slope, void* out, int threads) {   \
-    return MDT_AXES((row_grad<T, A>(MDT_ROWS(T), MDT_PLAN, n, m, static_cast<const T*>(tbar), \
-                                    static_cast<const T*>(value),                             \
-                                    static_cast<const T*>(slope), static_cast<T*>(out),       \
-                                    threads)));                                               \
-  }                                                                                           \
-  int mdt_row_grad_tbar_##suffix(MDT_ROWS_ARGS, MDT_PLAN_ARGS, i64 n, int m, const void* z,   \
-                                 const void* value, const void* slope, void* out,             \
-                                 int threads) {                                               \
-    return MDT_AXES((row_grad_tbar<T, A>(MDT_ROWS(T), MDT_PLAN, n, m,                         \
-                                         static_cast<const T*>(z),                            \
-                                         static_cast<const T*>(value),                        \
-                                         static_cast<const T*>(slope), static_cast<T*>(out),  \
-                                         threads)));                                          \
   }
 
 MDT_EXPORT(double, f64)
