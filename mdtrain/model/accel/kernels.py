@@ -123,17 +123,11 @@ class Kernels:
         )
         _check(status, "embedding backward")
 
-    def row_grad(self, tbar: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        """dE/dR̃ (B, n, A) of one block of slot columns, rows (B, A, n); 0 on the slots the
-        plan does not evaluate."""
-        out = value.new_empty(rows.shape[0], rows.shape[2], rows.shape[1])
-        self.row_grad_into(tbar, value, slope, rows, plan, out)
-        return out
-
     def row_grad_into(self, tbar, value, slope, rows: Tensor, plan, out: Tensor) -> None:
-        """Write dE/dR̃ of one block of slot columns, rows (B, A, n), into ``out`` (B, f, W):
-        f ≥ n slots (0 past each centre's evaluated ones), the first W ≤ A components, any
-        stride between centres (a slice of a wider tensor)."""
+        """Write dE/dR̃ of one block of slot columns, rows (B, A, n), from T̄ (B, A, M) and the
+        block's G and dG/ds (tape rows, M) into ``out`` (B, f, W): f ≥ n slots (0 past each
+        centre's evaluated ones), the first W ≤ A components, any stride between centres (a
+        slice of a wider tensor)."""
         fn = self._fn("mdt_rows_grad", value.dtype)
         status = fn(
             *_rows_args(rows),
@@ -147,8 +141,8 @@ class Kernels:
         _check(status, "row gradients")
 
     def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
-        """The T̄ (B, A, M) part of ``row_grad``'s backward for the cotangent z (B, ≥n, W ≤ A;
-        ``row_grad_into``'s layout, components past W taken as 0)."""
+        """The T̄ (B, A, M) part of ``row_grad_into``'s backward for the cotangent z (B, ≥n,
+        W ≤ A; its output's layout, components past W taken as 0)."""
         out = value.new_empty(rows.shape[0], rows.shape[1], value.shape[-1])
         fn = self._fn("mdt_rows_grad_tbar", value.dtype)
         status = fn(
