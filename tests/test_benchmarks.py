@@ -163,6 +163,18 @@ def test_step_outside_times_the_update_and_the_loss(tmp_path):
     assert "2 pairs" in done.stdout and "median of the pairs' differences" in done.stdout
 
 
+def test_row_grad_times_the_row_gradients():
+    """benchmarks/row_grad.py: the pieces the force node gets, a checksum, one line per part."""
+    cmd = [sys.executable, str(BENCHMARKS / "row_grad.py"), "--precision", "float32"]
+    cmd += ["--calls", "1", "--rounds", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, *parts = done.stdout.splitlines()
+    assert "pieces [(192, 138, 4)], checksum" in first
+    assert float(first.rsplit(" ", 1)[1]) > 0
+    assert [p.split()[0] for p in parts] == ["forward", "forward+backward"]
+
+
 def test_descriptor_speed_input_and_slopes(tmp_path):
     """descriptor_speed.py: the example's copy (absolute systems, the run's step counts, the
     rest kept) and the wall/CPU slopes between two display lines of a child process."""
