@@ -78,6 +78,20 @@ def water_box(nmol: int = 64, box: float = BOX, seed: int = 0) -> tuple[np.ndarr
     return coord, atype
 
 
+def water_inputs(model) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
+    """``water_box``'s frame as ``model``'s inputs (coord, atype, box, nlist, shift), with the
+    descriptor's statistics set from it; and the neighbour counts per type."""
+    coord, atype = water_box()
+    box = np.eye(3) * BOX
+    nlist, shift, counts = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
+    sums = PairStatSums.of_model(model)
+    sums.add_frame(coord, box, atype)
+    davg, dstd = model.descriptor.stats_from_items(sums.items())
+    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    arrays = (coord[None], atype, box[None], nlist[None], shift[None])
+    return tuple(torch.tensor(a) for a in arrays), counts
+
+
 def _public(value):
     """``value`` without the keys starting with "_" (comments), at every depth."""
     if isinstance(value, dict):
@@ -133,21 +147,9 @@ def main() -> None:
     keep_freed_memory()  # as mdtrain train does
     model = build_model(config, backend=args.backend)
     print(f"backend: {model.backend}")
-    coord, atype = water_box()
-    box = np.eye(3) * BOX
-    nlist, shift, counts = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
-    sums = PairStatSums.of_model(model)
-    sums.add_frame(coord, box, atype)
-    davg, dstd = model.descriptor.stats_from_items(sums.items())
-    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
+    inputs, counts = water_inputs(model)
+    atype, nlist = inputs[1], inputs[3]
     model.set_out_bias([-93.5, -187.0 / 2])
-    inputs = (
-        torch.tensor(coord[None]),
-        torch.tensor(atype),
-        torch.tensor(box[None]),
-        torch.tensor(nlist[None]),
-        torch.tensor(shift[None]),
-    )
     e_label = torch.tensor([-187.0 * 64 / 2 * 3 / 3])
     f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
     optimizer = make_adam(list(model.parameters()), 1e-3)  # as the Trainer
@@ -169,7 +171,7 @@ def main() -> None:
     real = int((nlist >= 0).sum())
     print(
         f"frame: {len(atype)} atoms, box {BOX} Å, max neighbours O/H {counts.max(axis=0).tolist()}, "
-        f"{real}/{nlist.size} slots real ({100 * real / nlist.size:.0f}%)"
+        f"{real}/{nlist.numel()} slots real ({100 * real / nlist.numel():.0f}%)"
     )
     print(
         f"precision {args.precision or 'as in the input'}, torch threads {torch.get_num_threads()}, torch {torch.__version__}"

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-import numpy as np
 import torch
-from model_step import BOX, CONFIG, water_box
+from model_step import CONFIG, median_time, water_inputs
 
 from mdtrain.model.backend import build_model
-from mdtrain.model.stats import PairStatSums
-from mdtrain.neighbors.layout import layout_of
+
+
+def _spread(seconds: list[float]) -> str:
+    """The rounds' median and range, in ms."""
+    ms = [1e3 * s for s in seconds]
+    return f"{statistics.median(ms):6.3f} ms ({min(ms):.3f}-{max(ms):.3f})"
 
 
 def main() -> None:
@@ -41,22 +43,14 @@ def main() -> None:
         "fitting_net": {**CONFIG["fitting_net"], "precision": args.precision},
     }
     model = build_model(config, backend="kernels")
-    coord, atype = water_box()
-    box = np.eye(3) * BOX
-    nlist, shift, _ = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
-    sums = PairStatSums.of_model(model)
-    sums.add_frame(coord, box, atype)
-    davg, dstd = model.descriptor.stats_from_items(sums.items())
-    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    types = torch.tensor(atype)
-    cell, lists = torch.tensor(box[None]), torch.tensor(nlist[None])
-    diff = model.pair_vectors(torch.tensor(coord[None]), cell, lists, torch.tensor(shift[None]))
+    (coord, types, cell, lists, shift), _ = water_inputs(model)
+    diff = model.pair_vectors(coord, cell, lists, shift)
     form, desc, ops = model.form, model.descriptor, model.embedding
     env = form.environment(desc, diff, lists, types)
-    _, cache = form.contract(desc, ops, env, 1, len(atype))
+    _, cache = form.contract(desc, ops, env, 1, len(types))
     gen = torch.Generator().manual_seed(0)
     dtype = getattr(torch, args.precision)
-    grad = torch.randn(1, len(atype), desc.dim_out, generator=gen, dtype=torch.float64)
+    grad = torch.randn(1, len(types), desc.dim_out, generator=gen, dtype=torch.float64)
     grad = grad.to(dtype).requires_grad_(True)
     first = form.row_gradients(desc, ops, grad, cache, types)
     cots = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) for p in first]
@@ -77,22 +71,11 @@ def main() -> None:
     )
     times: dict[str, list[tuple[float, float]]] = {"forward": [], "forward+backward": []}
     for _ in range(args.rounds):
-        for name, fn in (("forward", forward), ("forward+backward", both)):
-            cpu, wall = [], []
-            for _ in range(args.calls):
-                c0, w0 = time.process_time(), time.perf_counter()
-                fn()
-                cpu.append(time.process_time() - c0)
-                wall.append(time.perf_counter() - w0)
-            times[name].append((statistics.median(cpu), statistics.median(wall)))
+        times["forward"].append(median_time(forward, args.calls, warmup=0))
+        times["forward+backward"].append(median_time(both, args.calls, warmup=0))
     for name, rounds in times.items():
-        cpu = [1e3 * c for c, _ in rounds]
-        wall = [1e3 * w for _, w in rounds]
-        print(
-            f"{name:17s} cpu {statistics.median(cpu):6.3f} ms ({min(cpu):.3f}-{max(cpu):.3f}), "
-            f"wall {statistics.median(wall):6.3f} ms ({min(wall):.3f}-{max(wall):.3f}) "
-            f"over {args.rounds} rounds"
-        )
+        wall, cpu = _spread([w for w, _ in rounds]), _spread([c for _, c in rounds])
+        print(f"{name:17s} cpu {cpu}, wall {wall} over {args.rounds} rounds")
 
 
 if __name__ == "__main__":
