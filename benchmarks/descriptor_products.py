@@ -18,9 +18,8 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import torch
-from model_step import BOX, CONFIG, water_box
+from model_step import CONFIG, water_inputs
 
 from mdtrain.model.accel.descriptor_products import (
     DescriptorProducts,
@@ -31,8 +30,6 @@ from mdtrain.model.accel.descriptor_products import (
 )
 from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.backend import build_model
-from mdtrain.model.stats import PairStatSums
-from mdtrain.neighbors.layout import layout_of
 
 
 def water_step(precision: str):
@@ -44,15 +41,8 @@ def water_step(precision: str):
         "fitting_net": {**CONFIG["fitting_net"], "precision": precision},
     }
     model = build_model(config, backend="kernels")
-    coord, atype = water_box()
-    box = np.eye(3) * BOX
-    nlist, shift, _ = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
-    sums = PairStatSums.of_model(model)
-    sums.add_frame(coord, box, atype)
-    davg, dstd = model.descriptor.stats_from_items(sums.items())
-    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    inputs = (torch.tensor(coord[None]), torch.tensor(atype), torch.tensor(box[None]))
-    inputs += (torch.tensor(nlist[None]), torch.tensor(shift[None]))
+    inputs, _ = water_inputs(model)
+    atype = inputs[1]
     pairs = model.form.environment.keywords["pairs"]
     compiled = pairs.products
 
