@@ -41,7 +41,9 @@ def padded_tail(rows: Tensor, g: Tensor, types: Tensor | None) -> Tensor:
     ``rows`` (types, cols, 4), broadcast to the rows (``types``) or (1, 4, M) for one centre;
     ``g`` is G of ``rows`` flattened."""
     tail = torch.matmul(rows.transpose(1, 2), g.view(rows.shape[0], rows.shape[1], -1))
-    return tail[types] if types is not None else tail
+    # index_select, not tail[types]: its backward (index_add_) sums the centres of a type in
+    # index order; tail[types]'s (index_put_ accumulate) adds float32 with atomics on >1 thread
+    return tail.index_select(0, types) if types is not None else tail
 
 
 class TorchEmbedding:
