@@ -30,7 +30,7 @@ from tests.helpers.models import set_random_stats, small_config, water_like
 from mdtrain.neighbors.layout import layout_of
 import numpy as np
 
-desc = {"neuron": [4, 8, 100], "precision": "float32"}
+desc = {"neuron": [4, 8, 100], "precision": "float32", **json.loads(sys.argv[2])}
 model = build_model(small_config(desc, {"precision": "float32"}), backend=sys.argv[1])
 set_random_stats(model)
 box = np.eye(3) * 11.0
@@ -67,9 +67,32 @@ _KERNELS_XFAIL = pytest.mark.xfail(
     "backend", ["fused", pytest.param("kernels", marks=[needs_kernels, _KERNELS_XFAIL])]
 )
 def test_float32_two_thread_gradients_are_bitwise_repeatable(backend):
+    _assert_repeatable(backend, {})
+
+
+# the type-mixed descriptors gather type embeddings (and the strip net's table) per slot: 120
+# centres x 40 slots x 8 columns, past the 32768 elements of torch's parallel path
+_ATTEN = {"sel": 40, "rcut": 3.5, "rcut_smth": 0.5, "neuron": [4, 8], "axis_neuron": 2}
+_ATTEN |= {"tebd_dim": 3, "attn": 6, "attn_layer": 1, "seed": 1}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "descriptor",
+    [
+        {"type": "se_atten_v2", **_ATTEN},
+        {"type": "se_atten_v2", **_ATTEN, "type_one_side": True},
+    ],
+    ids=["se_atten_v2", "se_atten_v2-one-side"],
+)
+def test_float32_two_thread_gradients_of_type_mixed_descriptors_are_repeatable(descriptor):
+    _assert_repeatable("reference", descriptor)
+
+
+def _assert_repeatable(backend: str, descriptor: dict) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, backend],
+        [sys.executable, "-c", _SCRIPT, backend, json.dumps(descriptor)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.attention import AttentionStack, GatedAttentionLayer
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
-from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor
+from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor, take, take_pairs
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 from mdtrain.model.network import child_seed
@@ -280,7 +280,7 @@ class DescriptorSeAtten(MixedTypesDescriptor):
             t_axis = t_axis * degree_weights(self.degree_gain, self.lmax)
         d = torch.matmul(t, t_axis.transpose(1, 2)).reshape(nf, natoms, self.ng * self.axis_neuron)
         if self.concat_output_tebd:
-            d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
+            d = torch.cat([d, take(tebd, atype).unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d, t[:, :, 1:4].reshape(nf, natoms, self.ng, 3)
 
     def _radial_std(self, atype: Tensor, nf: int) -> Tensor:
@@ -291,18 +291,18 @@ class DescriptorSeAtten(MixedTypesDescriptor):
     def _embed(self, s: Tensor, tebd: Tensor, nei_type: Tensor, centre: Tensor, sw: Tensor):
         """G (nf, N, nnei, ng) of the radial column ``s`` and the type embeddings."""
         if not self.strip:
-            parts = [s, tebd[nei_type]]
+            parts = [s, take(tebd, nei_type)]
             if not self.type_one_side:
-                parts.append(tebd[centre])
+                parts.append(take(tebd, centre))
             return self.embedding(torch.cat(parts, dim=-1))
         if self.type_one_side:
-            g_t = self.embedding_strip(tebd)[nei_type]
+            g_t = take(self.embedding_strip(tebd), nei_type)
         else:
             n, width = tebd.shape  # pairs (centre i, neighbour j) -> [T_j, T_i]
             pairs = torch.cat(
                 [tebd.unsqueeze(0).expand(n, n, width), tebd.unsqueeze(1).expand(n, n, width)], -1
             )
-            g_t = self.embedding_strip(pairs)[centre, nei_type]
+            g_t = take_pairs(self.embedding_strip(pairs), centre, nei_type)
         if self.smooth:
             g_t = g_t * sw
         g_s = self.embedding(s)

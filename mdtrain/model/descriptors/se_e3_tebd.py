@@ -21,6 +21,8 @@ from mdtrain.model.descriptors.mixed_base import (
     net_collection,
     one_net,
     refuse_unsupported,
+    take,
+    take_pairs,
 )
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 from mdtrain.model.export_form import recast
@@ -180,7 +182,7 @@ class DescriptorSeE3Tebd(MixedTypesDescriptor):
         d = torch.zeros(nf * natoms, self.ng, dtype=rr.dtype, device=rr.device)
         d = d.index_add(0, centre, e * g).view(nf, natoms, self.ng) / float(nnei * nnei)
         if self.concat_output_tebd:
-            d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
+            d = torch.cat([d, take(tebd, atype).unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
 
     def for_export(self) -> "DescriptorSeE3Tebd":
@@ -308,22 +310,24 @@ class DescriptorSeE3TebdPadded(DescriptorSeE3Tebd):
         nei_type = atype[torch.where(valid, nlist, 0)]  # empty slots: atom 0's type
         shape = (nf, natoms, nnei, nnei, self.tebd_dim)
         if not self.strip:
-            t_j = tebd[nei_type].unsqueeze(3).expand(shape)
-            t_k = tebd[nei_type].unsqueeze(2).expand(shape)
+            t_j = take(tebd, nei_type).unsqueeze(3).expand(shape)
+            t_k = take(tebd, nei_type).unsqueeze(2).expand(shape)
             g = self.embedding(torch.cat([env, t_j, t_k], dim=-1))
         else:
             n, width = tebd.shape  # pairs (j, k) -> [T_j, T_k]
             pairs = torch.cat(
                 [tebd.unsqueeze(1).expand(n, n, width), tebd.unsqueeze(0).expand(n, n, width)], -1
             )
-            g_t = self.embedding_strip(pairs)[nei_type.unsqueeze(3), nei_type.unsqueeze(2)]
+            g_t = take_pairs(
+                self.embedding_strip(pairs), nei_type.unsqueeze(3), nei_type.unsqueeze(2)
+            )
             if self.smooth:
                 g_t = g_t * sw.unsqueeze(3) * sw.unsqueeze(2)
             g_s = self.embedding(env)
             g = g_s * g_t + g_s
         d = (env * g).sum(dim=(2, 3)) / float(nnei * nnei)
         if self.concat_output_tebd:
-            d = torch.cat([d, tebd[atype].unsqueeze(0).expand(nf, -1, -1)], dim=-1)
+            d = torch.cat([d, take(tebd, atype).unsqueeze(0).expand(nf, -1, -1)], dim=-1)
         return d
 
     def for_export(self) -> "DescriptorSeE3TebdPadded":
