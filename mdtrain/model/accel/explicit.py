@@ -26,6 +26,8 @@ from mdtrain.model.accel.explicit_descriptor import (
 from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
+from mdtrain.model.accel.pair_vectors import CompiledPairVectors, supported
+from mdtrain.model.conservative import pair_vectors
 from mdtrain.model.energy import EnergyModel
 
 # The descriptors with an explicit form, by type name: the ones the accelerated backends run.
@@ -43,11 +45,24 @@ def with_pairs(form: ExplicitForm, pairs) -> ExplicitForm:
 class ExplicitEnergyModel(EnergyModel):
     """``EnergyModel`` whose forces and virials are explicit operations (no double backward)."""
 
+    vectors: CompiledPairVectors | None = None  # the compiled pair vectors, when built with them
+
     def __init__(self, model_config: dict, embedding: EmbeddingOps, pairs=None) -> None:
         super().__init__(model_config)
         self.embedding = embedding
         self.backend = embedding.name
         self.form = with_pairs(FORMS[self.descriptor.type_name], pairs)
+        # the pair vectors in one compiled pass where the pair kernels are compiled
+        self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
+
+    def pair_vectors(
+        self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
+    ) -> Tensor:
+        """As ``ConservativeModel.pair_vectors`` (the same values); compiled where the model
+        was built with the pair kernels and no graph is asked through the positions."""
+        if self.vectors is not None and supported(coord, box, nlist):
+            return self.vectors(coord, box, nlist, shift)
+        return pair_vectors(coord, box, nlist, shift)
 
     def forward(
         self,

@@ -28,6 +28,7 @@ from mdtrain.model.accel.explicit_descriptor import (
 )
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.accel.force_node import forces_and_virial
+from mdtrain.model.accel.pair_vectors import CompiledPairVectors
 from mdtrain.model.descriptors.hybrid import DescriptorHybrid
 from mdtrain.model.energy import EnergyModel
 
@@ -106,6 +107,7 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         self.embedding = embedding
         self.backend = embedding.name
         self.form = with_pairs(HYBRID_FORM, pairs)
+        self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
 
     def evaluate_environment(
         self, env: HybridEnvironment, diff: Tensor, nlist: Tensor, atype: Tensor
