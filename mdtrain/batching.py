@@ -170,7 +170,7 @@ def make_batch(
     lists, shifts = [], []
     for f in range(coord.shape[0]):
         box = None if boxes is None else boxes[f]
-        if cache is not None:  # as kept: converted once, by the stacking below
+        if cache is not None:  # as kept: converted once, by the tensors below
             nlist, shift = cache.get(system, indices[f], coord[f], box, rcut, sel, layout)
         else:
             nlist, shift, _ = layout.build(coord[f], box, system.atype, rcut, sel)
@@ -180,14 +180,21 @@ def make_batch(
     def tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
 
+    def stacked(arrays: list[np.ndarray]) -> np.ndarray:
+        # one frame (a training step's usual batch): a view, which the conversion copies
+        # (the kept lists are int32/int8, the batch's int64/float64), instead of a copy
+        if len(arrays) == 1 and arrays[0].flags.writeable:
+            return arrays[0][None]
+        return np.stack(arrays)
+
     fparam, aparam = read_params(system, frames, coord.shape[0], params or ParamSpec())
     return Batch(
         system=system.path,
         coord=tensor(coord, torch.float64),
         atype=tensor(system.atype, torch.long),
         box=None if boxes is None else tensor(boxes, torch.float64),
-        nlist=tensor(np.stack(lists), torch.long),
-        shift=tensor(np.stack(shifts), torch.float64),
+        nlist=tensor(stacked(lists), torch.long),
+        shift=tensor(stacked(shifts), torch.float64),
         # every label the system has: the fixed ones and the model's own (DOS, property)
         labels={k: tensor(v, torch.float64) for k, v in frames.items() if k not in _INPUTS},
         fparam=None if fparam is None else tensor(fparam, torch.float64),

@@ -184,6 +184,38 @@ def test_small_arrays_are_read_with_their_headers(tmp_path, water_data, monkeypa
     assert open_system(other).store._kept == {}
 
 
+def test_arrays_read_again_are_kept(tmp_path, water_data, monkeypatch):
+    """A small file read a second time (a training step's frames) is read whole and kept:
+    later frames need no read (the files may go) and equal the mapped reads; the memory
+    kept is counted and bounded."""
+    import mdtrain.data.npy as npy
+
+    path = write_npy_system(tmp_path / "w", set_size=4, **water_data)
+    picks = [[1], [2, 3], [5, 1, 1, 4], list(range(6))]
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 0)  # every array mapped
+    mapped = [open_system(path).frames(p) for p in picks]
+    monkeypatch.setattr(npy, "DIRECT_READ_BYTES", 1 << 20)
+    monkeypatch.setattr(npy, "KEEP_BYTES", 0)  # nothing kept with the headers
+    system = open_system(path)
+    assert system.store._kept == {}
+    _same_frames(system.frames(picks[0]), mapped[0])  # read once: not kept
+    assert system.store._kept == {}
+    before = npy._kept_total
+    _same_frames(system.frames(picks[1]), mapped[1])  # again: set.000's arrays kept
+    assert ("set.000", "coord") in system.store._kept and ("set.000", "force") in system.store._kept
+    assert npy._kept_total > before
+    for name in ("coord", "force", "energy", "box", "virial"):
+        os.remove(os.path.join(path, "set.000", name + ".npy"))
+    every = mapped[-1]  # frames 0 to 5
+    _same_frames(system.frames([0, 2]), {k: v[[0, 2]] for k, v in every.items()})
+    assert system.frames([3])["coord"].flags.writeable  # a copy, not the kept bytes
+    monkeypatch.setattr(npy, "MAX_KEPT_BYTES", npy._kept_total)  # the budget is spent
+    other = open_system(write_npy_system(tmp_path / "v", set_size=4, **water_data))
+    for p in picks:
+        other.frames(p)
+    assert other.store._kept == {}
+
+
 def test_frame_count_comes_from_the_header(tmp_path, water_data):
     path = write_npy_system(tmp_path / "w", **water_data)
     file = path + "/set.000/force.npy"
