@@ -32,6 +32,7 @@ exactly once.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 from collections.abc import Sequence
@@ -212,6 +213,10 @@ class TrainingSampler:
         self.nframes = [int(n) for n in nframes_per_system]
         self.batch_sizes = [int(b) for b in batch_sizes]
         self.probs = p / p.sum()
+        # ``Generator.choice(n, p=probs)``'s own cumulative sums, for `next_batch`'s draw
+        cdf = self.probs.cumsum()
+        cdf /= cdf[-1]
+        self._cdf = cdf.tolist()
         self.seed = int(seed)
         self.rank = rank
         self.world_size = world_size
@@ -250,7 +255,10 @@ class TrainingSampler:
 
         ``scale`` multiplies the system's batch size (the batch controller's ``grow`` option).
         """
-        system = int(self._rng.choice(len(self.probs), p=self.probs))
+        # what ``self._rng.choice(len(self.probs), p=self.probs)`` draws (one uniform
+        # number, searched in the cumulative sums from the right), without its 20 µs of
+        # argument checks: the same systems from the same random stream
+        system = bisect.bisect_right(self._cdf, self._rng.random())
         b = self.batch_sizes[system] * scale
         frames = self._take(system, self.world_size * b)
         self.step += 1

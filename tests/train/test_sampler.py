@@ -124,6 +124,19 @@ def test_batches_are_full_single_system_and_each_epoch_is_a_permutation():
         assert epochs[0] != epochs[1]  # reshuffled every epoch
 
 
+@pytest.mark.parametrize("probs", [[1.0], [0.2, 0.0, 0.5, 0.3], [1 / 3] * 3, [0.0, 1.0]])
+def test_system_draws_are_generator_choice(probs):
+    """The systems drawn are, one by one, what numpy's ``Generator.choice(n, p=probs)``
+    draws from the same random stream (checkpoints of earlier runs continue the same
+    batches), and the stream is left where ``choice`` leaves it."""
+    sampler = TrainingSampler([4] * len(probs), [1] * len(probs), probs, seed=11)
+    reference = np.random.Generator(np.random.PCG64(np.random.SeedSequence([11, 0])))
+    for _ in range(3000):
+        expected = int(reference.choice(len(probs), p=sampler.probs))
+        assert sampler.next_batch()[0] == expected
+    assert sampler._rng.bit_generator.state == reference.bit_generator.state
+
+
 def test_system_frequencies_follow_probabilities():
     steps = draw(TrainingSampler(NFRAMES, [1, 1, 1], PROBS, seed=0), 20000)
     freq = np.bincount([s for s, _ in steps], minlength=3) / 20000
