@@ -28,6 +28,7 @@ def _plain(function):
 
 
 _ADAM_STEP = _plain(torch.optim.Adam.step)
+_ZERO_GRAD = _plain(torch.optim.Optimizer.zero_grad)
 
 
 class _Eager:
@@ -37,9 +38,18 @@ class _Eager:
     optimiser. The same functions run, so the steps and the state are torch's own."""
 
     add_param_group = _plain(torch.optim.Optimizer.add_param_group)
-    zero_grad = _plain(torch.optim.Optimizer.zero_grad)
     state_dict = _plain(torch.optim.Optimizer.state_dict)
     load_state_dict = _plain(torch.optim.Optimizer.load_state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``zero_grad``; with ``set_to_none`` (the training step's, every step) its
+        loop alone: every gradient dropped, without the profiler scope and the per-device
+        lists around it (about 15 µs a step)."""
+        if not set_to_none:
+            return _ZERO_GRAD(self, set_to_none)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
 
 class EagerAdam(_Eager, torch.optim.Adam):

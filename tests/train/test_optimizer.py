@@ -153,3 +153,18 @@ def test_the_optimiser_imports_no_compiler():
     if done.stdout.strip() == "imported by torch":
         pytest.skip("this torch imports torch._dynamo itself")
     assert done.stdout.strip() == "False"
+
+
+def test_eager_zero_grad_drops_or_zeroes_every_gradient():
+    """`EagerAdam.zero_grad`'s own loop (``set_to_none``) leaves no gradient, in every
+    group; ``set_to_none=False`` is torch's (zeroed tensors kept)."""
+    from mdtrain.train.optimizer import EagerAdam
+
+    params = [torch.nn.Parameter(torch.rand(3)) for _ in range(4)]
+    opt = EagerAdam([{"params": params[:2]}, {"params": params[2:], "lr": 0.1}], fused=True)
+    for p in params:
+        p.grad = torch.ones(3)
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in params)
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
