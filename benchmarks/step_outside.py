@@ -1,6 +1,8 @@
 """CPU and wall time of the training step's parts outside the model's nodes, as the mdtrain on
 ``PYTHONPATH`` makes them: the parameter update after the backward (``Trainer.
-apply_gradients``: Adam) and the loss's forward and backward on one batch's predictions.
+apply_gradients``: Adam), the loss's forward and backward on one batch's predictions, the
+batch (``Trainer._batch``, lists cached), the model's pair vectors (``model.pair_vectors``),
+a sampler draw and ``zero_grad``.
 
     PYTHONPATH=<tree> python benchmarks/step_outside.py /path/to/water-dft \\
         [--precision float32] [--threads 1] [--calls 200] [--rounds 7]
@@ -15,6 +17,9 @@ trees, run this alternately with each one's ``PYTHONPATH``.
 training steps in one process, the update of one step of each pair through ``AdamSteps`` (the
 fused kernel called directly) and of the other through ``step_together`` (torch's
 ``Adam.step``), in turn, and prints the medians and the median of the pairs' differences.
+``--paired-vectors N`` (a tree with ``mdtrain.model.accel.pair_vectors``) does the same with
+the pair vectors of one step of each pair in torch (``conservative.pair_vectors``) and of
+the other compiled.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ def _best(function, calls: int, rounds: int) -> tuple[float, float]:
     return min(c for c, _ in runs) / calls * 1e6, min(w for _, w in runs) / calls * 1e6
 
 
-def _paired(trainer, pairs: int, precision: str, threads: int) -> None:
-    """Whole steps in turn with the direct fused update and with torch's ``Adam.step``."""
+def _paired(trainer, pairs: int, precision: str, threads: int, vectors: bool = False) -> None:
+    """Whole steps in turn with the direct fused update and with torch's ``Adam.step``
+    (``vectors``: with the compiled pair vectors and with torch's)."""
     import statistics
 
     from mdtrain.train.optimizer import step_together
@@ -48,11 +54,17 @@ def _paired(trainer, pairs: int, precision: str, threads: int) -> None:
         def step() -> None:
             step_together([member.optimizer for member in trainer.members])
 
-    direct = trainer.adam
+    direct, model = trainer.adam, trainer.members[0].model
+    compiled = getattr(model, "vectors", None)
+    if vectors and compiled is None:
+        raise SystemExit("--paired-vectors: this model has no compiled pair vectors")
     times: dict[str, list[tuple[float, float]]] = {"torch": [], "direct": []}
     for step in range(3, 3 + 2 * pairs):
         which = "direct" if step % 2 else "torch"
-        trainer.adam = direct if which == "direct" else TorchStep
+        if vectors:
+            model.vectors = compiled if which == "direct" else None
+        else:
+            trainer.adam = direct if which == "direct" else TorchStep
         cpu, wall = time.process_time(), time.perf_counter()
         trainer.train_step(trainer.lr.value(step))
         times[which].append((time.process_time() - cpu, time.perf_counter() - wall))
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--paired-steps", type=int, default=0)
+    parser.add_argument("--paired-vectors", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         trainer, _, _ = train_step._trainer(config, data, runtime, 1, out_dir, False)
         for step in range(3):
             trainer.train_step(trainer.lr.value(step))
-        if args.paired_steps:
-            _paired(trainer, args.paired_steps, args.precision, args.threads)
+        if args.paired_steps or args.paired_vectors:
+            pairs = args.paired_vectors or args.paired_steps
+            _paired(trainer, pairs, args.precision, args.threads, bool(args.paired_vectors))
             return
         for member in trainer.members:
             for group in member.optimizer.param_groups:
@@ -109,10 +123,22 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
 
         loss = _best(loss_step, args.calls, args.rounds)
+        system, frames = trainer.train_systems[0], [0]
+        make = _best(lambda: trainer._batch(system, frames), args.calls, args.rounds)
+        coord, _, box, nlist, shift = batch.inputs()
+        x, cell = coord.detach().double(), None if box is None else box.detach().double()
+        vectors = _best(
+            lambda: member.model.pair_vectors(x, cell, nlist, shift), args.calls, args.rounds
+        )
+        sampler = member.sampler.copy_ahead()
+        draw = _best(sampler.next_batch, args.calls, args.rounds)
+        zero = _best(lambda: member.optimizer.zero_grad(set_to_none=True), args.calls, args.rounds)
     print(
         f"{args.precision}, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}: "
         f"update {update[0]:.0f} us CPU {update[1]:.0f} us wall; "
-        f"loss forward+backward {loss[0]:.0f} us CPU {loss[1]:.0f} us wall"
+        f"loss forward+backward {loss[0]:.0f} us CPU {loss[1]:.0f} us wall; "
+        f"batch {make[0]:.0f} us CPU; pair vectors {vectors[0]:.0f} us CPU; "
+        f"sampler draw {draw[0]:.1f} us CPU; zero_grad {zero[0]:.1f} us CPU"
     )
 
 

@@ -149,7 +149,8 @@ def test_train_step_times_a_committee_beside_the_single_model(tmp_path):
 
 
 def test_step_outside_times_the_update_and_the_loss(tmp_path):
-    """benchmarks/step_outside.py on a generated project: one line with both parts."""
+    """benchmarks/step_outside.py on a generated project: one line with every part; whole
+    steps paired."""
     inp = make_project(tmp_path, numb_steps=1)
     cmd = [sys.executable, str(BENCHMARKS / "step_outside.py"), str(inp), "--precision"]
     cmd += ["float64", "--calls", "2", "--rounds", "1"]
@@ -157,10 +158,16 @@ def test_step_outside_times_the_update_and_the_loss(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "float64, 1 thread(s)" in done.stdout
     assert "update" in done.stdout and "loss forward+backward" in done.stdout
+    assert "batch" in done.stdout and "pair vectors" in done.stdout and "zero_grad" in done.stdout
     done = subprocess.run([*cmd, "--paired-steps", "2"], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 pairs" in done.stdout and "median of the pairs' differences" in done.stdout
+    done = subprocess.run([*cmd, "--paired-vectors", "2"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    if "no compiled pair vectors" not in done.stderr:  # a backend without the kernels
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "2 pairs" in done.stdout
 
 
 def test_row_grad_times_the_row_gradients():
