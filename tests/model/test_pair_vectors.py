@@ -5,6 +5,7 @@ explicit model takes them only where it can."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
@@ -68,3 +69,4 @@ def test_water_frames_and_the_model_choice(periodic):
     with_graph = model.pair_vectors(x, cell, nlist, shift)
     assert with_graph.requires_grad  # the torch operations: a graph to the positions
     assert _bits_equal(with_graph.detach(), got)
+    assert copy.deepcopy(model.vectors) is model.vectors  # the library is shared, not copied

@@ -27,6 +27,9 @@ class CompiledPairVectors:
         lib.mdt_pair_vectors_f64.argtypes = [_I64, _I64, _I64, *[_P] * 5, ctypes.c_int]
         self.fn = lib.mdt_pair_vectors_f64
 
+    def __deepcopy__(self, memo):  # holds the loaded library: copies of a model share it
+        return self
+
     def __call__(self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor) -> Tensor:
         """Neighbour-minus-centre vectors (nf, N, nnei, 3) float64 of ``coord`` (nf, N, 3)
         float64, as ``conservative.pair_vectors``; arbitrary (the vector to atom 0) in padded
