@@ -2,10 +2,10 @@
 
 Frame counts come from the ``.npy`` headers, so opening a system reads the start of each
 file (each header parsed once); an array small enough to come whole with that read is kept
-(at most ``MAX_KEPT_BYTES`` per process, with the files of at most ``DIRECT_READ_BYTES``
-read a second time), larger ones are read or memory-mapped on first use. At most ``MAX_OPEN_MAPS`` maps stay open per process, the least recently used closed
-first. A store pickles as its path (DataLoader workers, object broadcast); the receiving
-process reads the arrays again on demand.
+(at most ``MAX_KEPT_BYTES`` per process; a small file read twice too), larger ones are read
+or memory-mapped on first use. At most ``MAX_OPEN_MAPS`` maps stay open per process, the
+least recently used closed first. A store pickles as its path (DataLoader workers, object
+broadcast); the receiving process reads the arrays again on demand.
 """
 
 from __future__ import annotations
@@ -332,47 +332,26 @@ class NpyStore:
 
         A file of at most ``DIRECT_READ_BYTES`` is read (the bytes from the first row asked
         to the last) instead of mapped: mapping costs about 90 µs, and with thousands of
-        small systems the maps kept open are evicted before they are used again. Asked a
-        second time, such a file is read whole and kept (within ``MAX_KEPT_BYTES``): a
-        training step asks for the same arrays every time, and an open and read cost about
-        17 µs where taking rows from memory costs 1.
+        small systems the maps kept open are evicted before they are used again. Asked again
+        (training asks every step), it is read whole and kept: no open and read (17 µs).
         """
+        global _kept_total
         kept = self._kept.get((set_name, name))
         if kept is not None:
             return kept.take(rows, axis=0)
         header = self._headers.get((set_name, name))
-        if (
-            header is None
-            or header.fortran_order
-            or header.dtype.hasobject
-            or not len(header.shape)
-            or header.shape[0] * _row_bytes(header) > DIRECT_READ_BYTES
-            or not len(rows)
+        plain = header is not None and len(header.shape) and not header.fortran_order
+        if not (plain and not header.dtype.hasobject and len(rows)) or (
+            header.shape[0] * _row_bytes(header) > DIRECT_READ_BYTES
         ):
             return np.array(self.array(set_name, name)[as_slice(rows)])
         first, last = int(rows[0]), int(rows[-1]) + 1
         if first < 0 or last > header.shape[0]:
             raise IndexError(f"rows {first}..{last - 1} outside 0..{header.shape[0] - 1}")
-        if (set_name, name) in self._read_before and _kept_total < MAX_KEPT_BYTES:
-            # asked again (training reads the same files every step): read whole, and kept
-            self._keep(set_name, name, self._read_rows(set_name, name, header, 0, header.shape[0]))
-            return self._kept[(set_name, name)].take(rows, axis=0)
+        again = (set_name, name) in self._read_before and _kept_total < MAX_KEPT_BYTES
         self._read_before.add((set_name, name))
-        out = self._read_rows(set_name, name, header, first, last)
-        return out if last - first == len(rows) else out[rows - first]
-
-    def _keep(self, set_name: str, name: str, data: np.ndarray) -> None:
-        """Keep ``data``, the whole array, read-only (counted in `kept_bytes`)."""
-        global _kept_total
-        data.flags.writeable = False
-        self._kept[(set_name, name)] = data
-        self._kept_bytes += data.nbytes
-        _kept_total += data.nbytes
-
-    def _read_rows(
-        self, set_name: str, name: str, header: NpyHeader, first: int, last: int
-    ) -> np.ndarray:
-        """Rows ``first`` to ``last - 1`` of a C-order array, read from its file."""
+        if again:  # asked again (training asks every step): read whole, and kept
+            first, last = 0, header.shape[0]
         size = _row_bytes(header)
         out = np.empty((last - first, *header.shape[1:]), header.dtype)
         file = f"{self.path}{os.sep}{set_name}{os.sep}{name}.npy"
@@ -385,7 +364,13 @@ class NpyStore:
             raise MDTrainError(f"{file}: cannot read ({exc})") from None
         if got != out.nbytes or not whole:
             raise MDTrainError(f"{file}: cannot read (shorter than its header says)")
-        return out
+        if again:
+            out.flags.writeable = False  # as the arrays kept with their headers
+            self._kept[(set_name, name)] = out
+            self._kept_bytes += out.nbytes
+            _kept_total += out.nbytes
+            return out.take(rows, axis=0)
+        return out if last - first == len(rows) else out[rows - first]
 
 
 def _integers(words: list[str]) -> list[int]:
