@@ -364,47 +364,110 @@ struct Cotangents {
   i64 n;  // slot columns of Z
 };
 
-// ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ and dȳ = z₀(R̃ᵀT̄) + dḠ on the block's rows.
+// ȳ = R̃ᵀT̄_T + Z T̄ + Ḡ and dȳ = z₀(R̃ᵀT̄) + dḠ of one row i (centre c, slot j) on the
+// columns [k0, k1), in the order of the plain loops (every term added to the running sum in
+// turn); the caller's form of the sums held in registers must round the same way.
+template <typename T, int A>
+inline void entry_columns(const Rows<T>& R, const Cotangents<T>& in, i64 c, i64 j, i64 row, int m,
+                          int k0, int k1, T* gyi, T* gdyi) {
+  std::fill(gyi + k0, gyi + k1, T(0));
+  std::fill(gdyi + k0, gdyi + k1, T(0));
+  for (int a = 0; a < A; ++a) {
+    const T r = R.at(c, a, j);
+    if (in.tbar_t) {
+      const T* ta = in.tbar_t + (c * A + a) * m;
+#pragma omp simd
+      for (int k = k0; k < k1; ++k) gyi[k] += r * ta[k];
+    }
+    if (in.z) {
+      const T* zj = in.z + (c * in.n + j) * A;
+      const T za = zj[a], zr = r * zj[0];
+      const T* ta = in.tbar + (c * A + a) * m;
+#pragma omp simd
+      for (int k = k0; k < k1; ++k) {
+        gyi[k] += za * ta[k];
+        gdyi[k] += zr * ta[k];
+      }
+    }
+  }
+  if (in.gv) {
+    const T* g = in.gv + row * m;
+#pragma omp simd
+    for (int k = k0; k < k1; ++k) gyi[k] += g[k];
+  }
+  if (in.gs) {
+    const T* g = in.gs + row * m;
+#pragma omp simd
+    for (int k = k0; k < k1; ++k) gdyi[k] += g[k];
+  }
+}
+
+// The same on the block's rows, the sums of each stripe of 2·(vector) columns in registers
+// (the order of entry_columns: per component, T̄_T's term, then Z's; Ḡ and dḠ last).
 template <typename T, int A>
 void entry_cotangents(const Rows<T>& R, const Plan& P, i64 b, int m, const Cotangents<T>& in,
                       T* gy, T* gdy) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::n;
+  const int stripes = m / (2 * L);
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   for (i64 q = 0; q < nb; ++q) {
     const i64 c = P.order[p0 + q];
+    const T* tt = in.tbar_t ? in.tbar_t + c * A * m : nullptr;
+    const T* tb = in.z ? in.tbar + c * A * m : nullptr;
     for (i64 j = 0; j < w; ++j) {
       const i64 i = q * w + j;
       T* gyi = gy + i * m;
       T* gdyi = gdy + i * m;
-      std::fill(gyi, gyi + m, T(0));
-      std::fill(gdyi, gdyi + m, T(0));
+      T r[A], za[A], zr[A];
+      const T* zj = in.z ? in.z + (c * in.n + j) * A : nullptr;
       for (int a = 0; a < A; ++a) {
-        const T r = R.at(c, a, j);
-        if (in.tbar_t) {
-          const T* ta = in.tbar_t + (c * A + a) * m;
-#pragma omp simd
-          for (int k = 0; k < m; ++k) gyi[k] += r * ta[k];
-        }
-        if (in.z) {
-          const T* zj = in.z + (c * in.n + j) * A;
-          const T za = zj[a], zr = r * zj[0];
-          const T* ta = in.tbar + (c * A + a) * m;
-#pragma omp simd
-          for (int k = 0; k < m; ++k) {
-            gyi[k] += za * ta[k];
-            gdyi[k] += zr * ta[k];
+        r[a] = R.at(c, a, j);
+        za[a] = zj ? zj[a] : T(0);
+        zr[a] = zj ? r[a] * zj[0] : T(0);
+      }
+      const T* gv = in.gv ? in.gv + (r0 + i) * m : nullptr;
+      const T* gs = in.gs ? in.gs + (r0 + i) * m : nullptr;
+      for (int st = 0; st < stripes; ++st) {
+        const int k = st * 2 * L;
+        V y0 = {}, y1 = {}, d0 = {}, d1 = {};
+        for (int a = 0; a < A; ++a) {
+          V u0, u1;
+          if (tt) {
+            std::memcpy(&u0, tt + a * m + k, sizeof(V));
+            std::memcpy(&u1, tt + a * m + k + L, sizeof(V));
+            y0 += r[a] * u0;
+            y1 += r[a] * u1;
+          }
+          if (tb) {
+            std::memcpy(&u0, tb + a * m + k, sizeof(V));
+            std::memcpy(&u1, tb + a * m + k + L, sizeof(V));
+            y0 += za[a] * u0;
+            y1 += za[a] * u1;
+            d0 += zr[a] * u0;
+            d1 += zr[a] * u1;
           }
         }
+        V u0, u1;
+        if (gv) {
+          std::memcpy(&u0, gv + k, sizeof(V));
+          std::memcpy(&u1, gv + k + L, sizeof(V));
+          y0 += u0;
+          y1 += u1;
+        }
+        if (gs) {
+          std::memcpy(&u0, gs + k, sizeof(V));
+          std::memcpy(&u1, gs + k + L, sizeof(V));
+          d0 += u0;
+          d1 += u1;
+        }
+        std::memcpy(gyi + k, &y0, sizeof(V));
+        std::memcpy(gyi + k + L, &y1, sizeof(V));
+        std::memcpy(gdyi + k, &d0, sizeof(V));
+        std::memcpy(gdyi + k + L, &d1, sizeof(V));
       }
-      if (in.gv) {
-        const T* g = in.gv + (r0 + i) * m;
-#pragma omp simd
-        for (int k = 0; k < m; ++k) gyi[k] += g[k];
-      }
-      if (in.gs) {
-        const T* g = in.gs + (r0 + i) * m;
-#pragma omp simd
-        for (int k = 0; k < m; ++k) gdyi[k] += g[k];
-      }
+      if (stripes * 2 * L < m)
+        entry_columns<T, A>(R, in, c, j, r0 + i, m, stripes * 2 * L, m, gyi, gdyi);
     }
   }
 }
