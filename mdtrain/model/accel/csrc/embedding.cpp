@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -345,9 +346,18 @@ void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T*
 }
 
 // Per-thread scratch and parameter-gradient partials of the backward.
+// Scratch that every use writes before reading: not zero-filled (std::vector would be).
+template <typename T>
+using Buffer = std::unique_ptr<T[]>;
+
+template <typename T>
+Buffer<T> buffer(i64 n) {
+  return Buffer<T>(new T[size_t(n)]);
+}
+
 template <typename T>
 struct Scratch {
-  std::vector<T> gy, gdy, gx, gdx, abar, dabar;
+  Buffer<T> gy, gdy, gx, gdx, abar, dabar;
   std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
 };
 
@@ -477,12 +487,12 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
                     const int* offsets, Scratch<T>& sc, const std::vector<T>& ones) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   const i64 nr = nb * w;
-  T* gy = sc.gy.data();
-  T* gdy = sc.gdy.data();
-  T* gx = sc.gx.data();
-  T* gdx = sc.gdx.data();
-  T* abar = sc.abar.data();
-  T* dabar = sc.dabar.data();
+  T* gy = sc.gy.get();
+  T* gdy = sc.gdy.get();
+  T* gx = sc.gx.get();
+  T* gdx = sc.gdx.get();
+  T* abar = sc.abar.get();
+  T* dabar = sc.dabar.get();
   for (int l = net.layers - 1; l >= 0; --l) {
     const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
     const T* wt = net.w[l];
@@ -625,10 +635,10 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
     ThreadsScope scope;
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     try {
-      std::vector<T> pa(size_t(rows_max) * width), pda(size_t(rows_max) * width);
+      const Buffer<T> pa = buffer<T>(rows_max * width), pda = buffer<T>(rows_max * width);
       for (i64 b = 0; b < P.blocks && !failed; ++b)
         if (P.mine(b, me, team))
-          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, pa.data(), pda.data());
+          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, pa.get(), pda.get());
     } catch (const std::bad_alloc&) {
       failed = true;
     }
@@ -658,10 +668,10 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
     Scratch<T>& sc = scratch[me];
     try {
       for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
-        v->resize(size_t(rows_max) * width);
+        *v = buffer<T>(rows_max * width);
       for (i64 b = 0; b < P.blocks && !failed; ++b) {
         if (!P.mine(b, me, team) || P.width[b] == 0) continue;
-        entry_cotangents<T, A>(R, P, b, m, in, sc.gy.data(), sc.gdy.data());
+        entry_cotangents<T, A>(R, P, b, m, in, sc.gy.get(), sc.gdy.get());
         backward_block(net, R, P, b, offsets.data(), sc, ones);
       }
     } catch (const std::bad_alloc&) {
