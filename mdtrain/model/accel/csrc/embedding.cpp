@@ -203,6 +203,15 @@ struct Plan {
   }
 };
 
+// Scratch that every use writes before reading: not zero-filled (std::vector would be).
+template <typename T>
+using Buffer = std::unique_ptr<T[]>;
+
+template <typename T>
+Buffer<T> buffer(i64 n) {
+  return Buffer<T>(new T[size_t(n)]);
+}
+
 // A vector of 32 bytes (8 floats, 4 doubles): GCC's vector extension, which compiles to the
 // widest registers -march=native gives (AVX2 here) and to pairs of narrower ones elsewhere.
 template <typename T>
@@ -247,117 +256,122 @@ void contract_centre(const Rows<T>& R, i64 c, i64 w, const T* g, int m, T* out) 
   }
 }
 
+// The elementwise steps after tanh, in one place for the forward and for the backward, which
+// repeats them for the layers whose outputs the tape does not keep (the same operations give
+// the same bits): y = t·idt + skip(x), dy = da(1 − t²)·idt + skip(dx) of one row. Layer 0's
+// input is s (one column, tangent 1) and its da is W itself.
+template <typename T>
+inline void first_outputs(const T* ti, const T* wt, const T* sc, T s, int no, int sk, T* yi,
+                          T* dyi) {
+#pragma omp simd
+  for (int k = 0; k < no; ++k) {
+    yi[k] = ti[k] * sc[k];
+    dyi[k] = wt[k] * (T(1) - ti[k] * ti[k]) * sc[k];
+  }
+  if (sk != 0) {  // n_in == 1: the skip adds s, its tangent 1, to every output
+    for (int k = 0; k < no; ++k) {
+      yi[k] += s;
+      dyi[k] += T(1);
+    }
+  }
+}
+
+template <typename T>
+inline void layer_outputs(const T* ti, const T* dai, const T* sc, const T* xi, const T* dxi,
+                          int ni, int no, int sk, T* yi, T* dyi) {
+#pragma omp simd
+  for (int k = 0; k < no; ++k) {
+    yi[k] = ti[k] * sc[k];
+    dyi[k] = dai[k] * (T(1) - ti[k] * ti[k]) * sc[k];
+  }
+  for (int rep = 0; rep < sk; ++rep) {  // skip 1: + x; skip 2: + x on each half
+#pragma omp simd
+    for (int k = 0; k < ni; ++k) {
+      yi[rep * ni + k] += xi[k];
+      dyi[rep * ni + k] += dxi[k];
+    }
+  }
+}
+
+// Where a layer's outputs y and dy/ds of one block go: the tape's rows, or (null entries of
+// the tape: the layers before the last, which the backward recomputes) scratch.
+template <typename T>
+inline std::pair<T*, T*> outputs_of(const Net<T>& net, int l, i64 r0, T* y, T* dy) {
+  const i64 at = r0 * net.n_out[l];
+  return {net.outs[l] ? net.outs[l] + at : y, net.douts[l] ? net.douts[l] + at : dy};
+}
+
+// Per-thread scratch of the forward: the products' outputs, and two pairs (y, dy/ds) of
+// layer outputs the tape does not keep (this layer's and its input's).
+template <typename T>
+struct ForwardScratch {
+  Buffer<T> a, da, y[2], dy[2];
+};
+
 // One block through every layer (value and tangent), then T of each of its centres. The
-// products write into the thread's scratch (rows × widest, twice), which stays in cache, and
-// the elementwise pass copies what the tape keeps: the products' zeroing of their output
-// (β = 0) then touches cached memory instead of the tape's fresh pages.
+// products write into the thread's scratch, which stays in cache, and the elementwise pass
+// copies what the tape keeps: the products' zeroing of their output (β = 0) then touches
+// cached memory instead of the tape's fresh pages.
 template <typename T, int A>
 void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T* tmat,
-                   const std::vector<T>& ones, T* pa, T* pda) {
+                   const std::vector<T>& ones, ForwardScratch<T>& sc) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   const i64 nr = nb * w;
+  const T *x = nullptr, *dx = nullptr;
   for (int l = 0; l < net.layers && nr > 0; ++l) {
     const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
     const T* wt = net.w[l];
     const T* bias = net.b[l];
-    const T* sc = net.idt[l] ? net.idt[l] : ones.data();
+    const T* scale = net.idt[l] ? net.idt[l] : ones.data();
     T* t = net.ts[l] + r0 * no;
-    T* y = net.outs[l] + r0 * no;
-    T* dy = net.douts[l] + r0 * no;
-    if (l == 0) {  // input s (one column), tangent 1
+    const auto [y, dy] = outputs_of(net, l, r0, sc.y[l % 2].get(), sc.dy[l % 2].get());
+    if (l == 0) {
       for (i64 q = 0; q < nb; ++q) {
         const i64 c = P.order[p0 + q];
         for (i64 j = 0; j < w; ++j) {
           const T s = R.at(c, 0, j);
           const i64 i = q * w + j;
           T* ti = t + i * no;
-          T* yi = y + i * no;
-          T* dyi = dy + i * no;
 #pragma omp simd
-          for (int k = 0; k < no; ++k) {
-            const T tk = tanh_of(T(s * wt[k] + bias[k]));
-            ti[k] = tk;
-            yi[k] = tk * sc[k];
-            dyi[k] = wt[k] * (T(1) - tk * tk) * sc[k];
-          }
-          if (sk != 0) {  // n_in == 1: the skip adds s, its tangent 1, to every output
-            for (int k = 0; k < no; ++k) {
-              yi[k] += s;
-              dyi[k] += T(1);
-            }
-          }
+          for (int k = 0; k < no; ++k) ti[k] = tanh_of(T(s * wt[k] + bias[k]));
+          first_outputs(ti, wt, scale, s, no, sk, y + i * no, dy + i * no);
         }
       }
-      continue;
-    }
-    const T* x = net.outs[l - 1] + r0 * ni;
-    const T* dx = net.douts[l - 1] + r0 * ni;
-    T* da = net.das[l] + r0 * no;
-    gemm(false, false, int(nr), no, ni, T(1), x, ni, wt, no, T(0), pa, no);
-    gemm(false, false, int(nr), no, ni, T(1), dx, ni, wt, no, T(0), pda, no);
-    for (i64 i = 0; i < nr; ++i) {
-      T* ti = t + i * no;
-      T* yi = y + i * no;
-      T* dyi = dy + i * no;
-      T* dai = da + i * no;
-      const T* ai = pa + i * no;
-      const T* pdai = pda + i * no;
+    } else {
+      T* da = net.das[l] + r0 * no;
+      T* pa = sc.a.get();
+      T* pda = sc.da.get();
+      gemm(false, false, int(nr), no, ni, T(1), x, ni, wt, no, T(0), pa, no);
+      gemm(false, false, int(nr), no, ni, T(1), dx, ni, wt, no, T(0), pda, no);
+      for (i64 i = 0; i < nr; ++i) {
+        T* ti = t + i * no;
+        T* dai = da + i * no;
+        const T* ai = pa + i * no;
+        const T* pdai = pda + i * no;
 #pragma omp simd
-      for (int k = 0; k < no; ++k) {
-        const T tk = tanh_of(T(ai[k] + bias[k]));
-        const T dak = pdai[k];
-        ti[k] = tk;
-        dai[k] = dak;
-        yi[k] = tk * sc[k];
-        dyi[k] = dak * (T(1) - tk * tk) * sc[k];
-      }
-      const T* xi = x + i * ni;
-      const T* dxi = dx + i * ni;
-      for (int rep = 0; rep < sk; ++rep) {  // skip 1: + x; skip 2: + x on each half
-#pragma omp simd
-        for (int k = 0; k < ni; ++k) {
-          yi[rep * ni + k] += xi[k];
-          dyi[rep * ni + k] += dxi[k];
+        for (int k = 0; k < no; ++k) {
+          ti[k] = tanh_of(T(ai[k] + bias[k]));
+          dai[k] = pdai[k];
         }
+        layer_outputs(ti, dai, scale, x + i * ni, dx + i * ni, ni, no, sk, y + i * no,
+                      dy + i * no);
       }
     }
+    x = y;
+    dx = dy;
   }
   const int m = net.n_out[net.layers - 1];
   const T* g = net.outs[net.layers - 1] + r0 * m;
-#ifdef MDT_OLD_CONTRACT
-  for (i64 q = 0; q < nb; ++q) {
-    const i64 c = P.order[p0 + q];
-    T* out = tmat + c * A * m;
-    std::fill(out, out + A * m, T(0));
-    for (i64 j = 0; j < w; ++j) {
-      const T* gj = g + (q * w + j) * m;
-      for (int a = 0; a < A; ++a) {
-        const T r = R.at(c, a, j);
-        T* oa = out + a * m;
-#pragma omp simd
-        for (int k = 0; k < m; ++k) oa[k] += r * gj[k];
-      }
-    }
-  }
-#else
   for (i64 q = 0; q < nb; ++q)
     contract_centre<T, A>(R, P.order[p0 + q], w, g + q * w * m, m, tmat + P.order[p0 + q] * A * m);
-#endif
 }
 
 // Per-thread scratch and parameter-gradient partials of the backward.
-// Scratch that every use writes before reading: not zero-filled (std::vector would be).
-template <typename T>
-using Buffer = std::unique_ptr<T[]>;
-
-template <typename T>
-Buffer<T> buffer(i64 n) {
-  return Buffer<T>(new T[size_t(n)]);
-}
-
 template <typename T>
 struct Scratch {
   Buffer<T> gy, gdy, gx, gdx, abar, dabar;
+  Buffer<T> inner;               // recomputed outputs of the layers before the last
+  std::vector<const T*> xs, dxs;  // each layer's outputs y and dy/ds on the block's rows
   std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
 };
 
@@ -482,11 +496,52 @@ void entry_cotangents(const Rows<T>& R, const Plan& P, i64 b, int m, const Cotan
   }
 }
 
+// The outputs y and dy/ds of the layers before the last on the block's rows (sc.xs, sc.dxs):
+// the tape's, or, where the tape does not keep them, the forward's elementwise steps again
+// from t, da/ds and s (no products) into sc.inner.
+template <typename T>
+void inner_outputs(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
+                   const std::vector<T>& ones, Scratch<T>& sc) {
+  const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
+  const i64 nr = nb * w;
+  T* free = sc.inner.get();
+  for (int l = 0; l + 1 < net.layers; ++l) {
+    const int ni = net.n_in[l], no = net.n_out[l], sk = net.skip[l];
+    if (net.outs[l] && net.douts[l]) {
+      sc.xs[l] = net.outs[l] + r0 * no;
+      sc.dxs[l] = net.douts[l] + r0 * no;
+      continue;
+    }
+    const T* scale = net.idt[l] ? net.idt[l] : ones.data();
+    const T* t = net.ts[l] + r0 * no;
+    T* y = free;
+    T* dy = free + nr * no;
+    free += 2 * nr * no;
+    if (l == 0) {
+      for (i64 q = 0; q < nb; ++q) {
+        const i64 c = P.order[p0 + q];
+        for (i64 j = 0; j < w; ++j) {
+          const i64 i = (q * w + j) * no;
+          first_outputs(t + i, net.w[0], scale, R.at(c, 0, j), no, sk, y + i, dy + i);
+        }
+      }
+    } else {
+      const T* da = net.das[l] + r0 * no;
+      for (i64 i = 0; i < nr; ++i)
+        layer_outputs(t + i * no, da + i * no, scale, sc.xs[l - 1] + i * ni,
+                      sc.dxs[l - 1] + i * ni, ni, no, sk, y + i * no, dy + i * no);
+    }
+    sc.xs[l] = y;
+    sc.dxs[l] = dy;
+  }
+}
+
 template <typename T>
 void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
                     const int* offsets, Scratch<T>& sc, const std::vector<T>& ones) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   const i64 nr = nb * w;
+  inner_outputs(net, R, P, b, ones, sc);
   T* gy = sc.gy.get();
   T* gdy = sc.gdy.get();
   T* gx = sc.gx.get();
@@ -538,8 +593,8 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
       }
       break;
     }
-    const T* x = net.outs[l - 1] + r0 * ni;
-    const T* dx = net.douts[l - 1] + r0 * ni;
+    const T* x = sc.xs[l - 1];
+    const T* dx = sc.dxs[l - 1];
     gemm(true, false, ni, no, int(nr), T(1), x, ni, abar, no, T(1), gw, no);
     gemm(true, false, ni, no, int(nr), T(1), dx, ni, dabar, no, T(1), gw, no);
     // x̄ = ā Wᵀ + fold(ȳ), dx̄ = dā Wᵀ + fold(dȳ)
@@ -635,10 +690,12 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
     ThreadsScope scope;
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     try {
-      const Buffer<T> pa = buffer<T>(rows_max * width), pda = buffer<T>(rows_max * width);
+      ForwardScratch<T> sc;
+      for (auto* v : {&sc.a, &sc.da, &sc.y[0], &sc.y[1], &sc.dy[0], &sc.dy[1]})
+        *v = buffer<T>(rows_max * width);
       for (i64 b = 0; b < P.blocks && !failed; ++b)
         if (P.mine(b, me, team))
-          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, pa.get(), pda.get());
+          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, sc);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
@@ -669,6 +726,12 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
     try {
       for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
         *v = buffer<T>(rows_max * width);
+      i64 inner = 0;  // the recomputed layers' two outputs per row
+      for (int l = 0; l + 1 < net.layers; ++l)
+        inner += net.outs[l] && net.douts[l] ? 0 : 2 * net.n_out[l];
+      if (inner > 0) sc.inner = buffer<T>(rows_max * inner);
+      sc.xs.assign(net.layers, nullptr);
+      sc.dxs.assign(net.layers, nullptr);
       for (i64 b = 0; b < P.blocks && !failed; ++b) {
         if (!P.mine(b, me, team) || P.width[b] == 0) continue;
         entry_cotangents<T, A>(R, P, b, m, in, sc.gy.get(), sc.gdy.get());
