@@ -115,13 +115,18 @@ class Tape:
     Both directions run over blocks of rows through all layers (``forward_rows``,
     ``backward_rows``), so that a block's intermediate tensors stay in cache between the
     operations on them (the step is memory-bound); only what the backward needs (t, da and
-    the layer outputs) is kept for all rows.
+    the layer outputs) is kept for all rows. ``inner=False`` leaves out the outputs y and dy of
+    the layers before the last (None): the compiled kernels write them to scratch in the
+    forward and repeat those elementwise steps in the backward, which costs less than storing
+    them and reading them back.
     """
 
     block_bytes = 1 << 21  # one (rows, widest layer) block; the fastest of 0.5–8 MiB measured
     min_block_rows = 256
 
-    def __init__(self, s: Tensor, layout: tuple, params: tuple, saved: tuple = ()) -> None:
+    def __init__(
+        self, s: Tensor, layout: tuple, params: tuple, saved: tuple = (), inner: bool = True
+    ) -> None:
         self.s, self.layout, self.params = s, layout, params
         self.specs: list[tuple[int, int, int, bool]] = []
         k = 0
@@ -143,8 +148,9 @@ class Tape:
             self.ts.append(t)
             # y = t needs no copy; the first layer's da is W itself (dx = 1)
             plain = skip == 0 and not has_idt
-            self.outs.append(t if plain else torch.empty(rows, n_out, **opts))
-            self.douts.append(torch.empty(rows, n_out, **opts))
+            kept = inner or layer == len(self.specs) - 1
+            self.outs.append(t if plain else torch.empty(rows, n_out, **opts) if kept else None)
+            self.douts.append(torch.empty(rows, n_out, **opts) if kept else None)
             self.das.append(None if layer == 0 else torch.empty(rows, n_out, **opts))
 
     def saved_tensors(self) -> list[Tensor]:
