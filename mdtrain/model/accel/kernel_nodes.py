@@ -18,7 +18,6 @@ from mdtrain.model.accel.layout import dense, layer_layout, layer_params
 from mdtrain.model.network import EmbeddingNet
 
 BLOCK_ROWS = 512  # 256–1024 alike on the water step; 4096 was 12 % slower
-KEEP_INNER = False  # the tape keeps the inner layers' outputs (the kernels recompute them)
 
 
 class BlockPlan(NamedTuple):
@@ -154,7 +153,7 @@ class _KernelEmbedContract(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows: Tensor, kernels: Kernels, plan: BlockPlan, layout: tuple, *params):
         s = rows.new_empty(plan.rows, 1)
-        tape = Tape(s, layout, params, inner=KEEP_INNER)
+        tape = Tape(s, layout, params, inner=False)
         tmat = rows.new_empty(rows.shape[0], rows.shape[1], tape.value.shape[1])
         kernels.embed_forward(rows, layout, params, tape, plan, tmat)
         ctx.kernels, ctx.plan, ctx.layout = kernels, plan, layout

@@ -13,6 +13,7 @@ strides: keep the layouts in the C++ header comment and here in step, and raise
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 from pathlib import Path
@@ -223,7 +224,7 @@ def _pointer(t: Tensor | None) -> _P:
 
 
 def _pointers(tensors) -> ctypes.Array:
-    return (_P * len(tensors))(*[_pointer(t) for t in tensors])
+    return (_P * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
 
 
 def _ints(values) -> ctypes.Array:
@@ -237,6 +238,18 @@ def _rows_args(rows: Tensor) -> list:
     return [_pointer(rows), rc, ra, rj, rows.shape[1]]
 
 
+@functools.lru_cache(maxsize=256)
+def _shape_args(layout: tuple, n_out: tuple) -> tuple:
+    """The net's layers, widths and skips as C arrays, made once per net shape (the kernels
+    only read them; building them was a good part of a call's fixed cost)."""
+    return (
+        len(layout),
+        _ints([n_in for n_in, _, _ in layout]),
+        _ints(n_out),
+        _ints([skip for _, skip, _ in layout]),
+    )
+
+
 def net_args(layout: tuple, params, tape) -> list:
     """The net's layout, parameters and tape buffers (``embedding_nodes.Tape``) as C arrays."""
     weights, biases, idts = [], [], []
@@ -247,10 +260,7 @@ def net_args(layout: tuple, params, tape) -> list:
         idts.append(params[k + 2] if has_idt else None)
         k += 3 if has_idt else 2
     return [
-        len(layout),
-        _ints([n_in for n_in, _, _ in layout]),
-        _ints([int(w.shape[1]) for w in weights]),
-        _ints([skip for _, skip, _ in layout]),
+        *_shape_args(layout, tuple(w.shape[1] for w in weights)),
         _pointers(weights),
         _pointers(biases),
         _pointers(idts),

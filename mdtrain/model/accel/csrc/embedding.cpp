@@ -579,6 +579,21 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
       }
 #pragma omp simd
       for (int k = 0; k < no; ++k) gb[k] += ai[k];
+      if (l > 0) {  // fold(ȳ), fold(dȳ) of the row while it is in cache: the start of x̄, dx̄
+        T* gxi = gx + i * ni;
+        T* gdxi = gdx + i * ni;
+        std::fill(gxi, gxi + ni, T(0));
+        std::fill(gdxi, gdxi + ni, T(0));
+        for (int rep = 0; rep < sk; ++rep) {
+          const T* a = gyi + rep * ni;
+          const T* d = gdyi + rep * ni;
+#pragma omp simd
+          for (int k = 0; k < ni; ++k) {
+            gxi[k] += a[k];
+            gdxi[k] += d[k];
+          }
+        }
+      }
     }
     if (l == 0) {  // x = s, dx = 1; the inputs s get no gradient on this path
       for (i64 q = 0; q < nb; ++q) {
@@ -598,21 +613,6 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
     gemm(true, false, ni, no, int(nr), T(1), x, ni, abar, no, T(1), gw, no);
     gemm(true, false, ni, no, int(nr), T(1), dx, ni, dabar, no, T(1), gw, no);
     // x̄ = ā Wᵀ + fold(ȳ), dx̄ = dā Wᵀ + fold(dȳ)
-    for (i64 i = 0; i < nr; ++i) {
-      T* gxi = gx + i * ni;
-      T* gdxi = gdx + i * ni;
-      std::fill(gxi, gxi + ni, T(0));
-      std::fill(gdxi, gdxi + ni, T(0));
-      for (int rep = 0; rep < sk; ++rep) {
-        const T* a = gy + i * no + rep * ni;
-        const T* d = gdy + i * no + rep * ni;
-#pragma omp simd
-        for (int k = 0; k < ni; ++k) {
-          gxi[k] += a[k];
-          gdxi[k] += d[k];
-        }
-      }
-    }
     gemm(false, true, int(nr), ni, no, T(1), abar, no, wt, no, T(1), gx, ni);
     gemm(false, true, int(nr), ni, no, T(1), dabar, no, wt, no, T(1), gdx, ni);
     std::swap(gy, gx);
