@@ -684,18 +684,21 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
   const int width = widest(net.n_out, net.layers);
   const std::vector<T> ones(width, T(1));
   const i64 rows_max = most_rows(P);
+  // every thread's scratch from the calling thread's heap, which keeps freed memory for the
+  // next call (see mdtrain.heap), not from a worker's arena
+  std::vector<ForwardScratch<T>> scratch(threads);
+  for (auto& sc : scratch)
+    for (auto* v : {&sc.a, &sc.da, &sc.y[0], &sc.y[1], &sc.dy[0], &sc.dy[1]})
+      *v = buffer<T>(rows_max * width);
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
     ThreadsScope scope;
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     try {
-      ForwardScratch<T> sc;
-      for (auto* v : {&sc.a, &sc.da, &sc.y[0], &sc.y[1], &sc.dy[0], &sc.dy[1]})
-        *v = buffer<T>(rows_max * width);
       for (i64 b = 0; b < P.blocks && !failed; ++b)
         if (P.mine(b, me, team))
-          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, sc);
+          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, scratch[me]);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
@@ -715,8 +718,18 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
     offsets[l + 1] =
         offsets[l] + net.n_in[l] * net.n_out[l] + net.n_out[l] * (net.idt[l] ? 2 : 1);
   const i64 rows_max = most_rows(P);
-  std::vector<Scratch<T>> scratch(threads);
-  for (auto& sc : scratch) sc.grads.assign(offsets[net.layers], T(0));
+  i64 inner = 0;  // the recomputed layers' two outputs per row
+  for (int l = 0; l + 1 < net.layers; ++l)
+    inner += net.outs[l] && net.douts[l] ? 0 : 2 * net.n_out[l];
+  std::vector<Scratch<T>> scratch(threads);  // from the calling thread's heap (see forward)
+  for (auto& sc : scratch) {
+    sc.grads.assign(offsets[net.layers], T(0));
+    for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
+      *v = buffer<T>(rows_max * width);
+    if (inner > 0) sc.inner = buffer<T>(rows_max * inner);
+    sc.xs.assign(net.layers, nullptr);
+    sc.dxs.assign(net.layers, nullptr);
+  }
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
@@ -724,14 +737,6 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
     Scratch<T>& sc = scratch[me];
     try {
-      for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
-        *v = buffer<T>(rows_max * width);
-      i64 inner = 0;  // the recomputed layers' two outputs per row
-      for (int l = 0; l + 1 < net.layers; ++l)
-        inner += net.outs[l] && net.douts[l] ? 0 : 2 * net.n_out[l];
-      if (inner > 0) sc.inner = buffer<T>(rows_max * inner);
-      sc.xs.assign(net.layers, nullptr);
-      sc.dxs.assign(net.layers, nullptr);
       for (i64 b = 0; b < P.blocks && !failed; ++b) {
         if (!P.mine(b, me, team) || P.width[b] == 0) continue;
         entry_cotangents<T, A>(R, P, b, m, in, sc.gy.get(), sc.gdy.get());
