@@ -15,14 +15,11 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import torch
-from model_step import BOX, CONFIG, water_box
+from model_step import CONFIG, water_inputs
 
 from mdtrain.model.accel import kernel_nodes
 from mdtrain.model.backend import build_model
-from mdtrain.model.stats import PairStatSums
-from mdtrain.neighbors.layout import layout_of
 
 try:  # the allocator setting as the commands use it (older trees: mdtrain.memory)
     from mdtrain.heap import keep_freed_memory
@@ -51,15 +48,7 @@ def recorded_calls(precision: str) -> list[dict]:
     for part in ("descriptor", "fitting_net"):
         config[part] = {**config[part], "precision": precision}
     model = build_model(config, backend="kernels")
-    coord, atype = water_box()
-    box = np.eye(3) * BOX
-    nlist, shift, _ = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
-    sums = PairStatSums.of_model(model)
-    sums.add_frame(coord, box, atype)
-    davg, dstd = model.descriptor.stats_from_items(sums.items())
-    model.descriptor.set_stats(torch.from_numpy(davg), torch.from_numpy(dstd))
-    inputs = [torch.tensor(a[None]) for a in (coord, atype, box, nlist, shift)]
-    inputs[1] = inputs[1][0]
+    inputs, _ = water_inputs(model)
     node.forward, node.backward = staticmethod(record_forward), staticmethod(record_backward)
     try:
         out = model(*inputs)
@@ -97,13 +86,11 @@ def main() -> None:
     calls = recorded_calls(args.precision)
     for _ in range(3):
         run(calls)
-    times = [run(calls) for _ in range(args.reps)]
-    forward = [1e3 * f for f, _ in times]
-    backward = [1e3 * b for _, b in times]
+    forward, backward = zip(*(run(calls) for _ in range(args.reps)), strict=True)
     print(
         f"{args.precision}, {args.threads} thread(s), {len(calls)} calls per step: "
-        f"forward {statistics.median(forward):.2f} ms, backward {statistics.median(backward):.2f} "
-        f"ms of CPU per step (medians of {args.reps})"
+        f"forward {1e3 * statistics.median(forward):.2f} ms, backward "
+        f"{1e3 * statistics.median(backward):.2f} ms of CPU per step (medians of {args.reps})"
     )
 
 
