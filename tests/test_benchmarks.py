@@ -182,6 +182,18 @@ def test_row_grad_times_the_row_gradients():
     assert [p.split()[0] for p in parts] == ["forward", "forward+backward"]
 
 
+def test_embed_kernels_times_the_recorded_calls():
+    """benchmarks/embed_kernels.py: both calls of a step recorded, one line of positive times."""
+    cmd = [sys.executable, str(BENCHMARKS / "embed_kernels.py"), "--precision", "float32"]
+    done = subprocess.run(cmd + ["--reps", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    assert line.startswith("float32, 1 thread(s), 2 calls per step: forward "), line
+    forward = float(line.split("forward ")[1].split(" ms")[0])
+    backward = float(line.split("backward ")[1].split(" ms")[0])
+    assert forward > 0 and backward > 0, line
+
+
 def test_descriptor_speed_input_and_slopes(tmp_path):
     """descriptor_speed.py: the example's copy (absolute systems, the run's step counts, the
     rest kept) and the wall/CPU slopes between two display lines of a child process."""
