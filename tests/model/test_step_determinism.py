@@ -54,18 +54,8 @@ print(json.dumps({"grads": len(first), "differ": sorted(differ)}))
 """
 
 
-_KERNELS_XFAIL = pytest.mark.xfail(
-    reason="torch's CPU index_put_(accumulate=True) adds float32 with atomics on >1 thread: "
-    "padded_share's suffix[kind, first] (accel/kernel_nodes.py, the embed engineer's file) "
-    "needs the same index_select as embedding_nodes.padded_tail",
-    strict=False,
-)
-
-
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(
-    "backend", ["fused", pytest.param("kernels", marks=[needs_kernels, _KERNELS_XFAIL])]
-)
+@pytest.mark.parametrize("backend", ["fused", pytest.param("kernels", marks=needs_kernels)])
 def test_float32_two_thread_gradients_are_bitwise_repeatable(backend):
     _assert_repeatable(backend, {})
 

@@ -20,6 +20,7 @@ from mdtrain.model.accel.layout import (
     skip_fold,
     tanh_grad,
 )
+from mdtrain.model.gather import take
 from mdtrain.model.network import EmbeddingNet
 
 
@@ -41,9 +42,7 @@ def padded_tail(rows: Tensor, g: Tensor, types: Tensor | None) -> Tensor:
     ``rows`` (types, cols, 4), broadcast to the rows (``types``) or (1, 4, M) for one centre;
     ``g`` is G of ``rows`` flattened."""
     tail = torch.matmul(rows.transpose(1, 2), g.view(rows.shape[0], rows.shape[1], -1))
-    # index_select, not tail[types]: its backward (index_add_) sums the centres of a type in
-    # index order; tail[types]'s (index_put_ accumulate) adds float32 with atomics on >1 thread
-    return tail.index_select(0, types) if types is not None else tail
+    return take(tail, types) if types is not None else tail
 
 
 class TorchEmbedding:

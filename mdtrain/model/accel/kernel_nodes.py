@@ -15,6 +15,7 @@ from torch import Tensor
 from mdtrain.model.accel.embedding_nodes import EmbeddedBlock, Tape, padded_tail
 from mdtrain.model.accel.kernels import Kernels
 from mdtrain.model.accel.layout import dense, layer_layout, layer_params
+from mdtrain.model.gather import take_pairs
 from mdtrain.model.network import EmbeddingNet
 
 BLOCK_ROWS = 512  # 256–1024 alike on the water step; 4096 was 12 % slower
@@ -77,7 +78,7 @@ def padded_share(rows: Tensor, g: Tensor, first: Tensor, types: Tensor | None) -
     terms = rows.unsqueeze(-1) * g.view(rows.shape[0], rows.shape[1], 1, -1)
     suffix = torch.cat([terms.flip(1).cumsum(1).flip(1), torch.zeros_like(terms[:, :1])], 1)
     kind = types if types is not None else torch.zeros_like(first)
-    return suffix[kind, first.to(kind.device)]
+    return take_pairs(suffix, kind, first.to(kind.device))
 
 
 class KernelEmbedding:

@@ -15,19 +15,6 @@ from mdtrain.model.descriptors.layers import DenseNet, as_numpy, load
 from mdtrain.model.network import dtype_of
 
 
-def take(table: Tensor, index: Tensor) -> Tensor:
-    """``table[index]`` as one ``index_select``: its backward adds the rows in index order
-    (``index_add_``), where advanced indexing's (``index_put_`` with accumulate) adds float32
-    with atomics on more than one thread, so two runs of one step would differ in the last bits."""
-    picked = table.index_select(0, index.reshape(-1))
-    return picked.view(index.shape + table.shape[1:])
-
-
-def take_pairs(table: Tensor, first: Tensor, second: Tensor) -> Tensor:
-    """``table[first, second]`` (indices broadcast) the way ``take`` gathers: deterministic."""
-    return take(table.flatten(0, 1), first * table.shape[1] + second)
-
-
 def switch(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
     """`base.smooth_weight` with DeePMD-kit's order of operations (``u²·u·(−6u² + 15u − 10)
     + 1``). Within about 5e-5 Å of rcut the switch is ~1e-15, a cancellation whose last

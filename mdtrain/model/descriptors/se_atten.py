@@ -19,9 +19,10 @@ from torch import Tensor, nn
 from mdtrain.errors import MDTrainError
 from mdtrain.model.descriptors.attention import AttentionStack, GatedAttentionLayer
 from mdtrain.model.descriptors.layers import DenseNet, activation_name
-from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor, take, take_pairs
+from mdtrain.model.descriptors.mixed_base import MixedTypesDescriptor
 from mdtrain.model.descriptors.moments import degree_weights, moment_basis
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
+from mdtrain.model.gather import take, take_pairs
 from mdtrain.model.network import child_seed
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_atten_args); sel has none, seed is unset.

@@ -21,11 +21,10 @@ from mdtrain.model.descriptors.mixed_base import (
     net_collection,
     one_net,
     refuse_unsupported,
-    take,
-    take_pairs,
 )
 from mdtrain.model.descriptors.type_embedding import TypeEmbedNet
 from mdtrain.model.export_form import recast
+from mdtrain.model.gather import take, take_pairs
 from mdtrain.model.network import child_seed, residual_by_cat
 
 # DeePMD-kit 3.2's argcheck defaults (descrpt_se_e3_tebd_args); sel has none, seed is unset.
