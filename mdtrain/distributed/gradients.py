@@ -63,8 +63,9 @@ class GradientBuckets:
 
     Buckets of at most ``bucket_mb`` per dtype and device, in *reverse* parameter order: the
     order in which a backward produces the gradients (measured on the kernels, fused and
-    reference backends: the fitting nets, last type first, then the embedding nets; within a
-    net the order differs between backends, but a net's gradients arrive together).
+    reference backends: the fitting nets, last type first on the reference backend, all
+    types' from one node on the others, then the embedding nets; within a net the order
+    differs between backends, but a net's gradients arrive together).
 
     Two uses, with the same collectives on the same buffers, so the same averages bit for bit:
 
