@@ -48,7 +48,8 @@ def _build_kernels(root: Path) -> None:
     holds a library newer than every kernel source, nothing is imported (xdist's controller
     runs no test and needs no torch); after a build or a cache hit the library's time stamp
     is renewed, so that the next session skips this."""
-    sources = list((root / "mdtrain" / "model" / "accel" / "csrc").glob("*.cpp"))
+    csrc = root / "mdtrain" / "model" / "accel" / "csrc"
+    sources = [*csrc.glob("*.cpp"), *csrc.glob("*.h")]
     from mdtrain.cache_dir import cache_dir  # no torch
 
     newest = max((p.stat().st_mtime for p in sources), default=None)

@@ -23,6 +23,7 @@ from mdtrain.cache_dir import cache_dir
 log = logging.getLogger("mdtrain.model.accel")
 
 SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.cpp"))
+HEADERS = sorted(Path(__file__).with_name("csrc").glob("*.h"))  # in the cache key, not compiled
 
 
 def _cpu_signature() -> str:
@@ -63,7 +64,7 @@ def build(compiler: str) -> Path:
     key = hashlib.sha256(
         "\0".join(
             [
-                *(source.read_text() for source in SOURCES),
+                *(source.read_text() for source in SOURCES + HEADERS),
                 version,
                 " ".join(flags + link),
                 torch.__version__,

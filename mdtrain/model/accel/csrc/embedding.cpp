@@ -32,17 +32,11 @@
 #include <utility>
 #include <vector>
 
+#include "status.h"
+
 namespace {
 
 using i64 = std::int64_t;
-
-// What the entry points return. An allocation failure (std::bad_alloc) must not terminate the
-// process: inside a parallel region each thread catches it and raises a flag, since an
-// exception cannot leave the region; the entry point then returns kOutOfMemory, which the
-// Python side raises as a recoverable out-of-memory error.
-constexpr int kOk = 0;
-constexpr int kOutOfMemory = 1;
-constexpr int kBadAxes = 2;  // a row width other than 4 or 2
 
 // f(std::integral_constant<int, A>) for the row widths the kernels are compiled for.
 template <typename F>
@@ -50,15 +44,6 @@ int with_axes(int axes, F f) {
   if (axes == 4) return f(std::integral_constant<int, 4>{});
   if (axes == 2) return f(std::integral_constant<int, 2>{});
   return kBadAxes;
-}
-
-template <typename F>
-int guarded(F f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return kOutOfMemory;
-  }
 }
 
 typedef void (*dgemm_fn)(const char*, const char*, const int*, const int*, const int*,

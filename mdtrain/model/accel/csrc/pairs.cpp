@@ -26,23 +26,14 @@
 #include <new>
 #include <vector>
 
+#include "status.h"
+
 namespace {
 
 using i64 = std::int64_t;
 
-constexpr int kOk = 0;
-constexpr int kOutOfMemory = 1;  // as in embedding.cpp: raised as MemoryError by kernels._check
 constexpr int kBadKind = 3;      // rows other than se_e2_a's (4 columns) or se_e2_r's ([s, 1])
 constexpr int kBadPieces = 4;    // pieces of dE/dR̃ short of K·M rows; a backward of nothing
-
-template <typename F>
-int guarded(F f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return kOutOfMemory;
-  }
-}
 
 template <typename T>
 inline T fused(T a, T b, T c) {  // torch.addcmul(c, a, b): a·b + c rounded once

@@ -29,12 +29,11 @@
 #include <new>
 #include <vector>
 
+#include "status.h"
+
 namespace {
 
 using i64 = std::int64_t;
-
-constexpr int kOk = 0;
-constexpr int kOutOfMemory = 1;  // as in embedding.cpp: raised as MemoryError
 
 template <typename T>
 inline T fused(T a, T b, T c) {  // a·b + c rounded once
@@ -272,15 +271,6 @@ void product(i64 m, i64 n, i64 k, const T* a, i64 sa1, i64 sa2, const T* b, i64 
 }
 
 inline i64 need(i64 k, i64 n) { return k * n + 4 * n; }  // ``product``'s scratch
-
-template <typename F>
-int guarded(F f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return kOutOfMemory;
-  }
-}
 
 // Runs body(b, scratch) for every batch item over ``threads`` threads, scratch ``per`` elements
 // each (allocated before the parallel region: an exception cannot leave one).

@@ -25,12 +25,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "status.h"
+
 namespace {
 
 using i64 = std::int64_t;
-
-constexpr int kOk = 0;
-constexpr int kBadAxes = 2;  // as in embedding.cpp: a row width other than 4 or 2
 
 struct Blocks {  // a kernel_nodes.BlockPlan (see embedding.cpp's Plan)
   const i64* order;
