@@ -6,8 +6,8 @@ forward and the backward of a loss on both), this tree's against another tree's
     python benchmarks/fitting_node.py --against OLD/mdtrain/model/accel/fitting_node.py
         [--precision float64|float32] [--threads T] [--rounds R] [--calls N] [--tiny]
 
-The other tree's module is loaded from its file (it imports the rest of mdtrain from this
-tree). Each round times N calls of each (process CPU time and wall time per call), the
+The other tree's module is loaded from its file, with the ``fitting_types.py`` and
+``fitting_sweep.py`` beside it (the rest of mdtrain comes from this tree). Each round times N calls of each (process CPU time and wall time per call), the
 order of the two alternating between rounds; the report gives the medians and ranges and
 the per-round difference. ``--tiny`` runs the same nets on 16-wide layers and 12 rows:
 what is left is the nodes' fixed cost (Python, dispatch, allocation). First checks that
@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,12 +29,33 @@ from mdtrain.memory import keep_freed_memory
 from mdtrain.model.accel import fitting_node
 from mdtrain.model.fitting import EnergyFitting
 
+PACKAGE = "mdtrain.model.accel"
 
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("other_fitting_node", path)
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load(path: str):
+    """The other tree's fitting_node.py, importing its own fitting_sweep.py and
+    fitting_types.py (where they exist) instead of this tree's."""
+    folder = Path(path).parent
+    names = ["fitting_sweep", "fitting_types"]  # fitting_types imports fitting_sweep
+    saved = {n: sys.modules.get(f"{PACKAGE}.{n}") for n in names}
+    try:
+        for n in names:
+            if (folder / f"{n}.py").exists():
+                sys.modules[f"{PACKAGE}.{n}"] = _module(f"{PACKAGE}.{n}", folder / f"{n}.py")
+        return _module("other_fitting_node", Path(path))
+    finally:
+        for n, module in saved.items():
+            if module is None:
+                sys.modules.pop(f"{PACKAGE}.{n}", None)
+            else:
+                sys.modules[f"{PACKAGE}.{n}"] = module
 
 
 def main() -> None:

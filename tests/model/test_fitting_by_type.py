@@ -14,7 +14,11 @@ from mdtrain.model.accel.fitting_node import (
     _ValueAndInputGrad,
     fitting_with_grad,
 )
-from mdtrain.model.accel.fitting_types import TypesValueAndInputGrad, type_rows
+from mdtrain.model.accel.fitting_types import (
+    TypesValueAndInputGrad,
+    cached_type_rows,
+    type_rows,
+)
 from mdtrain.model.accel.layout import layer_layout, layer_params
 from mdtrain.model.fitting import EnergyFitting
 
@@ -118,6 +122,9 @@ def _outputs_and_grads(fn, fitting, descriptor, atype, terms):
         # odd widths and counts: the blocks padded to aligned rows, as MKL needs for the bits
         ([0] * 5 + [1] * 11 + [2] * 3, 1, [7, 7, 7]),
         ([1, 0, 2] * 5, 2, [25, 50]),
+        # one frame sorted by type, aligned blocks: no gather or scatter at all
+        ([0] * 16 + [1] * 5, 1, [16, 16, 16]),
+        ([0] * 16 + [1] * 32 + [2] * 3, 1, [6, 12]),
     ],
 )
 @pytest.mark.parametrize("terms", [("energy", "gradient"), ("energy",), ("gradient",)])
@@ -186,3 +193,34 @@ def test_parameter_gradients_without_descriptor_gradient(by_type):
     for a, b in zip(*grads, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
     assert any(g is not None for g in grads[1])
+
+
+@pytest.mark.parametrize(
+    ("atype", "nf", "ordered"),
+    [
+        ([0] * 16 + [1] * 5, 1, True),
+        ([0] * 16 + [1] * 5, 2, False),  # frame-major within a type: not the atoms' order
+        ([1] * 7, 3, True),  # one type, every frame
+        ([0] * 3 + [1] * 5, 1, False),  # type 0's block padded to 16 rows
+        ([1, 0] * 8, 1, False),
+        ([0] * 16 + [2] * 4, 1, False),  # type 2 has no net
+    ],
+)
+def test_type_rows_ordered(atype, nf, ordered):
+    """``ordered`` (rows used in place, no gather) exactly where the by-type order is the
+    atoms' own order; the index then is every row in turn."""
+    ntypes = 2
+    rows = type_rows(torch.tensor(atype), ntypes, nf)
+    assert rows.ordered == ordered
+    if ordered:
+        assert torch.equal(rows.index, torch.arange(nf * len(atype)))
+
+
+def test_cached_type_rows_follows_the_types():
+    a = torch.tensor([0] * 16 + [1] * 5)
+    first = cached_type_rows(a, 2, 1)
+    assert cached_type_rows(a.clone(), 2, 1) is first
+    for atype, nf in ((a.flip(0), 1), (a, 2)):
+        rows = cached_type_rows(atype, 2, nf)
+        expected = type_rows(atype, 2, nf)
+        assert rows.bounds == expected.bounds and torch.equal(rows.index, expected.index)

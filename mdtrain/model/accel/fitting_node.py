@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.fitting_sweep import DenseNets, flat, reverse, sweep, unflat
-from mdtrain.model.accel.fitting_types import TypesValueAndInputGrad, type_rows
+from mdtrain.model.accel.fitting_types import TypesValueAndInputGrad, cached_type_rows
 from mdtrain.model.accel.layout import Layout, layer_layout, layer_params
 from mdtrain.model.fitting import EnergyFitting
 
@@ -26,7 +26,7 @@ def fitting_with_grad(fitting: EnergyFitting, descriptor: Tensor, atype: Tensor)
     fitting dtype, every type's net in one node (``EnergyFitting.forward`` plus its input
     gradient, as an ordinary first-order function of the parameters)."""
     nets = fitting.networks
-    rows = type_rows(atype, len(nets), descriptor.shape[0])
+    rows = cached_type_rows(atype, len(nets), descriptor.shape[0])
     layout = layer_layout(nets[0].layers[:-1])  # the hidden layers; the output layer is fixed
     params = [p for net in nets for p in layer_params(net.layers)]
     return TypesValueAndInputGrad.apply(descriptor.to(fitting.dtype), rows, layout, *params)

@@ -42,7 +42,9 @@ class TypeRows(NamedTuple):
     """The by-type order of the rows: ``index``, where each row comes from (frame·N + atom;
     0 in the padding between blocks); each type's real rows ``bounds`` and its block with the
     padding after it, ``spans``; ``inverse``, each atom's row, where every atom of every frame
-    is in some type, else ``atoms`` and ``positions``, the real rows' atoms and rows."""
+    is in some type, else ``atoms`` and ``positions``, the real rows' atoms and rows;
+    ``ordered``: the rows are the atoms in their own order (one frame, or one type, its atoms
+    sorted by type, no padding), so that no gather or scatter is needed."""
 
     index: Tensor
     bounds: list[tuple[int, int]]
@@ -52,6 +54,7 @@ class TypeRows(NamedTuple):
     positions: Tensor
     nf: int
     natoms: int
+    ordered: bool
 
 
 def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
@@ -78,11 +81,35 @@ def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
     positions = (
         torch.cat([torch.arange(s, e, device=device) for s, e in bounds]) if padded else None
     )
-    inverse = None
+    inverse, ordered = None, False
     if len(atoms) == nf * natoms:  # every atom has a net
-        rows = positions if padded else torch.arange(len(atoms), device=device)
+        every = torch.arange(len(atoms), device=device)
+        rows = positions if padded else every
         inverse = torch.empty_like(atoms).index_copy_(0, atoms, rows)
-    return TypeRows(index, bounds, spans, inverse, atoms, positions, nf, natoms)
+        ordered = not padded and torch.equal(atoms, every)
+    return TypeRows(index, bounds, spans, inverse, atoms, positions, nf, natoms, ordered)
+
+
+_last: tuple[Tensor, int, TypeRows] | None = None
+
+
+def cached_type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
+    """`type_rows`, built again only when the atom types or the frame count change (a
+    training step's batches mostly repeat one system's types): saves its dozen small
+    operations per step for the cost of one comparison."""
+    global _last
+    last = _last
+    if (
+        last is not None
+        and last[1] == nf
+        and len(last[2].bounds) == ntypes
+        and last[0].device == atype.device
+        and torch.equal(last[0], atype)
+    ):
+        return last[2]
+    rows = type_rows(atype, ntypes, nf)
+    _last = (atype.clone(), nf, rows)
+    return rows
 
 
 class TypeNets:
@@ -184,8 +211,19 @@ class TypeNets:
             self.grads.add(first + self.offsets[k] + j, shaped(a[s:e].sum(dim=0), net[k][j]))
 
 
+def _gathered(values: Tensor, rows: TypeRows) -> Tensor:
+    """Rows (nf·N, ...) in (frame, atom) order taken in the by-type order. Where that is
+    their own order, ``values`` themselves if contiguous and 64-byte aligned, as a gathered
+    copy is (MKL's products can round differently on other operands)."""
+    if rows.ordered and values.is_contiguous() and values.data_ptr() % 64 == 0:
+        return values
+    return values.index_select(0, rows.index)
+
+
 def _scattered(values: Tensor, rows: TypeRows) -> Tensor:
     """Rows in the by-type order put back in (frame, atom) order; zero for atoms of no type."""
+    if rows.ordered:
+        return values
     if rows.inverse is not None:
         return values.index_select(0, rows.inverse)
     real = values if rows.positions is None else values.index_select(0, rows.positions)
@@ -202,7 +240,7 @@ class TypesValueAndInputGrad(torch.autograd.Function):
         ctx, descriptor: Tensor, rows: TypeRows, layout: Layout, *params: Tensor
     ) -> tuple[Tensor, Tensor]:
         nf, natoms, dim = descriptor.shape
-        x = descriptor.reshape(-1, dim).index_select(0, rows.index)
+        x = _gathered(descriptor.reshape(-1, dim), rows)
         ops = TypeNets(layout, params, rows)
         energy, g, tape = sweep(ops, x, layout)
         ctx.rows, ctx.layout, ctx.nparams, ctx.cache = rows, layout, len(params), ops.cache
@@ -222,10 +260,10 @@ class TypesValueAndInputGrad(torch.autograd.Function):
         dim = tape.inputs[0].shape[-1]
         e_bar = g_bar = None
         if energy_bar is not None:
-            e_bar = energy_bar.reshape(-1).index_select(0, rows.index)
+            e_bar = _gathered(energy_bar.reshape(-1), rows)
             e_bar = e_bar.to(params[0].dtype).view(-1, 1)
         if grad_bar is not None:
-            g_bar = grad_bar.reshape(-1, dim).index_select(0, rows.index)
+            g_bar = _gathered(grad_bar.reshape(-1, dim), rows)
         need_x = ctx.needs_input_grad[0]
         x_bar = reverse(ops, layout, tape, e_bar, g_bar, need_x)
         d_bar = None
