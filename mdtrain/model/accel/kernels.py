@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mdtrain.model.accel.build import build, torch_lib_dir
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -55,6 +55,10 @@ class Kernels:
             fn.argtypes = [*rows, *plan, _INT, *[_P] * 4, _I64, _INT, _I64, _INT]
             fn = getattr(lib, f"mdt_rows_grad_tbar_{suffix}")
             fn.argtypes = [*rows, *plan, _INT, _P, _I64, _INT, *[_P] * 3, _INT]
+            fn = getattr(lib, f"mdt_padded_share_{suffix}")
+            fn.argtypes = [_P, _P, _I64, _I64, _INT, _INT, _P, _P, _I64, _P]
+            fn = getattr(lib, f"mdt_padded_share_backward_{suffix}")
+            fn.argtypes = [_P, _P, _P, _I64, _I64, _I64, _INT, _INT, _P]
 
     def use_blas(self, choice: str) -> str:
         """Point the kernels' products at a BLAS: "torch" (the one inside torch, usually MKL;
@@ -157,6 +161,30 @@ class Kernels:
         )
         _check(status, "row-gradient backward")
         return out
+
+    def padded_share(self, rows: Tensor, g: Tensor, first: Tensor, kind: Tensor) -> Tensor:
+        """``kernel_nodes.padded_share`` (B, A, M) from contiguous padded rows (types, cols, A),
+        their G (types·cols, M) and each centre's first padded column and type (int64, B)."""
+        out = g.new_empty(first.shape[0], rows.shape[2], g.shape[1])
+        fn = self._fn("mdt_padded_share", g.dtype)
+        status = fn(
+            _pointer(rows), _pointer(g), *rows.shape, g.shape[1],
+            _pointer(first), _pointer(kind), first.shape[0], _pointer(out),
+        )  # fmt: skip
+        _check(status, "padded share")
+        return out
+
+    def padded_share_terms(self, grad: Tensor, first: Tensor, kind: Tensor, rows: Tensor) -> Tensor:
+        """The cotangent (types, cols, A, M) of ``padded_share``'s products R̃ᵀG per padded row
+        from the cotangent ``grad`` (B, A, M) of its output."""
+        terms = grad.new_empty(*rows.shape, grad.shape[2])
+        fn = self._fn("mdt_padded_share_backward", grad.dtype)
+        status = fn(
+            _pointer(grad), _pointer(first), _pointer(kind), first.shape[0],
+            *rows.shape, grad.shape[2], _pointer(terms),
+        )  # fmt: skip
+        _check(status, "padded share backward")
+        return terms
 
 
 OUT_OF_MEMORY = 1  # the kernels' status for std::bad_alloc (kOutOfMemory in the C++ source)

@@ -748,11 +748,77 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
   return kOk;
 }
 
+// The padded slots' share of T (kernel_nodes._PaddedShare), with the roundings of the PyTorch
+// operations it replaces (terms = R̃ᵀG per padded row, then flip, cumsum, flip, a gather):
+// each product rounded to T, the running sums in torch's CPU accumulator (double) and each
+// partial sum rounded to T. No contraction of a product into a sum here (an FMA rounds once).
+#pragma STDC FP_CONTRACT OFF
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void padded_share_forward(
+    const T* rows, const T* g, i64 types, i64 cols, int A, int m, const i64* first,
+    const i64* kind, i64 nc, T* out) {
+  // S[τ, k] = Σ_{k' ≥ k} R̃[τ, k']ᵀ G[τ, k'], summed from the right; then out[c] = S[kind, first]
+  Buffer<T> sums = buffer<T>(types * cols * A * m);
+  std::vector<double> acc(m);
+  for (i64 t = 0; t < types; ++t) {
+    for (int a = 0; a < A; ++a) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (i64 k = cols - 1; k >= 0; --k) {
+        const T r = rows[(t * cols + k) * A + a];
+        const T* gk = g + (t * cols + k) * m;
+        T* sk = sums.get() + ((t * cols + k) * A + a) * m;
+        for (int j = 0; j < m; ++j) {
+          const T term = r * gk[j];
+          acc[j] += double(term);
+          sk[j] = T(acc[j]);
+        }
+      }
+    }
+  }
+  for (i64 c = 0; c < nc; ++c) {
+    T* oc = out + c * A * m;
+    if (first[c] >= cols) {
+      std::fill(oc, oc + A * m, T(0));
+    } else {
+      const T* sk = sums.get() + (kind[c] * cols + first[c]) * A * m;
+      std::copy(sk, sk + A * m, oc);
+    }
+  }
+}
+
+// Its backward up to the products' cotangent: index_select's (the centres' cotangents added
+// into their (type, first column) rows in centre order, in T), then the reversed cumulative
+// sum's (a prefix sum over the columns, accumulated in double), into terms (types, cols, A, m).
+template <typename T>
+void padded_share_backward(const T* grad, const i64* first, const i64* kind, i64 nc, i64 types,
+                           i64 cols, int A, int m, T* terms) {
+  const i64 row = i64(A) * m;
+  std::fill(terms, terms + types * cols * row, T(0));
+  for (i64 c = 0; c < nc; ++c) {
+    if (first[c] >= cols) continue;
+    T* dst = terms + (kind[c] * cols + first[c]) * row;
+    const T* src = grad + c * row;
+    for (i64 j = 0; j < row; ++j) dst[j] += src[j];
+  }
+  std::vector<double> acc(row);
+  for (i64 t = 0; t < types; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (i64 k = 0; k < cols; ++k) {
+      T* tk = terms + (t * cols + k) * row;
+      for (i64 j = 0; j < row; ++j) {
+        acc[j] += double(tk[j]);
+        tk[j] = T(acc[j]);
+      }
+    }
+  }
+}
+#pragma STDC FP_CONTRACT ON
+
 }  // namespace
 
 extern "C" {
 
-int mdt_abi_version() { return 6; }
+int mdt_abi_version() { return 7; }
 
 // dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
 // set_local_threads: the library's per-thread thread count (returns the previous one), or null;
@@ -825,4 +891,26 @@ int mdt_reserve_blas(int threads) {
 
 MDT_EXPORT(double, f64)
 MDT_EXPORT(float, f32)
+
+#define MDT_SHARE_EXPORT(T, suffix)                                                           \
+  int mdt_padded_share_##suffix(const void* rows, const void* g, i64 types, i64 cols, int axes, \
+                                int m, const i64* first, const i64* kind, i64 nc, void* out) {  \
+    return guarded([&] {                                                                      \
+      padded_share_forward<T>(static_cast<const T*>(rows), static_cast<const T*>(g), types,   \
+                              cols, axes, m, first, kind, nc, static_cast<T*>(out));          \
+      return kOk;                                                                             \
+    });                                                                                       \
+  }                                                                                           \
+  int mdt_padded_share_backward_##suffix(const void* grad, const i64* first, const i64* kind, \
+                                         i64 nc, i64 types, i64 cols, int axes, int m,        \
+                                         void* terms) {                                       \
+    return guarded([&] {                                                                      \
+      padded_share_backward<T>(static_cast<const T*>(grad), first, kind, nc, types, cols,     \
+                               axes, m, static_cast<T*>(terms));                              \
+      return kOk;                                                                             \
+    });                                                                                       \
+  }
+
+MDT_SHARE_EXPORT(double, f64)
+MDT_SHARE_EXPORT(float, f32)
 }
