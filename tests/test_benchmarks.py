@@ -194,6 +194,17 @@ def test_embed_kernels_times_the_recorded_calls():
     assert forward > 0 and backward > 0, line
 
 
+def test_embed_contract_pairs_the_two_trees_steps():
+    """benchmarks/embed_contract.py against this tree itself: a line per side, one of ratios."""
+    tree = str(BENCHMARKS.parent)
+    cmd = [sys.executable, str(BENCHMARKS / "embed_contract.py"), "--against", tree]
+    done = subprocess.run(cmd + ["--steps", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    other, this, ratios = done.stdout.strip().splitlines()
+    assert other.startswith("other: wall ") and this.startswith("this: wall "), done.stdout
+    assert float(ratios.rsplit("cpu ", 1)[1]) > 0, ratios
+
+
 def test_descriptor_speed_input_and_slopes(tmp_path):
     """descriptor_speed.py: the example's copy (absolute systems, the run's step counts, the
     rest kept) and the wall/CPU slopes between two display lines of a child process."""

@@ -77,7 +77,8 @@ def plan_blocks(used: Tensor | None, nc: int, n: int) -> BlockPlan:
 def padded_share(rows: Tensor, g: Tensor, first: Tensor, types: Tensor | None) -> Tensor:
     """Σ R̃ᵀG over each row's padded columns (B, 4, M), given the padded rows (types, cols,
     4) of the columns from the first one any row needs, G of them, and each row's first
-    column ``first`` (B,) among them: per centre type, the terms summed from the right."""
+    column ``first`` (B,) among them: per centre type, the terms summed from the right.
+    In PyTorch operations: the reference whose bits ``_PaddedShare`` reproduces (tests)."""
     terms = rows.unsqueeze(-1) * g.view(rows.shape[0], rows.shape[1], 1, -1)
     suffix = torch.cat([terms.flip(1).cumsum(1).flip(1), torch.zeros_like(terms[:, :1])], 1)
     kind = types if types is not None else torch.zeros_like(first)
