@@ -16,6 +16,8 @@ coefficients from the switched distance, the pull-back and its transpose.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -52,29 +54,82 @@ class PairPlan(NamedTuple):
     vectors: Tensor  # (M, nnei, 3) float64 pair vectors as given (arbitrary where padded)
 
 
-def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: Tensor):
-    """The group order of ``nlist`` (nf, N, nnei): one group in atom order for a one-sided
-    descriptor, else one per centre type. Returns the plan and the lists in that order."""
-    nf, natoms, nnei = nlist.shape
-    frames = torch.arange(nf, device=nlist.device) * natoms
-    nl = nlist.reshape(nf * natoms, nnei)
-    vectors = diff.reshape(nf * natoms, nnei, 3)
+class _Order(NamedTuple):
+    """What a plan takes from the atom types alone (the same for every step of a system)."""
+
+    centre: Tensor
+    types: Tensor
+    bounds: list[int]
+    base: Tensor | None  # (M, 1) frame·N of each row's frame; None when all 0 (one frame)
+    identity: bool  # centre is 0, 1, …, M-1: the lists need no reordering
+
+
+_ORDERS: OrderedDict[tuple, _Order] = OrderedDict()  # recently used systems' orders
+_ORDERS_KEPT = 32
+_ORDERS_LOCK = threading.Lock()
+
+
+def _group_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tensor) -> _Order:
+    """The rows' group order (see `pair_plan`) from the atom types; integer tensors only."""
+    device = atype.device
     if one_side:
-        centre = torch.arange(nf * natoms, device=nlist.device)
+        centre = torch.arange(nf * natoms, device=device)
         types = atype.repeat(nf)
         bounds = [0, nf * natoms]
     else:
+        frames = torch.arange(nf, device=device) * natoms
         parts = [torch.nonzero(atype == c).view(1, -1) + frames.view(nf, 1) for c in range(ntypes)]
         bounds = [0]
         for part in parts:
             bounds.append(bounds[-1] + part.numel())
         centre = torch.cat([p.reshape(-1) for p in parts])
         types = atype.index_select(0, centre % natoms)
-        nl = nl.index_select(0, centre)
-        vectors = vectors.index_select(0, centre)
-    base = torch.div(centre, natoms, rounding_mode="floor") * natoms
-    neighbour = (nl.clamp(min=0) + base.view(-1, 1)).view(-1)
-    return PairPlan(centre, neighbour, types, bounds, nf, natoms, vectors), nl
+    base = None
+    if nf > 1:
+        base = (torch.div(centre, natoms, rounding_mode="floor") * natoms).view(-1, 1)
+    identity = one_side or bool(torch.equal(centre, torch.arange(nf * natoms, device=device)))
+    return _Order(centre, types, bounds, base, identity)
+
+
+def _kept_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tensor) -> _Order:
+    """`_group_order`, kept per system's types (a step recomputed it every time: sort,
+    nonzero, index operations, about 0.1 ms of one thread). Keyed by the types' values, so
+    a changed or another ``atype`` never meets a stale order; CPU types only (a key on
+    another device would synchronise). The kept tensors are never written to."""
+    if atype.device.type != "cpu" or atype.requires_grad:
+        return _group_order(one_side, ntypes, nf, natoms, atype)
+    key = (one_side, ntypes, nf, natoms, atype.dtype, atype.numpy().tobytes())
+    with _ORDERS_LOCK:
+        order = _ORDERS.get(key)
+        if order is not None:
+            _ORDERS.move_to_end(key)
+            return order
+    with torch.inference_mode(False):  # usable by training after an inference call
+        order = _group_order(one_side, ntypes, nf, natoms, atype)
+    with _ORDERS_LOCK:
+        _ORDERS[key] = order
+        while len(_ORDERS) > _ORDERS_KEPT:
+            _ORDERS.popitem(last=False)
+    return order
+
+
+def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: Tensor):
+    """The group order of ``nlist`` (nf, N, nnei): one group in atom order for a one-sided
+    descriptor, else one per centre type. Returns the plan and the lists in that order."""
+    nf, natoms, nnei = nlist.shape
+    order = _kept_order(one_side, ntypes, nf, natoms, atype)
+    nl = nlist.reshape(nf * natoms, nnei)
+    vectors = diff.reshape(nf * natoms, nnei, 3)
+    if not order.identity:
+        nl = nl.index_select(0, order.centre)
+        vectors = vectors.index_select(0, order.centre)
+    neighbour = nl.clamp(min=0)  # + 0 in the first frame: one addition less for one frame
+    if order.base is not None:
+        neighbour = neighbour + order.base
+    plan = PairPlan(
+        order.centre, neighbour.view(-1), order.types, list(order.bounds), nf, natoms, vectors
+    )
+    return plan, nl
 
 
 def smooth_weight_grad(r: Tensor, rcut_smth: float, rcut: float) -> Tensor:
