@@ -177,8 +177,13 @@ def make_batch(
         lists.append(nlist)
         shifts.append(shift)
 
+    cpu = torch.device(device).type == "cpu"
+
     def tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+        out = torch.from_numpy(np.ascontiguousarray(array))
+        if cpu and out.dtype == dtype:
+            return out  # what ``to`` returns too, without its call (most of a batch's arrays)
+        return out.to(device=device, dtype=dtype)
 
     def stacked(arrays: list[np.ndarray]) -> np.ndarray:
         # one frame (a training step's usual batch): a view, which the conversion copies

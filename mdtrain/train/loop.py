@@ -186,7 +186,8 @@ class Trainer(TrainingLoop):
 
     def _drawn(self, group: list[int], draws: list) -> tuple[int, np.ndarray]:
         index, frames = draws[group[0]]
-        if any(draws[k][0] != index or not np.array_equal(draws[k][1], frames) for k in group):
+        others = group[1:]  # a member alone drew its own batch: nothing to compare
+        if any(draws[k][0] != index or not np.array_equal(draws[k][1], frames) for k in others):
             raise MDTrainError(
                 "committee members drew different batches in shared sampling: their "
                 "checkpoints are not of one committee run"

@@ -86,7 +86,8 @@ def frame_term(
     squared = diff.square()
     # a mean over one value per frame (the energy's) is that value: no pass, no node
     per_frame = squared if squared.dim() == 1 else squared.reshape(diff.shape[0], -1).mean(dim=1)
-    mse = per_frame.mean()
+    # the mean over one frame is its value (x / 1): a view, not a pass and a node each way
+    mse = per_frame.view(()) if per_frame.numel() == 1 else per_frame.mean()
     rmse = mse.detach().sqrt() / natoms
     if opts.huber:
         return pref * huber(diff / natoms, delta), rmse
