@@ -199,7 +199,7 @@ class Trainer(TrainingLoop):
         their metrics in member order."""
         growth = self.controller.suggest_growth()
         draws = [m.sampler.next_batch(growth) for m in self.members]
-        if self.prefetch is not None:
+        if self.prefetch is not None and not self.prefetch.lists_complete(self.train_systems):
             depth = min(self.prefetch_depth, self.numb_steps - self.step - 1)
             samplers = [self.members[group[0]].sampler for group in self.groups]
             current = [draws[group[0]] for group in self.groups]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -56,12 +56,44 @@ class ListPrefetcher:
         self._busy: tuple | None = None
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._complete = False  # the cache holds every training frame's lists (for good)
+        self._cursor = (0, 0)  # the first (system, frame) not found kept at the last look
+        self._looked_at = -1  # the cache's size at that look
         self.searched = 0  # frames searched here, lists built or not (tests, benchmarks)
         self.built = 0  # lists built here
         self.used = 0  # of them, taken by the step
 
     def _key(self, system: System, frame: int) -> tuple:
         return self.cache.key(system, frame, self.layout, self.rcut, self.sel)
+
+    def lists_complete(self, systems: Sequence[System]) -> bool:
+        """Whether the cache holds the lists of every frame of ``systems`` (the training
+        systems, the same list at every call). Then no step has anything to build ahead and
+        the trainer skips the lookahead and `plan` (about 0.15 ms of the training thread a
+        step); the cache never drops a list, so this stays true. Looks only when the cache
+        has grown, from the first frame not found at the last look: each frame is found
+        once in a run."""
+        if self._complete:
+            return True
+        size = len(self.cache)
+        if size == self._looked_at:
+            return False
+        self._looked_at = size
+        index, frame = self._cursor
+        while index < len(systems):
+            system = systems[index]
+            while frame < system.nframes:
+                if not self.cache.holds(self._key(system, frame)):
+                    self._cursor = (index, frame)
+                    return False
+                frame += 1
+            index, frame = index + 1, 0
+        self._complete = True
+        with self._cond:  # what was built ahead is kept already: nothing will take it
+            self._wanted = set()
+            self._queue.clear()
+            self._ready.clear()
+        return True
 
     def plan(self, batches: Iterable[tuple[System, np.ndarray]]) -> None:
         """The frames of ``batches`` (in the order the steps will take them) not yet in the

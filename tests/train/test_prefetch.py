@@ -293,3 +293,35 @@ def test_the_lookahead_kept_between_steps_foresees_what_a_fresh_peek_does(system
         assert [f.tolist() for _, f in got] == [f.tolist() for _, f in expected]
     # each sampler once and once more at the new scale; none where nothing is to be foreseen
     assert len(copies) == 4
+
+
+def test_lists_complete_once_every_training_frame_is_kept(system, tmp_path):
+    """The trainer skips planning once the cache holds every training frame's lists (and
+    only then): a frame not kept, or a cache grown by other frames, keeps it planning."""
+    cache = NeighborListCache()
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, PER_TYPE))
+    other_path = tmp_path / "other"
+    write_npy_system(other_path, **water_labeled(3, 8, 6.0, 9))
+    other = open_system(str(other_path), ["O", "H"])
+    systems = [system, other]
+    assert not prefetcher.lists_complete(systems)
+    make_batch(other, [0, 1, 2], RCUT, SEL, "cpu", cache)  # another system's frames first
+    assert not prefetcher.lists_complete(systems)
+    for frame in range(system.nframes - 1):
+        make_batch(system, [frame], RCUT, SEL, "cpu", cache)
+        assert not prefetcher.lists_complete(systems)
+    prefetcher.plan([(system, np.array([system.nframes - 1]))])  # the last frame, ahead
+    _wait(prefetcher, 1)
+    assert not prefetcher.lists_complete(systems)  # built, not yet kept
+    make_batch(system, [system.nframes - 1], RCUT, SEL, "cpu", cache)
+    assert prefetcher.lists_complete(systems)
+    assert prefetcher.pending() == 0
+    prefetcher.close()
+
+
+def test_a_full_cache_never_completes(system):
+    cache = NeighborListCache(max_bytes=1)  # keeps nothing
+    prefetcher = ListPrefetcher(cache, (RCUT, SEL, PER_TYPE))
+    for frame in range(system.nframes):
+        make_batch(system, [frame], RCUT, SEL, "cpu", cache)
+    assert not prefetcher.lists_complete([system])
