@@ -13,6 +13,14 @@ gradients and moments are then a real step's); the update then runs at a learnin
 over ``--rounds`` rounds (the least disturbed by other work on the machine). To compare two
 trees, run this alternately with each one's ``PYTHONPATH``.
 
+``--in-step N`` times instead the parts inside N real training steps (after 10 warm-up
+steps): the CPU time of the training thread in each part (``time.thread_time``), per step,
+whatever of them the tree has: the sampler's draws, the lookahead of the coming batches and
+the list prefetcher's plan, the batch, the pair vectors, the environment's pair plan, the
+loss's forward, the update. A part alone, called again and again, finds its code and data
+in the caches; inside a step, after the model's passes over megabytes, it costs two to four
+times as much.
+
 ``--paired-steps N`` (a tree with ``mdtrain.train.adam_step``) times instead N pairs of whole
 training steps in one process, the update of one step of each pair through ``AdamSteps`` (the
 fused kernel called directly) and of the other through ``step_together`` (torch's
@@ -81,6 +89,52 @@ def _paired(trainer, pairs: int, precision: str, threads: int, vectors: bool = F
     print(" ".join(line))
 
 
+# (module, attribute path, label) of the parts ``--in-step`` times, where the tree has them
+_PARTS = (
+    ("mdtrain.train.sampler", "TrainingSampler.next_batch", "sampler draws"),
+    ("mdtrain.train.prefetch", "Lookahead.batches", "lookahead"),
+    ("mdtrain.train.prefetch", "ListPrefetcher.plan", "prefetch plan"),
+    ("mdtrain.train.loop", "Trainer._batch", "batch"),
+    ("mdtrain.model.accel.explicit", "ExplicitEnergyModel.pair_vectors", "pair vectors"),
+    ("mdtrain.model.accel.explicit_descriptor", "pair_plan", "pair plan"),
+    ("mdtrain.train.loss", "EnergyLoss.__call__", "loss forward"),
+    ("mdtrain.train.loop", "Trainer.apply_gradients", "update"),
+)
+
+
+def _in_step(trainer, steps: int) -> dict[str, float]:
+    """CPU us of the training thread per step in each part of ``_PARTS``, over ``steps``
+    steps after 10 (the parts wrapped in place: run last)."""
+    import functools
+    import importlib
+
+    spent: dict[str, float] = {}
+
+    def timed(function, label):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.thread_time() - start
+
+        return wrapper
+
+    for module, path, label in _PARTS:
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, name):
+            setattr(owner, name, timed(getattr(owner, name), label))
+    for step in range(10 + steps):
+        if step == 10:
+            spent.clear()
+        trainer.train_step(trainer.lr.value(step))
+    return {label: spent.get(label, 0.0) / steps * 1e6 for _, _, label in _PARTS}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("input", help="an input.json, or a directory holding one")
@@ -90,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--paired-steps", type=int, default=0)
     parser.add_argument("--paired-vectors", type=int, default=0)
+    parser.add_argument("--in-step", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -98,11 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     path = args.input
     if os.path.isdir(path):
         path = os.path.join(path, "input.json")
-    config, data, runtime = train_step._prepared(path, args.precision, 3, 0, args.threads, None)
+    config, data, runtime = train_step._prepared(
+        path, args.precision, 13 + args.in_step, 0, args.threads, None
+    )  # as many steps as the run takes: the lookahead sees the steps to come
     with tempfile.TemporaryDirectory() as out_dir:
         trainer, _, _ = train_step._trainer(config, data, runtime, 1, out_dir, False)
         for step in range(3):
             trainer.train_step(trainer.lr.value(step))
+        if args.in_step:
+            parts = _in_step(trainer, args.in_step)
+            print(
+                f"{args.precision}, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}, "
+                "CPU us per step inside the step: "
+                + "; ".join(f"{label} {value:.0f}" for label, value in parts.items())
+            )
+            return
         if args.paired_steps or args.paired_vectors:
             pairs = args.paired_vectors or args.paired_steps
             _paired(trainer, pairs, args.precision, args.threads, bool(args.paired_vectors))

@@ -96,6 +96,8 @@ class EnergyLoss:
                     f"loss.start_pref_{key} and loss.limit_pref_{key} must be >= 0, "
                     f"got {start} and {limit}"
                 )
+        # per set of label names: (term, metric name, contributes) of each configured term
+        self._layouts: dict[tuple[str, ...], list[tuple[str, str, bool]]] = {}
         if "drdq" in self.configured_terms() and self.options.numb_generalized_coord < 1:
             raise MDTrainError(
                 "loss.numb_generalized_coord: must be >= 1 when the gf term is on, got "
@@ -133,6 +135,18 @@ class EnergyLoss:
         """DeePMD-kit's name of the error ``term`` displays (``rmse_pf``, ``mae_f``, ...)."""
         kind = "rmse" if term == "drdq" or not self.options.mae else "mae"
         return f"{kind}_{TERM_KEYS[term]}"
+
+    def _layout(self, label: Mapping) -> list[tuple[str, str, bool]]:
+        """Each configured term, its metric's name and whether labels with ``label``'s names
+        make it contribute: kept per set of names (a system's, the same at every step), as
+        the prefactors and options do not change."""
+        names = tuple(label)
+        layout = self._layouts.get(names)
+        if layout is None:
+            active = self.active_terms(names)
+            layout = [(t, self.metric_name(t), t in active) for t in self.configured_terms()]
+            self._layouts[names] = layout
+        return layout
 
     def metric_keys(self) -> list[str]:
         """Metric names reported every step (sorted, as written to lcurve.out)."""
@@ -174,10 +188,8 @@ class EnergyLoss:
         ref = pred["energy"]
         loss: torch.Tensor | None = None
         metrics: dict[str, torch.Tensor] = {}
-        active = self.active_terms(label)
-        for term in self.configured_terms():
-            key = self.metric_name(term)
-            if term not in active:
+        for term, key, contributes in self._layout(label):
+            if not contributes:
                 metrics[key] = ref.new_full((), math.nan).detach()
                 continue
             value, metrics[key] = self._term(term, pred, label, natoms, self.pref(term, lr))
