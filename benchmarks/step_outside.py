@@ -94,7 +94,7 @@ _PARTS = (
     ("mdtrain.train.sampler", "TrainingSampler.next_batch", "sampler draws"),
     ("mdtrain.train.prefetch", "Lookahead.batches", "lookahead"),
     ("mdtrain.train.prefetch", "ListPrefetcher.plan", "prefetch plan"),
-    ("mdtrain.train.loop", "Trainer._batch", "batch"),
+    ("mdtrain.train.loop", "make_batch", "batch"),
     ("mdtrain.model.accel.explicit", "ExplicitEnergyModel.pair_vectors", "pair vectors"),
     ("mdtrain.model.accel.explicit_descriptor", "pair_plan", "pair plan"),
     ("mdtrain.train.loss", "EnergyLoss.__call__", "loss forward"),
