@@ -163,9 +163,49 @@ bool dot_lanes(i64 m, i64 n, i64 k, const T* a, i64 sa1, const T* b, i64 sb2, T*
 #ifdef MDT_PRODUCTS_SIMD
   constexpr i64 w = sizeof(T) == 4 ? 4 : 2;
   if (lanes != w || k % w != 0) return false;
-  for (i64 i = 0; i < m; ++i)
-    for (i64 j = 0; j < n; ++j) {
-      const T* ai = a + i * sa1;
+  for (i64 i = 0; i < m; ++i) {
+    i64 j = 0;
+    const T* ai = a + i * sa1;
+    // four columns at a time: four independent sums in flight, each summed and reduced
+    // exactly as the single-column loop below does it
+    for (; j + 4 <= n; j += 4) {
+      const T* b0 = b + j * sb2;
+      T* ci = c + i * sc1 + j * sc2;
+      if constexpr (sizeof(T) == 4) {
+        __m128 acc[4];
+        const __m128 a0 = _mm_loadu_ps(ai);
+        for (int q = 0; q < 4; ++q) acc[q] = _mm_mul_ps(a0, _mm_loadu_ps(b0 + q * sb2));
+        for (i64 x = 4; x < k; x += 4) {
+          const __m128 ax = _mm_loadu_ps(ai + x);
+          for (int q = 0; q < 4; ++q)
+            acc[q] = _mm_add_ps(acc[q], _mm_mul_ps(ax, _mm_loadu_ps(b0 + q * sb2 + x)));
+        }
+        _MM_TRANSPOSE4_PS(acc[0], acc[1], acc[2], acc[3]);  // acc[l]: lane l of the four
+        const __m128 sum =
+            _mm_add_ps(_mm_add_ps(acc[0], acc[2]), _mm_add_ps(acc[1], acc[3]));
+        alignas(16) float out[4];
+        _mm_store_ps(out, sum);
+        for (int q = 0; q < 4; ++q) ci[q * sc2] = out[q];
+      } else {
+        __m128d acc[4];
+        const __m128d a0 = _mm_loadu_pd(ai);
+        for (int q = 0; q < 4; ++q) acc[q] = _mm_mul_pd(a0, _mm_loadu_pd(b0 + q * sb2));
+        for (i64 x = 2; x < k; x += 2) {
+          const __m128d ax = _mm_loadu_pd(ai + x);
+          for (int q = 0; q < 4; ++q)
+            acc[q] = _mm_add_pd(acc[q], _mm_mul_pd(ax, _mm_loadu_pd(b0 + q * sb2 + x)));
+        }
+        const __m128d s01 =
+            _mm_add_pd(_mm_unpacklo_pd(acc[0], acc[1]), _mm_unpackhi_pd(acc[0], acc[1]));
+        const __m128d s23 =
+            _mm_add_pd(_mm_unpacklo_pd(acc[2], acc[3]), _mm_unpackhi_pd(acc[2], acc[3]));
+        alignas(16) double out[4];
+        _mm_store_pd(out, s01);
+        _mm_store_pd(out + 2, s23);
+        for (int q = 0; q < 4; ++q) ci[q * sc2] = out[q];
+      }
+    }
+    for (; j < n; ++j) {
       const T* bj = b + j * sb2;
       if constexpr (sizeof(T) == 4) {
         __m128 acc = _mm_mul_ps(_mm_loadu_ps(ai), _mm_loadu_ps(bj));
@@ -180,6 +220,7 @@ bool dot_lanes(i64 m, i64 n, i64 k, const T* a, i64 sa1, const T* b, i64 sb2, T*
         c[i * sc1 + j * sc2] = _mm_cvtsd_f64(_mm_add_sd(acc, _mm_unpackhi_pd(acc, acc)));
       }
     }
+  }
   return true;
 #else
   (void)m, (void)n, (void)k, (void)a, (void)sa1, (void)b, (void)sb2, (void)c, (void)sc1;
@@ -199,6 +240,27 @@ void rows(const T* a, i64 sa1, i64 sa2, const T* bp, i64 ldb, i64 n, i64 k, i64 
   using S = Simd<T>;
   using V = typename S::R;
   constexpr i64 w = S::width;
+  for (; j + 2 * w <= split; j += 2 * w) {  // two column blocks: 2R chains in flight
+    V acc[R], acd[R];
+    V b0 = S::load(bp + j), b1 = S::load(bp + j + w);
+    for (int r = 0; r < R; ++r) {
+      const V ar = S::all(a[r * sa1]);
+      acc[r] = S::mul(ar, b0);
+      acd[r] = S::mul(ar, b1);
+    }
+    for (i64 kk = 1; kk < k; ++kk) {
+      const V bk = S::load(bp + kk * ldb + j), bl = S::load(bp + kk * ldb + j + w);
+      for (int r = 0; r < R; ++r) {
+        const V ar = S::all(a[r * sa1 + kk * sa2]);
+        acc[r] = S::fma(ar, bk, acc[r]);
+        acd[r] = S::fma(ar, bl, acd[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      S::store(c + r * ldc + j, acc[r]);
+      S::store(c + r * ldc + j + w, acd[r]);
+    }
+  }
   for (; j + w <= split; j += w) {
     V acc[R];
     V b0 = S::load(bp + j);
@@ -214,7 +276,7 @@ void rows(const T* a, i64 sa1, i64 sa2, const T* bp, i64 ldb, i64 n, i64 k, i64 
   for (; j + w <= n; j += w) {
     for (int r = 0; r < R; ++r) {
       const T* ai = a + r * sa1;
-      V lane[4] = {};
+      V lane[4];  // only the first ``lanes`` are set and read (= {} cost a rep stos per block)
       for (i64 l = 0; l < lanes; ++l) {
         lane[l] = S::mul(S::all(ai[l * sa2]), S::load(bp + l * ldb + j));
         for (i64 kk = l + lanes; kk < k; kk += lanes)
@@ -363,7 +425,7 @@ int tbar_backward(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd, co
   const Order o_3a{orders[4], orders[5]}, o_3b{orders[6], orders[7]};
   const T div = T(nnei);
   const i64 prod = std::max(std::max(need(m, x), need(rows, m)), std::max(need(x, m), need(rows, x)));
-  const i64 per = prod + rows * m + rows * x + rows * x + m * x;
+  const i64 per = prod + rows * m + rows * x + rows * x + 2 * m * x;
   return over_batch<T>(batch, per, threads, [&](i64 b, T* s) {
     const T* tb = t + b * rows * m;
     const T* db = dd + b * m * x;
@@ -371,15 +433,14 @@ int tbar_backward(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd, co
     T* abar = s + prod;         // (A, M)
     T* bbar = abar + rows * m;  // (A, X)
     T* p2a = bbar + rows * x;   // ā dD (A, X)
-    T* p2b = p2a + rows * x;    // (t<ᵀ ā)ᵀ (M, X)
-    for (i64 r = 0; r < rows; ++r)
-      for (i64 j = 0; j < m; ++j) {
-        const T u = gb[r * m + j] / div;
-        abar[r * m + j] = u + T(0);
-        if (j < x) bbar[r * x + j] = u;
-      }
+    T* p2b = p2a + rows * x;    // t<ᵀ ā (X, M): its rows contiguous (a strided store is slow)
+    T* p2bt = p2b + m * x;      // its transpose (M, X)
+    for (i64 i = 0; i < rows * m; ++i) abar[i] = gb[i] / div;  // u (vectorised: no branch)
+    for (i64 r = 0; r < rows; ++r) std::copy(abar + r * m, abar + r * m + x, bbar + r * x);
+    for (i64 i = 0; i < rows * m; ++i) abar[i] = abar[i] + T(0);
     product<T>(rows, x, m, abar, m, 1, db, x, 1, p2a, x, 1, o_2a, s);
-    product<T>(x, m, rows, tb, 1, m, abar, m, 1, p2b, 1, x, o_2b, s);
+    product<T>(x, m, rows, tb, 1, m, abar, m, 1, p2b, m, 1, o_2b, s);
+    transpose(p2b, m, m, x, p2bt);
     T* tbb = t_bar + b * rows * m;
     product<T>(rows, m, x, bbar, x, 1, db, 1, x, tbb, m, 1, o_3a, s);
     T* ddb = dd_bar + b * m * x;
@@ -389,7 +450,7 @@ int tbar_backward(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd, co
       for (i64 j = 0; j < x; ++j) o[j] = o[j] + p2a[r * x + j];
       for (i64 j = x; j < m; ++j) o[j] = o[j] + T(0);
     }
-    for (i64 i = 0; i < m * x; ++i) ddb[i] = ddb[i] + p2b[i];
+    for (i64 i = 0; i < m * x; ++i) ddb[i] = ddb[i] + p2bt[i];
   });
 }
 
