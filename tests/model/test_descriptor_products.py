@@ -45,12 +45,12 @@ def _outputs(prod, orders, t, dd, d_bar, g, nnei=30):
     """D, dE/dT and the gradients of T and dE/dD, the nodes chained as the model chains them."""
     tmat = (t * nnei).requires_grad_()
     ddl = dd.clone().requires_grad_()
-    tt = tmat / nnei
     x = dd.shape[2]
     if orders is None:
+        tt = tmat / nnei
         d, tbar = torch_descriptor_of_t(tt, x), torch_tbar_of(tt, ddl, nnei)
     else:
-        d = _Descriptor.apply(prod, orders, x, tt, tt)
+        d, tt = _Descriptor.apply(prod, orders, x, float(nnei), tmat)
         tbar = _Tbar.apply(prod, orders, float(nnei), tt, ddl)
     return [d, tbar, *torch.autograd.grad([d, tbar], [tmat, ddl], [d_bar, g])]
 
@@ -58,13 +58,25 @@ def _outputs(prod, orders, t, dd, d_bar, g, nnei=30):
 def _energy_only(prod, orders, t, dd, d_bar, g, nnei=30):
     """T's gradient through D alone (a loss without forces: D's backward without dE/dT's)."""
     tmat = (t * nnei).requires_grad_()
-    tt = tmat / nnei
     x = dd.shape[2]
     if orders is None:
-        d = torch_descriptor_of_t(tt, x)
+        d = torch_descriptor_of_t(tmat / nnei, x)
     else:
-        d = _Descriptor.apply(prod, orders, x, tt, tt)
+        d = _Descriptor.apply(prod, orders, x, float(nnei), tmat)[0]
     return torch.autograd.grad(d, tmat, d_bar)[0]
+
+
+def _forces_only(prod, orders, t, dd, d_bar, g, nnei=30):
+    """T's gradient through dE/dT alone (no cotangent of D reaches D's node)."""
+    tmat = (t * nnei).requires_grad_()
+    x = dd.shape[2]
+    if orders is None:
+        tbar = torch_tbar_of(tmat / nnei, dd, nnei)
+    else:
+        tbar = _Tbar.apply(
+            prod, orders, float(nnei), _Descriptor.apply(prod, orders, x, float(nnei), tmat)[1], dd
+        )
+    return torch.autograd.grad(tbar, tmat, g)[0]
 
 
 def _bits_equal(a, b) -> bool:
@@ -91,6 +103,7 @@ def test_products_bit_identical_to_torch(shape, precision, threads):
             got = _outputs(prod, orders, *ops)
             assert all(_bits_equal(a, b) for a, b in zip(expected, got, strict=True))
             assert _bits_equal(_energy_only(prod, None, *ops), _energy_only(prod, orders, *ops))
+            assert _bits_equal(_forces_only(prod, None, *ops), _forces_only(prod, orders, *ops))
     finally:
         torch.set_num_threads(before)
 
@@ -104,7 +117,10 @@ def test_an_unmatched_order_keeps_torchs_operations():
     if KNOWN_BLAS:
         assert prod.orders(torch.float64, 4, 25, 7) is None
     if prod.orders(torch.float64, 4, 25, 7) is None:
-        assert torch.equal(prod.descriptor_of_t(desc, t), torch_descriptor_of_t(t, 7))
+        d, tt = prod.descriptor_of_sum(desc, t * 30)
+        assert torch.equal(d, torch_descriptor_of_t(t * 30 / 30, 7)) and torch.equal(
+            tt, t * 30 / 30
+        )
         assert torch.equal(prod.tbar_of(desc, t, dd.reshape(37, -1)), torch_tbar_of(t, dd, 30))
 
 
@@ -116,7 +132,7 @@ def test_products_backward_by_finite_differences():
     t, dd, _, _ = _operands(torch.float64, 16, 4, batch=3)
     t.requires_grad_()
     dd.requires_grad_()
-    torch.autograd.gradcheck(lambda a: _Descriptor.apply(prod, orders, 4, a, a), (t,))
+    torch.autograd.gradcheck(lambda a: _Descriptor.apply(prod, orders, 4, 7.0, a), (t,))
     torch.autograd.gradcheck(lambda a, b: _Tbar.apply(prod, orders, 7.0, a, b), (t, dd))
 
 

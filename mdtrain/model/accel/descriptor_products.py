@@ -79,9 +79,11 @@ class DescriptorProducts:
             getattr(lib, f"mdt_small_product_{s}").argtypes = [
                 *[_I64] * 4, _P, *[_I64] * 3, _P, *[_I64] * 3, _P, _I64, _I64, _INT,
             ]  # fmt: skip
-            getattr(lib, f"mdt_descriptor_forward_{s}").argtypes = [*[_I64] * 4, _P, _P, _P, _INT]
+            getattr(lib, f"mdt_descriptor_forward_{s}").argtypes = [
+                *[_I64] * 4, _P, _DBL, _P, _P, _P, _INT,
+            ]  # fmt: skip
             getattr(lib, f"mdt_descriptor_backward_{s}").argtypes = [
-                *[_I64] * 4, *[_P] * 5, _INT,
+                *[_I64] * 4, _P, _P, _P, _DBL, _P, _P, _INT,
             ]  # fmt: skip
             getattr(lib, f"mdt_tbar_forward_{s}").argtypes = [
                 *[_I64] * 4, _P, _P, _DBL, _P, _P, _INT,
@@ -140,13 +142,15 @@ class DescriptorProducts:
         orders = (_I64 * 18)(*[v for f in found for v in f])  # type: ignore[union-attr]
         return orders if _nodes_match(self, orders, t, dd, d_bar, g, x) else None
 
-    def descriptor_of_t(self, desc, t: Tensor) -> Tensor:
-        """D (B, M·X) as ``desc.descriptor_of_t(t)`` (torch's operations where the products
-        were not measured to match)."""
-        orders = self.orders(t.dtype, t.shape[1], t.shape[2], desc.axis_neuron)
+    def descriptor_of_sum(self, desc, s: Tensor) -> tuple[Tensor, Tensor]:
+        """D (B, M·X) and T/nnei (B, A, M) from the contraction's sum T (B, A, M), as
+        ``desc.descriptor_of_t(T / nnei)`` (torch's operations where the products were not
+        measured to match)."""
+        orders = self.orders(s.dtype, s.shape[1], s.shape[2], desc.axis_neuron)
         if orders is None:
-            return torch_descriptor_of_t(t, desc.axis_neuron)
-        return _Descriptor.apply(self, orders, desc.axis_neuron, t, t)
+            t = s / desc.nnei
+            return torch_descriptor_of_t(t, desc.axis_neuron), t
+        return _Descriptor.apply(self, orders, desc.axis_neuron, float(desc.nnei), s)
 
     def tbar_of(self, desc, t: Tensor, grad: Tensor) -> Tensor:
         """dE/dT (B, A, M) as ``explicit_descriptor._tbar_of`` (torch's operations where the
@@ -163,35 +167,42 @@ def _threads() -> int:
 
 
 class _Descriptor(torch.autograd.Function):
-    """D = TᵀT< (B, M·X); t is passed twice, for the two pieces of its gradient that autograd
-    adds to the others one after the other (the slice's [t dD̄, 0], then (dD̄ t<ᵀ)ᵀ)."""
+    """D = TᵀT< (B, M·X) and t = s/nnei (B, A, M) from the contraction's sum s: t is an output,
+    so that dE/dT's gradient of it comes back to this node, which forms s's gradient as
+    autograd did when t was a division of its own and D took t twice: (t̄ + [t dD̄, 0] +
+    (dD̄ t<ᵀ)ᵀ)/nnei, added in that order (t̄ arrives first: dE/dD, D's cotangent, comes from
+    dE/dT's backward), in one pass instead of a division, two additions and their nodes."""
 
     @staticmethod
-    def forward(ctx, prod: DescriptorProducts, orders, x: int, t: Tensor, _t: Tensor):
-        t = t.contiguous()
-        batch, rows, m = t.shape
-        d = t.new_empty(batch, m * x)
-        status = prod.fn("descriptor_forward", t.dtype)(
-            batch, rows, m, x, _ptr(t), _ptr(d), _at(orders, 0), _threads()
+    def forward(ctx, prod: DescriptorProducts, orders, x: int, nnei: float, s: Tensor):
+        s = s.contiguous()
+        batch, rows, m = s.shape
+        t, d = torch.empty_like(s), s.new_empty(batch, m * x)
+        status = prod.fn("descriptor_forward", s.dtype)(
+            batch, rows, m, x, _ptr(s), nnei, _ptr(t), _ptr(d), _at(orders, 0), _threads()
         )
         _check(status, "descriptor")
-        ctx.prod, ctx.orders, ctx.x = prod, orders, x
+        ctx.prod, ctx.orders, ctx.x, ctx.nnei = prod, orders, x, nnei
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(t)
-        return d
+        return d, t
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, d_bar: Tensor):
+    def backward(ctx, d_bar: Tensor | None, t_bar: Tensor | None):
         (t,) = ctx.saved_tensors
+        if d_bar is None:
+            return None, None, None, None, None if t_bar is None else t_bar / ctx.nnei
         batch, rows, m = t.shape
         d_bar = d_bar.contiguous()
-        low, across = torch.empty_like(t), torch.empty_like(t)
+        t_bar = None if t_bar is None else t_bar.contiguous()
+        s_bar = torch.empty_like(t)
         status = ctx.prod.fn("descriptor_backward", t.dtype)(
-            batch, rows, m, ctx.x, _ptr(t), _ptr(d_bar), _ptr(low), _ptr(across),
-            _at(ctx.orders, 1), _threads(),
+            batch, rows, m, ctx.x, _ptr(t), _ptr(d_bar), None if t_bar is None else _ptr(t_bar),
+            ctx.nnei, _ptr(s_bar), _at(ctx.orders, 1), _threads(),
         )  # fmt: skip
         _check(status, "descriptor backward")
-        return None, None, None, low, across
+        return None, None, None, None, s_bar
 
 
 class _Tbar(torch.autograd.Function):
@@ -249,11 +260,11 @@ def _nodes_match(
     for compiled in (False, True):
         tmat = (t * nnei).requires_grad_()
         ddl = dd.clone().requires_grad_()
-        tt = tmat / nnei
         if compiled:
-            d = _Descriptor.apply(prod, orders, x, tt, tt)
+            d, tt = _Descriptor.apply(prod, orders, x, float(nnei), tmat)
             tbar = _Tbar.apply(prod, orders, float(nnei), tt, ddl)
         else:
+            tt = tmat / nnei
             d = torch_descriptor_of_t(tt, x)
             tbar = torch_tbar_of(tt, ddl, nnei)
         # a scalar loss (as in training): autograd.grad with explicit cotangents imports

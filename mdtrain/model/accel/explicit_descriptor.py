@@ -206,25 +206,37 @@ def contract_environment(
     pairs = env.force.pairs
     products = None if pairs is None else pairs.products
     if products is not None and products.orders(desc.dtype, 4, desc.neuron_out, desc.axis_neuron):
-        d, cache = contract_groups(
-            desc, ops, env, nf, natoms, partial(products.descriptor_of_t, desc)
-        )
+        of_sum = partial(products.descriptor_of_sum, desc)
+        d, cache = contract_groups(desc, ops, env, nf, natoms, desc.descriptor_of_t, of_sum)
         return d, cache._replace(products=products)
     return contract_groups(desc, ops, env, nf, natoms, desc.descriptor_of_t)
 
 
 def contract_groups(
-    desc, ops: EmbeddingOps, env: Environment, nf: int, natoms: int, d_of_t: Callable
+    desc,
+    ops: EmbeddingOps,
+    env: Environment,
+    nf: int,
+    natoms: int,
+    d_of_t: Callable,
+    of_sum: Callable | None = None,
 ) -> tuple[Tensor, ExplicitCache]:
     """Descriptor D (nf, N, dim_out) from the contraction T/nnei (B, A, M) of each group of
-    ``env`` (``d_of_t``: the descriptor's D of it), plus what the row gradients need."""
+    ``env`` (``d_of_t``: the descriptor's D of it), plus what the row gradients need.
+    ``of_sum`` (or None): (D, T/nnei) from the undivided sum T in one node (the compiled
+    products, ``DescriptorProducts.descriptor_of_sum``), instead of a division and ``d_of_t``."""
     blocks: list[EmbeddedBlock] = []
     plan = env.force.plan
-    tmats = [_contract(desc, ops, group, env.pad, blocks) for group in env.groups]
+    if of_sum is None:
+        tmats = [_contract(desc, ops, group, env.pad, blocks) / desc.nnei for group in env.groups]
+        ds = [d_of_t(t) for t in tmats]
+    else:
+        sums = [_contract(desc, ops, group, env.pad, blocks) for group in env.groups]
+        ds, tmats = (list(x) for x in zip(*map(of_sum, sums), strict=True))
     cache = ExplicitCache(plan, tmats, [group.rows for group in env.groups], blocks)
     if desc.type_one_side:
-        return d_of_t(tmats[0]).view(nf, natoms, desc.dim_out), cache
-    d_all = torch.cat([d_of_t(t) for t in tmats])  # (M, dim_out) in group order
+        return ds[0].view(nf, natoms, desc.dim_out), cache
+    d_all = torch.cat(ds)  # (M, dim_out) in group order
     out = d_all.new_empty(nf * natoms, desc.dim_out).index_copy(0, plan.centre, d_all)
     return out.view(nf, natoms, desc.dim_out), cache
 
@@ -277,8 +289,8 @@ def _contract(
     pad: Tensor,
     blocks: list[EmbeddedBlock],
 ) -> Tensor:
-    """T/nnei (B, A, M) for the rows (B, nnei, A) of ``group``, appending the embedding blocks
-    to ``blocks``.
+    """T = Σ R̃ᵀG (B, A, M), not yet divided by nnei, for the rows (B, nnei, A) of ``group``,
+    appending the embedding blocks to ``blocks``.
 
     A group of centre -1 (``type_one_side``) takes one net per neighbour type, rows of any
     centre type; otherwise only rows of that centre type and nets ``centre + t·ntypes``. Each
@@ -298,7 +310,7 @@ def _contract(
         )  # fmt: skip
         if block is not None:
             blocks.append(block)
-    return tmat / desc.nnei
+    return tmat
 
 
 def _tbar_of(desc: DescriptorSeA, t: Tensor, grad: Tensor) -> Tensor:

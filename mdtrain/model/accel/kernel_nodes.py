@@ -249,8 +249,8 @@ class _KernelRowGrads(torch.autograd.Function):
             lo, n, plan = ctx.spans[k]
             cols = rows[:, lo : lo + n].transpose(1, 2)
             value, slope = tapes[2 * k], tapes[2 * k + 1]
-            part = ctx.kernels.row_grad_tbar(z[:, lo:], value, slope, cols, plan)
-            tbar_grad = part if tbar_grad is None else tbar_grad + part
+            # the blocks' parts summed in the kernel: part(last) + … + part(first)
+            tbar_grad = ctx.kernels.row_grad_tbar(z[:, lo:], value, slope, cols, plan, tbar_grad)
             zk = z[:, lo : lo + n]
             if zk.shape[2] < rows.shape[2]:  # the row gradient's dropped columns: no cotangent
                 zk = torch.cat([zk, zk.new_zeros(*zk.shape[:2], rows.shape[2] - zk.shape[2])], 2)

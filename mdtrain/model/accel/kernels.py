@@ -54,7 +54,7 @@ class Kernels:
             fn = getattr(lib, f"mdt_rows_grad_{suffix}")  # csrc/row_grad.cpp
             fn.argtypes = [*rows, *plan, _INT, *[_P] * 4, _I64, _INT, _I64, _INT]
             fn = getattr(lib, f"mdt_rows_grad_tbar_{suffix}")
-            fn.argtypes = [*rows, *plan, _INT, _P, _I64, _INT, *[_P] * 3, _INT]
+            fn.argtypes = [*rows, *plan, _INT, _P, _I64, _INT, *[_P] * 3, _INT, _INT]
             fn = getattr(lib, f"mdt_padded_share_{suffix}")
             fn.argtypes = [_P, _P, _I64, _I64, _INT, _INT, _P, _P, _I64, _P]
             fn = getattr(lib, f"mdt_padded_share_backward_{suffix}")
@@ -145,10 +145,13 @@ class Kernels:
         )
         _check(status, "row gradients")
 
-    def row_grad_tbar(self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan) -> Tensor:
+    def row_grad_tbar(
+        self, z: Tensor, value: Tensor, slope: Tensor, rows: Tensor, plan, add: Tensor | None = None
+    ) -> Tensor:
         """The T̄ (B, A, M) part of ``row_grad_into``'s backward for the cotangent z (B, ≥n,
-        W ≤ A; its output's layout, components past W taken as 0)."""
-        out = value.new_empty(rows.shape[0], rows.shape[1], value.shape[-1])
+        W ≤ A; its output's layout, components past W taken as 0); ``add`` (or None): a T̄ of
+        the same shape that the part is added to in place (``add + part``), and returned."""
+        out = value.new_empty(rows.shape[0], rows.shape[1], value.shape[-1]) if add is None else add
         fn = self._fn("mdt_rows_grad_tbar", value.dtype)
         status = fn(
             *_rows_args(rows),
@@ -157,6 +160,7 @@ class Kernels:
             _pointer(z),
             *_slice_args(z),
             *map(_pointer, (value, slope, out)),
+            add is not None,
             self._threads(),
         )
         _check(status, "row-gradient backward")

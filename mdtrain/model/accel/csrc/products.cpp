@@ -361,32 +361,47 @@ int batched(i64 batch, i64 m, i64 n, i64 k, Mat a, Mat b, T* c, Order order, int
   });
 }
 
+// t[b] = s[b] / nnei (the contraction's sum divided, as torch divides), and
 // D[b] (M, X) = t[b]ᵀ (M, A) · t[b][:, :X] (A, X).
 template <typename T>
-int descriptor_forward(i64 batch, i64 rows, i64 m, i64 x, const T* t, T* d, const i64* orders,
-                       int threads) {
+int descriptor_forward(i64 batch, i64 rows, i64 m, i64 x, const T* s, double nnei, T* t, T* d,
+                       const i64* orders, int threads) {
   const Order o{orders[0], orders[1]};
-  return over_batch<T>(batch, need(rows, x), threads, [&](i64 b, T* s) {
-    const T* tb = t + b * rows * m;
-    product<T>(m, x, rows, tb, 1, m, tb, m, 1, d + b * m * x, x, 1, o, s);
+  const T div = T(nnei);
+  return over_batch<T>(batch, need(rows, x), threads, [&](i64 b, T* scratch) {
+    const T* sb = s + b * rows * m;
+    T* tb = t + b * rows * m;
+    for (i64 i = 0; i < rows * m; ++i) tb[i] = sb[i] / div;
+    product<T>(m, x, rows, tb, 1, m, tb, m, 1, d + b * m * x, x, 1, o, scratch);
   });
 }
 
-// The backward of D for its two uses of t, as autograd delivers them: ``low`` = [t dD, 0]
-// (A, M) (the slice's gradient, zeros past X) and ``across`` = (dD t<ᵀ)ᵀ (A, M).
+// The backward of ``descriptor_forward`` as autograd formed it when t = s / nnei was a division
+// of its own and D's node took t twice: t's gradient is t_bar (dE/dT's backward's, which
+// arrives first; null when there is none) plus ``low`` = [t dD, 0] (the slice's gradient,
+// zeros past X) plus ``across`` = (dD t<ᵀ)ᵀ, added in that order, then divided by nnei.
 template <typename T>
-int descriptor_backward(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd, T* low,
-                        T* across, const i64* orders, int threads) {
+int descriptor_backward(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd,
+                        const T* t_bar, double nnei, T* s_bar, const i64* orders, int threads) {
   const Order o_low{orders[0], orders[1]}, o_across{orders[2], orders[3]};
-  const i64 per = std::max(need(m, x), need(x, rows));
-  return over_batch<T>(batch, per, threads, [&](i64 b, T* s) {
+  const T div = T(nnei);
+  const i64 prod = std::max(need(m, x), need(x, rows));
+  return over_batch<T>(batch, prod + 2 * rows * m, threads, [&](i64 b, T* s) {
     const T* tb = t + b * rows * m;
     const T* db = dd + b * m * x;
-    T* lb = low + b * rows * m;
-    product<T>(rows, x, m, tb, m, 1, db, x, 1, lb, m, 1, o_low, s);
+    T* low = s + prod;
+    T* across = low + rows * m;
+    product<T>(rows, x, m, tb, m, 1, db, x, 1, low, m, 1, o_low, s);
     for (i64 r = 0; r < rows; ++r)
-      for (i64 j = x; j < m; ++j) lb[r * m + j] = T(0);
-    product<T>(m, rows, x, db, x, 1, tb, 1, m, across + b * rows * m, 1, m, o_across, s);
+      for (i64 j = x; j < m; ++j) low[r * m + j] = T(0);
+    product<T>(m, rows, x, db, x, 1, tb, 1, m, across, 1, m, o_across, s);
+    T* ob = s_bar + b * rows * m;
+    if (t_bar != nullptr) {
+      const T* gb = t_bar + b * rows * m;
+      for (i64 i = 0; i < rows * m; ++i) ob[i] = ((gb[i] + low[i]) + across[i]) / div;
+    } else {
+      for (i64 i = 0; i < rows * m; ++i) ob[i] = (low[i] + across[i]) / div;
+    }
   });
 }
 
@@ -465,14 +480,15 @@ extern "C" {
     return batched<T>(batch, m, n, k, Mat{a, sa0, sa1, sa2}, Mat{b, sb0, sb1, sb2}, c,          \
                       Order{split, lanes}, threads);                                            \
   }                                                                                              \
-  int mdt_descriptor_forward_##SUFFIX(i64 batch, i64 rows, i64 m, i64 x, const T* t, T* d,     \
-                                      const i64* orders, int threads) {                         \
-    return descriptor_forward<T>(batch, rows, m, x, t, d, orders, threads);                     \
+  int mdt_descriptor_forward_##SUFFIX(i64 batch, i64 rows, i64 m, i64 x, const T* s,          \
+                                      double nnei, T* t, T* d, const i64* orders, int threads) {  \
+    return descriptor_forward<T>(batch, rows, m, x, s, nnei, t, d, orders, threads);            \
   }                                                                                              \
   int mdt_descriptor_backward_##SUFFIX(i64 batch, i64 rows, i64 m, i64 x, const T* t,          \
-                                       const T* dd, T* low, T* across, const i64* orders,       \
-                                       int threads) {                                           \
-    return descriptor_backward<T>(batch, rows, m, x, t, dd, low, across, orders, threads);      \
+                                       const T* dd, const T* t_bar, double nnei, T* s_bar,      \
+                                       const i64* orders, int threads) {                        \
+    return descriptor_backward<T>(batch, rows, m, x, t, dd, t_bar, nnei, s_bar, orders,        \
+                                  threads);                                                     \
   }                                                                                              \
   int mdt_tbar_forward_##SUFFIX(i64 batch, i64 rows, i64 m, i64 x, const T* t, const T* dd,    \
                                 double nnei, T* out, const i64* orders, int threads) {          \

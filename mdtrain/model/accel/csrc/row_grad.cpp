@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "status.h"
 
@@ -123,14 +124,17 @@ int row_grad(const T* R, i64 rc, i64 ra, i64 rj, const Blocks& P, int m, const T
 
 // T̄ (centres, A, M) of row_grad's backward for the cotangent Z (in row_grad's output layout):
 // Σ_j z_j ⊗ G_j + (z_j0 R̃_j) ⊗ G'_j over each centre's evaluated slots, summed in slot order;
-// all A rows of T̄ in one pass over a slot's G and G' (loaded once instead of A times).
+// all A rows of T̄ in one pass over a slot's G and G' (loaded once instead of A times). With
+// ``add`` the sum is formed apart (in ``scratch``, A·M per thread) and then added to out's
+// values (out + sum: another block's T̄, as autograd added the blocks' parts).
 template <typename T, int A>
 int row_grad_tbar(const T* R, i64 rc, i64 ra, i64 rj, const Blocks& P, int m, const T* z, i64 zc,
-                  int zw, const T* value, const T* slope, T* out, int threads) {
+                  int zw, const T* value, const T* slope, T* out, T* scratch, int threads) {
   for_centres(P, threads, [&](i64 c, i64 r0, i64 w) {
     const T* rows = R + c * rc;
     const T* zs = z + c * zc;
-    T* oc = out + c * A * m;
+    T* const target = out + c * A * m;
+    T* oc = scratch != nullptr ? scratch + omp_get_thread_num() * A * m : target;
     std::fill(oc, oc + A * m, T(0));
     for (i64 j = 0; j < w; ++j) {
       const T* zj = zs + j * zw;
@@ -147,6 +151,8 @@ int row_grad_tbar(const T* R, i64 rc, i64 ra, i64 rj, const Blocks& P, int m, co
         for (int a = 0; a < A; ++a) oc[a * m + k] += mul_add(za[a], gk, zr[a] * dk);
       }
     }
+    if (oc != target)
+      for (i64 k = 0; k < A * m; ++k) target[k] = target[k] + oc[k];
   });
   return kOk;
 }
@@ -183,13 +189,16 @@ extern "C" {
                                   const i64* order, const i64* start, const i64* width,        \
                                   const i64* row0, i64 count, int m, const void* z, i64 zc,    \
                                   int zw, const void* value, const void* slope, void* out,     \
-                                  int threads) {                                               \
+                                  int add, int threads) {                                      \
     const Blocks P{order, start, width, row0, count};                                          \
-    return by_axes(axes, [&](auto axes_c) {                                                    \
-      return row_grad_tbar<T, decltype(axes_c)::value>(                                        \
-          static_cast<const T*>(rows), rc, ra, rj, P, m, static_cast<const T*>(z), zc, zw,     \
-          static_cast<const T*>(value), static_cast<const T*>(slope), static_cast<T*>(out),    \
-          threads);                                                                            \
+    return guarded([&] {                                                                       \
+      std::vector<T> scratch(add ? static_cast<std::size_t>(threads) * axes * m : 0);          \
+      return by_axes(axes, [&](auto axes_c) {                                                  \
+        return row_grad_tbar<T, decltype(axes_c)::value>(                                      \
+            static_cast<const T*>(rows), rc, ra, rj, P, m, static_cast<const T*>(z), zc, zw,   \
+            static_cast<const T*>(value), static_cast<const T*>(slope), static_cast<T*>(out),  \
+            add ? scratch.data() : nullptr, threads);                                          \
+      });                                                                                      \
     });                                                                                        \
   }
 
