@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mdtrain.model.accel.build import build, torch_lib_dir
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 BLAS_CHOICES = ("auto", "torch", "openblas")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64

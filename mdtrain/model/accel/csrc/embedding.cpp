@@ -818,7 +818,7 @@ void padded_share_backward(const T* grad, const i64* first, const i64* kind, i64
 
 extern "C" {
 
-int mdt_abi_version() { return 7; }
+int mdt_abi_version() { return 8; }
 
 // dgemm/sgemm: Fortran BLAS entry points; ilp64: whether they take 64-bit integers;
 // set_local_threads: the library's per-thread thread count (returns the previous one), or null;
