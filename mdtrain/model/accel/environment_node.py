@@ -16,14 +16,13 @@ coefficients from the switched distance, the pull-back and its transpose.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from mdtrain.model.accel.per_types import kept_per_types
 from mdtrain.model.descriptors.base import smooth_weight
 
 
@@ -64,11 +63,6 @@ class _Order(NamedTuple):
     identity: bool  # centre is 0, 1, …, M-1: the lists need no reordering
 
 
-_ORDERS: OrderedDict[tuple, _Order] = OrderedDict()  # recently used systems' orders
-_ORDERS_KEPT = 32
-_ORDERS_LOCK = threading.Lock()
-
-
 def _group_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tensor) -> _Order:
     """The rows' group order (see `pair_plan`) from the atom types; integer tensors only."""
     device = atype.device
@@ -91,33 +85,16 @@ def _group_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tenso
     return _Order(centre, types, bounds, base, identity)
 
 
-def _kept_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tensor) -> _Order:
-    """`_group_order`, kept per system's types (a step recomputed it every time: sort,
-    nonzero, index operations, about 0.1 ms of one thread). Keyed by the types' values, so
-    a changed or another ``atype`` never meets a stale order; CPU types only (a key on
-    another device would synchronise). The kept tensors are never written to."""
-    if atype.device.type != "cpu" or atype.requires_grad:
-        return _group_order(one_side, ntypes, nf, natoms, atype)
-    key = (one_side, ntypes, nf, natoms, atype.dtype, atype.numpy().tobytes())
-    with _ORDERS_LOCK:
-        order = _ORDERS.get(key)
-        if order is not None:
-            _ORDERS.move_to_end(key)
-            return order
-    with torch.inference_mode(False):  # usable by training after an inference call
-        order = _group_order(one_side, ntypes, nf, natoms, atype)
-    with _ORDERS_LOCK:
-        _ORDERS[key] = order
-        while len(_ORDERS) > _ORDERS_KEPT:
-            _ORDERS.popitem(last=False)
-    return order
-
-
 def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: Tensor):
     """The group order of ``nlist`` (nf, N, nnei): one group in atom order for a one-sided
     descriptor, else one per centre type. Returns the plan and the lists in that order."""
     nf, natoms, nnei = nlist.shape
-    order = _kept_order(one_side, ntypes, nf, natoms, atype)
+    order = kept_per_types(  # the same for every step of a system
+        "pair order",
+        (one_side, ntypes, nf, natoms),
+        atype,
+        lambda: _group_order(one_side, ntypes, nf, natoms, atype),
+    )
     nl = nlist.reshape(nf * natoms, nnei)
     vectors = diff.reshape(nf * natoms, nnei, 3)
     if not order.identity:

@@ -31,6 +31,7 @@ from mdtrain.model.accel.fitting_sweep import (
     unflat,
 )
 from mdtrain.model.accel.layout import Layout
+from mdtrain.model.accel.per_types import kept_per_types
 
 # Each type's block starts at a row that is a multiple of this: 64 bytes into the array for
 # any width in float32 and float64, as a tensor of its own would be. MKL's products can round
@@ -90,26 +91,9 @@ def type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
     return TypeRows(index, bounds, spans, inverse, atoms, positions, nf, natoms, ordered)
 
 
-_last: tuple[Tensor, int, TypeRows] | None = None
-
-
 def cached_type_rows(atype: Tensor, ntypes: int, nf: int) -> TypeRows:
-    """`type_rows`, built again only when the atom types or the frame count change (a
-    training step's batches mostly repeat one system's types): saves its dozen small
-    operations per step for the cost of one comparison."""
-    global _last
-    last = _last
-    if (
-        last is not None
-        and last[1] == nf
-        and len(last[2].bounds) == ntypes
-        and last[0].device == atype.device
-        and torch.equal(last[0], atype)
-    ):
-        return last[2]
-    rows = type_rows(atype, ntypes, nf)
-    _last = (atype.clone(), nf, rows)
-    return rows
+    """`type_rows`, kept per atom types and frame count (`per_types.kept_per_types`)."""
+    return kept_per_types("type rows", (ntypes, nf), atype, lambda: type_rows(atype, ntypes, nf))
 
 
 class TypeNets:
