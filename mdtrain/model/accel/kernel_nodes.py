@@ -163,26 +163,11 @@ class KernelEmbedding:
         start = int(first.min())
         if start < rows.shape[2]:
             tail = pad[:, start:]
-            g = self._tail_values(net, tail)
+            g = net(tail[:, :, 0].reshape(-1, 1))
             kind = types if types is not None else torch.zeros_like(first)
             share = _PaddedShare.apply(tail, g, first - start, kind, self.kernels)
             tmat = tmat + share
         return tmat, EmbeddedBlock(value, slope, group, lo, n, plan)
-
-    def _tail_values(self, net: EmbeddingNet, tail: Tensor) -> Tensor:
-        """G (types·cols, M) of the padded rows ``tail`` (types, cols, A). In float32 by the
-        kernels' node: one node instead of the net's dozen small serial operations and their
-        autograd nodes, with the kernels' roundings (tanh, products) instead of torch's; in
-        float64 by the net itself, whose bits the kernels do not reproduce."""
-        if tail.dtype != torch.float32:
-            return net(tail[:, :, 0].reshape(-1, 1))
-        plan = plan_blocks(None, tail.shape[0], tail.shape[1])
-        layout = layer_layout(net.layers)
-        rows = tail.transpose(1, 2)  # (types, A, cols): the kernels' rows
-        _, value, _ = _KernelEmbedContract.apply(
-            rows, self.kernels, plan, layout, *layer_params(net.layers)
-        )
-        return value
 
     def row_grads(
         self, tbar: Tensor, blocks: list[EmbeddedBlock], rows: Tensor, width: int

@@ -32,7 +32,6 @@
 #include <utility>
 #include <vector>
 
-#include "embed_tiles.h"
 #include "status.h"
 
 namespace {
@@ -294,29 +293,13 @@ struct ForwardScratch {
   Buffer<T> a, da, y[2], dy[2];
 };
 
-// The float32 path's weights laid out once per call for tiles::row_products: each layer's W
-// (forward) and Wᵀ (backward's x̄). Empty for float64, which keeps the BLAS bit for bit, and for
-// the layers the tiles do not cover (those keep the BLAS too).
-template <typename T>
-struct TileWeights {
-  std::vector<std::unique_ptr<float[]>> w, wt;
-  explicit TileWeights(const Net<T>& net) : w(net.layers), wt(net.layers) {
-    if constexpr (std::is_same_v<T, float>) {
-      for (int l = 1; l < net.layers; ++l) {
-        w[l] = tiles::pad_weights(net.w[l], net.n_in[l], net.n_out[l], false);
-        wt[l] = tiles::pad_weights(net.w[l], net.n_out[l], net.n_in[l], true);
-      }
-    }
-  }
-};
-
 // One block through every layer (value and tangent), then T of each of its centres. The
 // products write into the thread's scratch, which stays in cache, and the elementwise pass
 // copies what the tape keeps: the products' zeroing of their output (β = 0) then touches
 // cached memory instead of the tape's fresh pages.
 template <typename T, int A>
 void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T* tmat,
-                   const std::vector<T>& ones, const TileWeights<T>& tw, ForwardScratch<T>& sc) {
+                   const std::vector<T>& ones, ForwardScratch<T>& sc) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   const i64 nr = nb * w;
   const T *x = nullptr, *dx = nullptr;
@@ -341,10 +324,15 @@ void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T*
       }
     } else {
       T* da = net.das[l] + r0 * no;
-      // row i's products a = xW, da = dx·W (without bias) at ai, pdai: then t, da/ds, y, dy/ds
-      const auto outputs = [&](i64 i, const T* ai, const T* pdai) {
+      T* pa = sc.a.get();
+      T* pda = sc.da.get();
+      gemm(false, false, int(nr), no, ni, T(1), x, ni, wt, no, T(0), pa, no);
+      gemm(false, false, int(nr), no, ni, T(1), dx, ni, wt, no, T(0), pda, no);
+      for (i64 i = 0; i < nr; ++i) {
         T* ti = t + i * no;
         T* dai = da + i * no;
+        const T* ai = pa + i * no;
+        const T* pdai = pda + i * no;
 #pragma omp simd
         for (int k = 0; k < no; ++k) {
           ti[k] = tanh_of(T(ai[k] + bias[k]));
@@ -352,25 +340,6 @@ void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T*
         }
         layer_outputs(ti, dai, scale, x + i * ni, dx + i * ni, ni, no, sk, y + i * no,
                       dy + i * no);
-      };
-      bool tiled = false;
-      if constexpr (std::is_same_v<T, float>) {
-        if (const float* wp = tw.w[l].get()) {  // each row's products in L1, then its outputs
-          T* ra = sc.a.get();
-          T* rda = ra + tiles::padded(no);
-          for (i64 i = 0; i < nr; ++i) {
-            tiles::row_products(x + i * ni, dx + i * ni, ni, wp, tiles::padded(no), ra, rda);
-            outputs(i, ra, rda);
-          }
-          tiled = true;
-        }
-      }
-      if (!tiled) {
-        T* pa = sc.a.get();
-        T* pda = sc.da.get();
-        gemm(false, false, int(nr), no, ni, T(1), x, ni, wt, no, T(0), pa, no);
-        gemm(false, false, int(nr), no, ni, T(1), dx, ni, wt, no, T(0), pda, no);
-        for (i64 i = 0; i < nr; ++i) outputs(i, pa + i * no, pda + i * no);
       }
     }
     x = y;
@@ -386,7 +355,6 @@ void forward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b, T*
 template <typename T>
 struct Scratch {
   Buffer<T> gy, gdy, gx, gdx, abar, dabar;
-  Buffer<T> xbar;                 // the float32 tiles' row of x̄ and dx̄ (padded)
   Buffer<T> inner;               // recomputed outputs of the layers before the last
   std::vector<const T*> xs, dxs;  // each layer's outputs y and dy/ds on the block's rows
   std::vector<T> grads;  // all parameters, in the order W, b[, idt] per layer
@@ -555,8 +523,7 @@ void inner_outputs(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
 
 template <typename T>
 void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
-                    const int* offsets, Scratch<T>& sc, const std::vector<T>& ones,
-                    const TileWeights<T>& tw) {
+                    const int* offsets, Scratch<T>& sc, const std::vector<T>& ones) {
   const i64 p0 = P.start[b], nb = P.start[b + 1] - p0, w = P.width[b], r0 = P.row0[b];
   const i64 nr = nb * w;
   inner_outputs(net, R, P, b, ones, sc);
@@ -575,8 +542,6 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
     T* gw = sc.grads.data() + offsets[l];
     T* gb = gw + ni * no;
     T* gidt = idt ? gb + no : nullptr;
-    const float* wtp = nullptr;  // float32: x̄ and dx̄ of each row by the tiles
-    if constexpr (std::is_same_v<T, float>) wtp = l > 0 ? tw.wt[l].get() : nullptr;
     for (i64 i = 0; i < nr; ++i) {
       const T* ti = t + i * no;
       const T* dai = l == 0 ? wt : net.das[l] + (r0 + i) * no;
@@ -613,18 +578,6 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
             gdxi[k] += d[k];
           }
         }
-        if constexpr (std::is_same_v<T, float>) {
-          if (wtp) {  // x̄ += ā Wᵀ, dx̄ += dā Wᵀ of the row, while ā and dā are in L1
-            float* rb = sc.xbar.get();
-            float* rdb = rb + tiles::padded(ni);
-            tiles::row_products(ai, dai_bar, no, wtp, tiles::padded(ni), rb, rdb);
-#pragma omp simd
-            for (int k = 0; k < ni; ++k) {
-              gxi[k] += rb[k];
-              gdxi[k] += rdb[k];
-            }
-          }
-        }
       }
     }
     if (l == 0) {  // x = s, dx = 1; the inputs s get no gradient on this path
@@ -644,10 +597,9 @@ void backward_block(const Net<T>& net, const Rows<T>& R, const Plan& P, i64 b,
     const T* dx = sc.dxs[l - 1];
     gemm(true, false, ni, no, int(nr), T(1), x, ni, abar, no, T(1), gw, no);
     gemm(true, false, ni, no, int(nr), T(1), dx, ni, dabar, no, T(1), gw, no);
-    if (!wtp) {  // x̄ = ā Wᵀ + fold(ȳ), dx̄ = dā Wᵀ + fold(dȳ) (float32: done per row above)
-      gemm(false, true, int(nr), ni, no, T(1), abar, no, wt, no, T(1), gx, ni);
-      gemm(false, true, int(nr), ni, no, T(1), dabar, no, wt, no, T(1), gdx, ni);
-    }
+    // x̄ = ā Wᵀ + fold(ȳ), dx̄ = dā Wᵀ + fold(dȳ)
+    gemm(false, true, int(nr), ni, no, T(1), abar, no, wt, no, T(1), gx, ni);
+    gemm(false, true, int(nr), ni, no, T(1), dabar, no, wt, no, T(1), gdx, ni);
     std::swap(gy, gx);
     std::swap(gdy, gdx);
   }
@@ -722,8 +674,7 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
   std::vector<ForwardScratch<T>> scratch(threads);
   for (auto& sc : scratch)
     for (auto* v : {&sc.a, &sc.da, &sc.y[0], &sc.y[1], &sc.dy[0], &sc.dy[1]})
-      *v = buffer<T>(std::max<i64>(rows_max * width, 2 * (width + 8)));
-  const TileWeights<T> tw(net);
+      *v = buffer<T>(rows_max * width);
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
@@ -732,7 +683,7 @@ int forward(const Rows<T>& R, const Net<T>& net, const Plan& P, void* tmat, int 
     try {
       for (i64 b = 0; b < P.blocks && !failed; ++b)
         if (P.mine(b, me, team))
-          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, tw, scratch[me]);
+          forward_block<T, A>(net, R, P, b, static_cast<T*>(tmat), ones, scratch[me]);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
@@ -755,13 +706,11 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
   i64 inner = 0;  // the recomputed layers' two outputs per row
   for (int l = 0; l + 1 < net.layers; ++l)
     inner += net.outs[l] && net.douts[l] ? 0 : 2 * net.n_out[l];
-  const TileWeights<T> tw(net);
   std::vector<Scratch<T>> scratch(threads);  // from the calling thread's heap (see forward)
   for (auto& sc : scratch) {
     sc.grads.assign(offsets[net.layers], T(0));
     for (auto* v : {&sc.gy, &sc.gdy, &sc.gx, &sc.gdx, &sc.abar, &sc.dabar})
       *v = buffer<T>(rows_max * width);
-    sc.xbar = buffer<T>(2 * (width + tiles::kLanes));
     if (inner > 0) sc.inner = buffer<T>(rows_max * inner);
     sc.xs.assign(net.layers, nullptr);
     sc.dxs.assign(net.layers, nullptr);
@@ -776,7 +725,7 @@ int backward(const Rows<T>& R, const Net<T>& net, const Plan& P, const Cotangent
       for (i64 b = 0; b < P.blocks && !failed; ++b) {
         if (!P.mine(b, me, team) || P.width[b] == 0) continue;
         entry_cotangents<T, A>(R, P, b, m, in, sc.gy.get(), sc.gdy.get());
-        backward_block(net, R, P, b, offsets.data(), sc, ones, tw);
+        backward_block(net, R, P, b, offsets.data(), sc, ones);
       }
     } catch (const std::bad_alloc&) {
       failed = true;
