@@ -112,6 +112,10 @@ class Trainer(TrainingLoop):
                    {**committee_tag(size, k, sampling), **extra})
             for k, m in enumerate(models)
         ]  # fmt: skip
+        for member in self.members:  # the outputs each member's training step needs
+            reads = getattr(member.loss, "reads", None)
+            if reads is not None and hasattr(member.model, "train_outputs"):
+                member.model.train_outputs(reads())
         first = self.members[0]
         self.numb_steps, self.lr, self.loss = first.numb_steps, first.lr, first.loss
         warn_short_average(training, self.numb_steps)

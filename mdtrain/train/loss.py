@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 TERMS = tuple(TERM_KEYS)  # energy, force, virial, atom_ener, atom_pref, drdq
+_READS = {"energy": "energy", "virial": "virial", "atom_ener": "atom_energy"}  # else "force"
 
 
 class EnergyLoss:
@@ -130,6 +131,16 @@ class EnergyLoss:
             have.add("atom_pref")
         need = {"atom_pref": {"force", "atom_pref"}, "drdq": {"force", "drdq"}}
         return [t for t in self.configured_terms() if need.get(t, {t}) <= have]
+
+    def reads(self) -> set[str]:
+        """The predictions a training step's loss can read (its configured terms'), so that
+        the trainer can tell the model once which outputs a step needs (``train_outputs``)."""
+        names = {"energy"}  # the reference of the loss's dtype, whatever the terms
+        for term in self.configured_terms():
+            if term == "energy" and self.options.enable_atom_ener_coeff:
+                names.add("atom_energy")
+            names.add(_READS.get(term, "force"))  # force, atom_pref, drdq: the forces
+        return names
 
     def metric_name(self, term: str) -> str:
         """DeePMD-kit's name of the error ``term`` displays (``rmse_pf``, ``mae_f``, ...)."""

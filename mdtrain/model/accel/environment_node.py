@@ -16,6 +16,7 @@ coefficients from the switched distance, the pull-back and its transpose.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -83,6 +84,58 @@ def _group_order(one_side: bool, ntypes: int, nf: int, natoms: int, atype: Tenso
         base = (torch.div(centre, natoms, rounding_mode="floor") * natoms).view(-1, 1)
     identity = one_side or bool(torch.equal(centre, torch.arange(nf * natoms, device=device)))
     return _Order(centre, types, bounds, base, identity)
+
+
+class Normalisation(NamedTuple):
+    """A descriptor's ``davg``, ``dstd`` in its dtype (contiguous) and the padded slots' row
+    ``−davg/dstd``, with what they were made from."""
+
+    davg: Tensor
+    dstd: Tensor
+    pad: Tensor
+    source: tuple  # (davg, dstd, their versions, dtype)
+
+
+_NORMS: dict[tuple, Normalisation] = {}  # by (id(davg), id(dstd), dtype)
+_NORMS_MOST = 16
+_NORMS_LOCK = threading.Lock()
+
+
+def normalisation(desc) -> Normalisation:
+    """``desc.davg``, ``desc.dstd`` in ``desc.dtype`` and ``−davg/dstd``, kept while the two
+    buffers are the same tensors at the same version: they change only when statistics are
+    set or a checkpoint is loaded (in place, which bumps the version, or by new tensors), so
+    a training step no longer converts them and divides again (about 0.13 ms of one thread a
+    float32 step). Made outside inference mode, so that values first made by an inference
+    call serve a training step; never written to."""
+    davg, dstd, dtype = desc.davg, desc.dstd, desc.dtype
+    if davg.is_inference() or dstd.is_inference():  # no version counter to check
+        return _normalised(davg, dstd, dtype, ())
+    source = (davg, dstd, davg._version, dstd._version, dtype)
+    key = (id(davg), id(dstd), dtype)
+    with _NORMS_LOCK:
+        kept = _NORMS.get(key)
+    if (
+        kept is not None
+        and kept.source[0] is davg
+        and kept.source[1] is dstd
+        and kept.source[2:] == source[2:]
+    ):
+        return kept
+    with torch.inference_mode(False):
+        made = _normalised(davg, dstd, dtype, source)
+    with _NORMS_LOCK:
+        _NORMS.pop(key, None)
+        _NORMS[key] = made
+        while len(_NORMS) > _NORMS_MOST:
+            _NORMS.pop(next(iter(_NORMS)))
+    return made
+
+
+def _normalised(davg: Tensor, dstd: Tensor, dtype: torch.dtype, source: tuple) -> Normalisation:
+    avg, std = davg.to(dtype), dstd.to(dtype)
+    pad = -avg / std  # the operations the environment used per step
+    return Normalisation(avg.contiguous(), std.contiguous(), pad, source)
 
 
 def pair_plan(one_side: bool, ntypes: int, diff: Tensor, nlist: Tensor, atype: Tensor):

@@ -46,6 +46,9 @@ class ExplicitEnergyModel(EnergyModel):
     """``EnergyModel`` whose forces and virials are explicit operations (no double backward)."""
 
     vectors: CompiledPairVectors | None = None  # the compiled pair vectors, when built with them
+    # whether a training forward (grad enabled, training mode) computes the virial: a trainer
+    # whose loss does not read it says so once (``train_outputs``); evaluation always does
+    virial_in_training = True
 
     def __init__(self, model_config: dict, embedding: EmbeddingOps, pairs=None) -> None:
         super().__init__(model_config)
@@ -54,6 +57,12 @@ class ExplicitEnergyModel(EnergyModel):
         self.form = with_pairs(FORMS[self.descriptor.type_name], pairs)
         # the pair vectors in one compiled pass where the pair kernels are compiled
         self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
+
+    def train_outputs(self, names) -> None:
+        """The outputs a training step's loss reads, said once by the trainer: without
+        ``virial`` its forward skips the virial's products (``force_node.virial_of``) and
+        returns no ``virial``. Evaluation (eval mode or no grad) returns every output."""
+        self.virial_in_training = "virial" in names
 
     def pair_vectors(
         self, coord: Tensor, box: Tensor | None, nlist: Tensor, shift: Tensor
@@ -75,7 +84,7 @@ class ExplicitEnergyModel(EnergyModel):
         """As ``EnergyModel.forward``; a graph (for a loss on any output) is built only when
         training with grad enabled."""
         if torch.is_grad_enabled() and self.training:
-            return self._evaluate(coord, atype, box, nlist, shift)
+            return self._evaluate(coord, atype, box, nlist, shift, self.virial_in_training)
         with torch.no_grad():
             return self._evaluate(coord, atype, box, nlist, shift)
 
@@ -86,6 +95,7 @@ class ExplicitEnergyModel(EnergyModel):
         box: Tensor | None,
         nlist: Tensor,
         shift: Tensor,
+        virial: bool = True,
     ) -> dict[str, Tensor]:
         """Energy, forces and virial with dE/d(pair vector) written as explicit operations.
 
@@ -100,22 +110,25 @@ class ExplicitEnergyModel(EnergyModel):
             cell = box.detach().to(torch.float64)
         diff = self.pair_vectors(x, cell, nlist, shift)
         env = self.form.environment(self.descriptor, diff, nlist, atype)
-        return self.evaluate_environment(env, diff, nlist, atype)
+        return self.evaluate_environment(env, diff, nlist, atype, virial)
 
     def evaluate_environment(
-        self, env: Environment, diff: Tensor, nlist: Tensor, atype: Tensor
+        self, env: Environment, diff: Tensor, nlist: Tensor, atype: Tensor, virial: bool = True
     ) -> dict[str, Tensor]:
         """``_evaluate`` from the pair vectors ``diff`` and their environment (computed by
-        ``form.environment`` with statistics equal to this model's)."""
+        ``form.environment`` with statistics equal to this model's); ``virial`` False: no
+        ``virial`` output (nor its products)."""
         atom_energy, rbar = self.energy_and_row_grad(env, atype)
-        force, virial = forces_and_virial(env.force, rbar)
+        force, vir = forces_and_virial(env.force, rbar, virial=virial)
         nf, natoms = nlist.shape[0], nlist.shape[1]
-        return {
+        out = {
             "energy": atom_energy.sum(dim=-1),
             "atom_energy": atom_energy,
             "force": force.view(nf, natoms, 3),
-            "virial": virial.view(nf, 3, 3),
         }
+        if vir is not None:
+            out["virial"] = vir.view(nf, 3, 3)
+        return out
 
     def energy_and_row_grad(self, env: Environment, atype: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Atomic energies (nf, N) float64 and dE/dR̃ of each group of rows (B, nnei, 4 for

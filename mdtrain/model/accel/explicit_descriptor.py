@@ -27,6 +27,7 @@ from mdtrain.model.accel.environment_node import (
     as_planes,
     as_rows,
     environment_matrix,
+    normalisation,
     pair_plan,
     slot_widths,
 )
@@ -161,7 +162,7 @@ def kind_environment(
     embedding sees, from the normalised ones (``explicit_radial`` appends a column of ones,
     which is all the compiled ``pairs`` do with an ``extend``)."""
     plan, nl = pair_plan(desc.type_one_side, desc.ntypes, diff, nlist, atype)
-    pad = -desc.davg.to(desc.dtype) / desc.dstd.to(desc.dtype)
+    pad = normalisation(desc).pad  # kept across steps (no per-step conversion)
     if pairs is None:
         (rows, far, coef, scale), mask = environment_matrix(
             desc, kind, plan.vectors, nl, plan.types, atype

@@ -110,9 +110,15 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
 
     def evaluate_environment(
-        self, env: HybridEnvironment, diff: Tensor, nlist: Tensor, atype: Tensor
+        self,
+        env: HybridEnvironment,
+        diff: Tensor,
+        nlist: Tensor,
+        atype: Tensor,
+        virial: bool = True,
     ) -> dict[str, Tensor]:
-        """As ``ExplicitEnergyModel``'s, each member's force node on its own pairs."""
+        """As ``ExplicitEnergyModel``'s, each member's force node on its own pairs (the
+        virial always: ``virial`` is not used)."""
         nf, natoms = nlist.shape[0], nlist.shape[1]
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
         atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)

@@ -82,7 +82,7 @@ def virial_cotangent(virial_bar: Tensor, inputs: ForceInputs, k: int) -> Tensor:
 
 class _ForcePath(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inputs: ForceInputs, members: int, *pieces: Tensor):
+    def forward(ctx, inputs: ForceInputs, members: int, virial: bool, *pieces: Tensor):
         plan = inputs.plan
         rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
         rbar = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
@@ -97,7 +97,8 @@ class _ForcePath(torch.autograd.Function):
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
         ctx.dtype = rbar.dtype
         ctx.set_materialize_grads(False)
-        return force.view(members, plan.nf, plan.natoms, 3), virial_of(g, inputs)
+        virials = virial_of(g, inputs) if virial else None  # not read: not made
+        return force.view(members, plan.nf, plan.natoms, 3), virials
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -106,7 +107,7 @@ class _ForcePath(torch.autograd.Function):
         plan = inputs.plan
         rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
         if force_bar is None and virial_bar is None:
-            return None, None, *([None] * len(ctx.sizes))
+            return None, None, None, *([None] * len(ctx.sizes))
         if force_bar is not None:
             fb = force_bar.reshape(k, -1, 3).transpose(1, 2).contiguous()  # (K, 3, nf·N)
             own = fb.index_select(2, plan.centre).unsqueeze(3)
@@ -119,12 +120,16 @@ class _ForcePath(torch.autograd.Function):
         q_bar = inputs.kind.pull_t(g_bar.to(ctx.dtype), inputs.far, inputs.coef)
         q_bar = as_rows(q_bar).mul_(inputs.scale)
         grads = q_bar.view(k * rows, nnei, -1).split(ctx.sizes)
-        return None, None, *grads
+        return None, None, None, *grads
 
 
-def forces_and_virial(inputs: ForceInputs, pieces: list[Tensor], members: int = 1):
+def forces_and_virial(
+    inputs: ForceInputs, pieces: list[Tensor], members: int = 1, virial: bool = True
+):
     """Forces (K, nf, N, 3) and virials (K, nf, 3, 3) float64 from dE/dR̃ of each group of
-    rows (``pieces``: (B_c, nnei, width) each, members first, each member's groups in order)."""
+    rows (``pieces``: (B_c, nnei, width) each, members first, each member's groups in order);
+    ``virial`` False: None for the virials (a training step whose loss does not read them
+    skips their products)."""
     if inputs.pairs is not None:
-        return inputs.pairs.forces_and_virial(inputs, pieces, members)
-    return _ForcePath.apply(inputs, members, *pieces)
+        return inputs.pairs.forces_and_virial(inputs, pieces, members, virial)
+    return _ForcePath.apply(inputs, members, virial, *pieces)

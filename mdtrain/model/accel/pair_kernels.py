@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.descriptor_products import DescriptorProducts
-from mdtrain.model.accel.environment_node import RowKind, as_planes, as_rows
+from mdtrain.model.accel.environment_node import RowKind, as_planes, as_rows, normalisation
 from mdtrain.model.accel.force_node import ForceInputs, virial_cotangent, virial_of
 from mdtrain.model.accel.kernels import OUT_OF_MEMORY, Kernels
 
@@ -105,9 +105,11 @@ class CompiledPairs:
         _check(status, "slot widths")
         return [list(widths[g * ntypes : (g + 1) * ntypes]) for g in range(groups)]
 
-    def forces_and_virial(self, inputs: ForceInputs, pieces: list[Tensor], members: int):
+    def forces_and_virial(
+        self, inputs: ForceInputs, pieces: list[Tensor], members: int, virial: bool = True
+    ):
         """As ``force_node.forces_and_virial``."""
-        return _CompiledForcePath.apply(inputs, members, *pieces)
+        return _CompiledForcePath.apply(inputs, members, virial, *pieces)
 
 
 class _CompiledEnvironment(torch.autograd.Function):
@@ -121,8 +123,7 @@ class _CompiledEnvironment(torch.autograd.Function):
         m, nnei = nl.shape
         width = 4 if kind.code == 0 else 1
         a = width + int(ones)
-        davg = desc.davg.to(dtype).contiguous()
-        dstd = desc.dstd.to(dtype).contiguous()
+        davg, dstd, _, _ = normalisation(desc)  # kept across steps, in dtype
         rows = torch.empty(m, nnei, a, dtype=dtype, device=device)
         cols = torch.empty(m, a, nnei, dtype=dtype, device=device)
         far = torch.empty(3, m, nnei, dtype=dtype, device=device)
@@ -173,7 +174,7 @@ def _check_layout(inputs: ForceInputs) -> None:
 
 class _CompiledForcePath(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inputs: ForceInputs, members: int, *pieces: Tensor):
+    def forward(ctx, inputs: ForceInputs, members: int, virial: bool, *pieces: Tensor):
         _check_layout(inputs)
         plan, pairs = inputs.plan, inputs.pairs
         rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
@@ -198,7 +199,8 @@ class _CompiledForcePath(torch.autograd.Function):
         ctx.inputs, ctx.members, ctx.sizes = inputs, members, [p.shape[0] for p in pieces]
         ctx.dtype = dtype
         ctx.set_materialize_grads(False)
-        return force.view(members, plan.nf, plan.natoms, 3), virial_of(g, inputs)
+        virials = virial_of(g, inputs) if virial else None  # not read: not made
+        return force.view(members, plan.nf, plan.natoms, 3), virials
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -207,7 +209,7 @@ class _CompiledForcePath(torch.autograd.Function):
         plan = inputs.plan
         rows, nnei = plan.centre.shape[0], inputs.far.shape[2]
         if force_bar is None and virial_bar is None:
-            return None, None, *([None] * len(ctx.sizes))
+            return None, None, None, *([None] * len(ctx.sizes))
         fb = None if force_bar is None else force_bar.reshape(k, -1, 3).contiguous()
         vpart = None if virial_bar is None else virial_cotangent(virial_bar, inputs, k)
         width = inputs.scale.shape[-1]
@@ -218,4 +220,4 @@ class _CompiledForcePath(torch.autograd.Function):
             _ptr(inputs.scale), _ptr(out), torch.get_num_threads(),
         )  # fmt: skip
         _check(status, "force path backward")
-        return None, None, *out.split(ctx.sizes)
+        return None, None, None, *out.split(ctx.sizes)
