@@ -31,6 +31,7 @@ import torch
 from mdtrain.errors import MDTrainError
 from mdtrain.train.loss_dos import DOSLoss
 from mdtrain.train.loss_labels import TERM_KEYS, label_problems, one_sided_terms, prefactors
+from mdtrain.train.loss_mse import fusable, fused_loss, output_reads
 from mdtrain.train.loss_property import PropertyLoss
 from mdtrain.train.loss_tensor import TensorLoss
 from mdtrain.train.loss_terms import (
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 TERMS = tuple(TERM_KEYS)  # energy, force, virial, atom_ener, atom_pref, drdq
-_READS = {"energy": "energy", "virial": "virial", "atom_ener": "atom_energy"}  # else "force"
 
 
 class EnergyLoss:
@@ -99,6 +99,7 @@ class EnergyLoss:
                 )
         # per set of label names: (term, metric name, contributes) of each configured term
         self._layouts: dict[tuple[str, ...], list[tuple[str, str, bool]]] = {}
+        self._fused: dict[tuple[str, ...], bool] = {}  # per set of label names, as _layouts
         if "drdq" in self.configured_terms() and self.options.numb_generalized_coord < 1:
             raise MDTrainError(
                 "loss.numb_generalized_coord: must be >= 1 when the gf term is on, got "
@@ -135,12 +136,7 @@ class EnergyLoss:
     def reads(self) -> set[str]:
         """The predictions a training step's loss can read (its configured terms'), so that
         the trainer can tell the model once which outputs a step needs (``train_outputs``)."""
-        names = {"energy"}  # the reference of the loss's dtype, whatever the terms
-        for term in self.configured_terms():
-            if term == "energy" and self.options.enable_atom_ener_coeff:
-                names.add("atom_energy")
-            names.add(_READS.get(term, "force"))  # force, atom_pref, drdq: the forces
-        return names
+        return output_reads(self.configured_terms(), self.options)
 
     def metric_name(self, term: str) -> str:
         """DeePMD-kit's name of the error ``term`` displays (``rmse_pf``, ``mae_f``, ...)."""
@@ -157,6 +153,7 @@ class EnergyLoss:
             active = self.active_terms(names)
             layout = [(t, self.metric_name(t), t in active) for t in self.configured_terms()]
             self._layouts[names] = layout
+            self._fused[names] = fusable(layout, self.options)  # one node (``loss_mse``)
         return layout
 
     def metric_keys(self) -> list[str]:
@@ -199,7 +196,10 @@ class EnergyLoss:
         ref = pred["energy"]
         loss: torch.Tensor | None = None
         metrics: dict[str, torch.Tensor] = {}
-        for term, key, contributes in self._layout(label):
+        layout = self._layout(label)
+        if self._fused.get(tuple(label)) and pred["force"].dtype == ref.dtype:
+            return fused_loss(self, layout, pred, label, natoms, lr, weight)
+        for term, key, contributes in layout:
             if not contributes:
                 metrics[key] = ref.new_full((), math.nan).detach()
                 continue
