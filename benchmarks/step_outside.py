@@ -21,6 +21,9 @@ loss's forward, the update. A part alone, called again and again, finds its code
 in the caches; inside a step, after the model's passes over megabytes, it costs two to four
 times as much.
 
+``--paired-glue N`` (this tree) times N pairs of whole steps, issue 27's "glue" changes
+off and on in turn (the virial a loss does not read, the loss's node, davg/dstd kept).
+
 ``--paired-steps N`` (a tree with ``mdtrain.train.adam_step``) times instead N pairs of whole
 training steps in one process, the update of one step of each pair through ``AdamSteps`` (the
 fused kernel called directly) and of the other through ``step_together`` (torch's
@@ -89,6 +92,47 @@ def _paired(trainer, pairs: int, precision: str, threads: int, vectors: bool = F
     print(" ".join(line))
 
 
+def _paired_glue(trainer, pairs: int, precision: str, threads: int) -> None:
+    """Whole steps in turn without and with the serial work issue 27's "glue" pass removed:
+    the virial of a step whose loss does not read it (``ExplicitEnergyModel.
+    virial_in_training``), the loss's operations instead of its node (``EnergyLoss._fused``)
+    and davg/dstd converted at every step instead of kept (``environment_node.
+    normalisation``). Main-thread CPU, process CPU and wall per step."""
+    import statistics
+
+    from mdtrain.model.accel import environment_node, explicit_descriptor, pair_kernels
+
+    kept = environment_node.normalisation
+
+    def fresh(desc):  # the conversions and the division of every step, as before
+        return environment_node._normalised(desc.davg, desc.dstd, desc.dtype, ())
+
+    member = trainer.members[0]
+    times: dict[str, list[tuple[float, float, float]]] = {"old": [], "new": []}
+    for pair in range(pairs):
+        for which in ("old", "new") if pair % 2 else ("new", "old"):
+            new = which == "new"
+            member.model.virial_in_training = not new
+            member.loss._fused.update(dict.fromkeys(member.loss._fused, new))
+            explicit_descriptor.normalisation = pair_kernels.normalisation = kept if new else fresh
+            thread, cpu, wall = time.thread_time(), time.process_time(), time.perf_counter()
+            trainer.train_step(trainer.lr.value(3 + 2 * pair))
+            times[which].append(
+                (time.thread_time() - thread, time.process_time() - cpu,
+                 time.perf_counter() - wall)
+            )  # fmt: skip
+    line = [f"{precision}, {threads} thread(s), {pairs} pairs, load {os.getloadavg()[0]:.1f}:"]
+    for k, name in enumerate(("main-thread CPU", "process CPU", "wall")):
+        old = [t[k] for t in times["old"]]
+        new = [t[k] for t in times["new"]]
+        gain = statistics.median(a - b for a, b in zip(old, new)) * 1e3
+        line.append(
+            f"{name} {statistics.median(old) * 1e3:.2f} -> {statistics.median(new) * 1e3:.2f}"
+            f" ms (median of the pairs' differences {gain:.3f} ms);"
+        )
+    print(" ".join(line))
+
+
 # (module, attribute path, label) of the parts ``--in-step`` times, where the tree has them
 _PARTS = (
     ("mdtrain.train.sampler", "TrainingSampler.next_batch", "sampler draws"),
@@ -145,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paired-steps", type=int, default=0)
     parser.add_argument("--paired-vectors", type=int, default=0)
     parser.add_argument("--in-step", type=int, default=0)
+    parser.add_argument("--paired-glue", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.path.isdir(path):
         path = os.path.join(path, "input.json")
     config, data, runtime = train_step._prepared(
-        path, args.precision, 13 + args.in_step, 0, args.threads, None
+        path, args.precision, 13 + args.in_step + 2 * args.paired_glue, 0, args.threads, None
     )  # as many steps as the run takes: the lookahead sees the steps to come
     with tempfile.TemporaryDirectory() as out_dir:
         trainer, _, _ = train_step._trainer(config, data, runtime, 1, out_dir, False)
@@ -167,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
                 "CPU us per step inside the step: "
                 + "; ".join(f"{label} {value:.0f}" for label, value in parts.items())
             )
+            return
+        if args.paired_glue:
+            _paired_glue(trainer, args.paired_glue, args.precision, args.threads)
             return
         if args.paired_steps or args.paired_vectors:
             pairs = args.paired_vectors or args.paired_steps
