@@ -7,6 +7,7 @@ node a model gets is chosen once, where it is built."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,46 @@ def test_chosen_once(kernels):
     assert fitting_node_for(f64, kernels) is fitting_with_grad
     assert fitting_node_for(f32, None) is fitting_with_grad
     assert isinstance(fitting_node_for(f32, kernels), CompiledFitting)
+
+
+def _model_inputs(model, nmol=6, frames=2):
+    from mdtrain.neighbors.layout import layout_of
+    from tests.helpers.models import water_like
+
+    box = np.eye(3) * 7.0
+    coords, nlists, shifts = [], [], []
+    order = np.random.default_rng(0).permutation(3 * nmol)  # atoms not in type order
+    for seed in range(frames):
+        coord, atype = water_like(nmol, box, seed=seed)
+        coord, atype = coord[order], atype[order]
+        nlist, shift, _ = layout_of(model).build(coord, box, atype, model.rcut, model.sel)
+        coords.append(coord)
+        nlists.append(nlist)
+        shifts.append(shift)
+    stack = lambda xs: torch.tensor(np.stack(xs))  # noqa: E731
+    boxes = torch.tensor(np.stack([box] * frames))
+    return stack(coords), torch.tensor(atype), boxes, stack(nlists), stack(shifts)
+
+
+def test_float32_kernels_model_gets_the_compiled_node(kernels):
+    """Built once: float32 on the kernels gets the compiled node, float64 the PyTorch one; the
+    whole model (two frames, atoms not in type order) gives the energies, forces and every
+    parameter gradient of the same model on the PyTorch node, to float32 rounding."""
+    from mdtrain.model.backend import build_model
+    from tests.helpers.models import set_random_stats, small_config
+
+    f64 = build_model(small_config(), backend="kernels")
+    assert f64.fitting_node is fitting_with_grad
+    cfg = small_config({"precision": "float32"}, {"precision": "float32"})
+    model = set_random_stats(build_model(cfg, backend="kernels"))
+    assert isinstance(model.fitting_node, CompiledFitting)
+    inputs = _model_inputs(model)
+    runs = []
+    for node in (model.fitting_node, fitting_with_grad):
+        model.fitting_node = node
+        model.zero_grad(set_to_none=True)
+        out = model(*inputs)
+        (out["energy"].sum() + (out["force"] ** 2).sum()).backward()
+        runs.append([out["energy"], out["force"], *(p.grad for p in model.parameters())])
+    for a, b in zip(*runs, strict=True):
+        _close(a, b, "model", tol=1e-4)
