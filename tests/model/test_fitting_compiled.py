@@ -126,6 +126,22 @@ def test_threads_agree(kernels):
             _close(a, b, "threads", tol=1e-5)
 
 
+def test_float64_descriptor_is_cast(kernels):
+    """A float64 D (a float64 descriptor with a float32 fitting) goes in cast, its gradient
+    back through the cast, as with the PyTorch node."""
+    torch.manual_seed(4)
+    _, f32 = _pair(2, 12, [8, 8], True)
+    atype = torch.tensor([1, 0, 1, 0, 1])
+    d = torch.randn(2, 5, 12, dtype=torch.float64)
+    we, wg = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, 12, dtype=torch.float64)
+    node = CompiledFitting(kernels)
+    ref = _run(node, f32, d.float(), atype, we, wg)
+    got = _run(node, f32, d, atype, we, wg)
+    assert got[2].dtype == torch.float64
+    for a, b in zip([*got[:3], *got[3]], [*ref[:3], *ref[3]], strict=True):
+        assert torch.equal(a.to(b.dtype), b)
+
+
 def test_chosen_once(kernels):
     f64, f32 = _pair(2, 6, [4, 4], True)
     assert fitting_node_for(f64, kernels) is fitting_with_grad

@@ -110,7 +110,7 @@ class CompiledFitting:
         )
         layout = layer_layout(nets[0].layers[:-1])
         params = [p for net in nets for p in layer_params(net.layers)]
-        return _CompiledTypes.apply(descriptor, self, rows, layout, *params)
+        return _CompiledTypes.apply(descriptor.to(torch.float32), self, rows, layout, *params)
 
 
 class _CompiledTypes(torch.autograd.Function):
