@@ -22,12 +22,29 @@ import torch
 from torch import Tensor
 
 from mdtrain.model.accel.fitting_node import fitting_with_grad
-from mdtrain.model.accel.kernels import Kernels, _check, _pointer, _pointers
+from mdtrain.model.accel.kernels import OUT_OF_MEMORY, Kernels
 from mdtrain.model.accel.layout import Layout, layer_layout, layer_params
 from mdtrain.model.accel.per_types import kept_per_types
 from mdtrain.model.fitting import EnergyFitting
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def _ptr(t: Tensor | None) -> ctypes.c_void_p:
+    return _P(None if t is None else t.data_ptr())
+
+
+def _ptrs(tensors) -> ctypes.Array:
+    return (_P * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def _check(status: int, what: str) -> None:
+    """The node's status as an exception (``MemoryError`` for an allocation failure, which the
+    batch controller and the inference chunker recover from)."""
+    if status == OUT_OF_MEMORY:
+        raise MemoryError(f"compiled fitting node, {what}: std::bad_alloc (out of memory)")
+    if status != 0:
+        raise RuntimeError(f"compiled fitting node, {what}: status {status}")
 
 
 class FitRows(NamedTuple):
@@ -128,9 +145,9 @@ class _CompiledTypes(torch.autograd.Function):
         energies = make(nf, natoms, dtype=torch.float64)
         grad = make(nf, natoms, dim, dtype=torch.float32)
         status = kernels.lib.mdt_fit_forward_f32(
-            len(layout), lay, len(rows.counts), rows.counts, _pointer(rows.order),
-            _pointers(params), _pointer(d), _pointer(tape), _pointer(energies), _pointer(grad),
-            kernels._threads(),
+            len(layout), lay, len(rows.counts), rows.counts, _ptr(rows.order),
+            _ptrs(params), _ptr(d), _ptr(tape), _ptr(energies), _ptr(grad),
+            torch.get_num_threads(),
         )  # fmt: skip
         _check(status, "fitting forward")
         ctx.fit, ctx.rows, ctx.layout, ctx.tape, ctx.lay = fit, rows, layout, tape, lay
@@ -152,9 +169,9 @@ class _CompiledTypes(torch.autograd.Function):
         e_strides = (0, 0) if energy_bar is None else energy_bar.stride()
         kernels = ctx.fit.kernels
         status = kernels.lib.mdt_fit_backward_f32(
-            len(layout), ctx.lay, len(rows.counts), rows.counts, _pointer(rows.order),
-            _pointers(params), _pointer(ctx.tape), _pointer(energy_bar), ctx.shape[1],
-            *e_strides, _pointer(g_bar), _pointer(d_bar), _pointer(flat), kernels._threads(),
+            len(layout), ctx.lay, len(rows.counts), rows.counts, _ptr(rows.order),
+            _ptrs(params), _ptr(ctx.tape), _ptr(energy_bar), ctx.shape[1],
+            *e_strides, _ptr(g_bar), _ptr(d_bar), _ptr(flat), torch.get_num_threads(),
         )  # fmt: skip
         _check(status, "fitting backward")
         parts = flat.split([p.numel() for p in params])
