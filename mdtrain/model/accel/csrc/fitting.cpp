@@ -166,6 +166,26 @@ struct Fit {
     for (int k = 0; k < L; ++k) w = std::max(w, no[k]);
     return w;
   }
+  // The rows of each of `parts` threads (bounds, parts + 1): equal shares of the rows, where
+  // a thread that also takes rows of another type counts kPackRows more: each of its products
+  // then packs two weight matrices (MKL copies W into its own layout per call, about as long
+  // as that many rows of the 1600 × 240 product).
+  std::vector<i64> split(int parts) const {
+    const i64 kPackRows = 12;
+    std::vector<i64> at(ntypes + 1);  // each type's first row on an axis with the extra rows
+    for (int c = 0; c <= ntypes; ++c) at[c] = first[c] + kPackRows * std::max(0, std::min(c, ntypes - 1));
+    const i64 total = at[ntypes];
+    std::vector<i64> bounds(parts + 1, R);
+    bounds[0] = 0;
+    for (int v = 1; v < parts; ++v) {
+      const i64 x = total * v / parts;
+      int c = 0;
+      while (c + 1 < ntypes && at[c + 1] <= x) ++c;
+      bounds[v] = std::min(first[c + 1], first[c] + std::max(i64(0), x - at[c]));
+      bounds[v] = std::max(bounds[v], bounds[v - 1]);
+    }
+    return bounds;
+  }
   // fn(type, first row, rows) for the part of [lo, hi) in each type
   template <typename F>
   void segments(i64 lo, i64 hi, F fn) const {
@@ -450,7 +470,9 @@ int mdt_fit_forward_f32(int layers, const int* lay, int types, const i64* counts
   return guarded([&] {
     const Fit F(layers, lay, types, counts, order, params);
     const i64 dim = F.ni[0];
-    const i64 most = F.R / threads + 1;
+    const std::vector<i64> bounds = F.split(threads);
+    i64 most = 1;
+    for (int v = 0; v < threads; ++v) most = std::max(most, bounds[v + 1] - bounds[v]);
     const std::unique_ptr<f32[]> gbuf(new f32[size_t(threads * most * dim)]);
     const Serial serial;
 #pragma omp parallel num_threads(threads)
@@ -459,7 +481,7 @@ int mdt_fit_forward_f32(int layers, const int* lay, int types, const i64* counts
       const int me = omp_get_thread_num(), team = omp_get_num_threads();
       f32* mine = gbuf.get() + me * most * dim;
       for (int v = me; v < threads; v += team)  // threads parts, whatever the team's size
-        F.segments(part(F.R, v, threads), part(F.R, v + 1, threads), [&](int c, i64 s, int n) {
+        F.segments(bounds[v], bounds[v + 1], [&](int c, i64 s, int n) {
           forward_rows(F, static_cast<f32*>(tape), c, s, n, static_cast<const f32*>(D), dim,
                        static_cast<double*>(energies), static_cast<f32*>(grad), mine);
         });
@@ -481,7 +503,10 @@ int mdt_fit_backward_f32(int layers, const int* lay, int types, const i64* count
     const Cotangents in{static_cast<const double*>(e_bar), natoms, es0, es1,
                         static_cast<const f32*>(g_bar), static_cast<f32*>(d_bar)};
     const i64 dim = F.ni[0];
-    const i64 most = F.R / threads + 1, wide = F.widest();
+    const std::vector<i64> bounds = F.split(threads);
+    i64 most = 1;
+    for (int v = 0; v < threads; ++v) most = std::max(most, bounds[v + 1] - bounds[v]);
+    const i64 wide = F.widest();
     const std::unique_ptr<f32[]> work(new f32[size_t(S.size)]);
     const std::unique_ptr<f32[]> rows(new f32[size_t(threads * most * wide * 3)]);
     const Serial serial;
@@ -491,7 +516,7 @@ int mdt_fit_backward_f32(int layers, const int* lay, int types, const i64* count
       const int me = omp_get_thread_num(), team = omp_get_num_threads();
       f32* mine = rows.get() + me * most * wide * 3;
       for (int v = me; v < threads; v += team)
-        F.segments(part(F.R, v, threads), part(F.R, v + 1, threads), [&](int c, i64 s, int n) {
+        F.segments(bounds[v], bounds[v + 1], [&](int c, i64 s, int n) {
           backward_rows(F, static_cast<f32*>(tape), S, work.get(), c, s, n, dim, in,
                         mine, mine + most * wide, mine + 2 * most * wide);
         });
