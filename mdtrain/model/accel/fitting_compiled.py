@@ -162,9 +162,9 @@ class _CompiledTypes(torch.autograd.Function):
         params = ctx.saved_tensors
         rows, layout = ctx.rows, ctx.layout
         flat = params[0].new_empty(sum(p.numel() for p in params))
-        d_bar = params[0].new_zeros(ctx.shape) if ctx.needs_input_grad[0] else None
-        if d_bar is not None and rows.covered:
-            d_bar = params[0].new_empty(ctx.shape)
+        d_bar = None
+        if ctx.needs_input_grad[0]:  # zeros only for atoms of no type's net
+            d_bar = (torch.empty if rows.covered else torch.zeros)(ctx.shape, dtype=torch.float32)
         g_bar = None if grad_bar is None else grad_bar.contiguous()
         e_strides = (0, 0) if energy_bar is None else energy_bar.stride()
         kernels = ctx.fit.kernels
