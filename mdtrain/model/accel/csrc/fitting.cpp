@@ -15,8 +15,9 @@
 // layer is (n_L, 1). params: per type, per hidden layer W (n_in, n_out), b (n_out)[, idt
 // (n_out)], then W_out (n_L), b_out (1); grads: one flat array in the same order. Rows:
 // counts[c] per type, in type order; order[r]: row r's place in (frame·N + atom). The tape
-// (R rows each): X_0 (n_in0), then per layer T_k, X_(k+1), P_k (n_out each) and G_k (n_out,
-// g_(k+1), all but the last layer); fitting_compiled.tape_width mirrors it.
+// (Fit's offsets; its size per row from mdt_fit_tape_per_row): per hidden layer k its input
+// rows X_k with the backward's ḡ_k beside them (2R rows, see Fit::X), T_k, the backward's ā_k
+// beside P_k (2R rows), G_k = g_(k+1) (all but the last layer); X_L, the output layer's input.
 
 #include <omp.h>
 
