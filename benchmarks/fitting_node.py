@@ -5,6 +5,11 @@ forward and the backward of a loss on both), this tree's against another tree's
 
     python benchmarks/fitting_node.py --against OLD/mdtrain/model/accel/fitting_node.py
         [--precision float64|float32] [--threads T] [--rounds R] [--calls N] [--tiny]
+    python benchmarks/fitting_node.py --compiled [--threads T] [--rounds R] [--calls N]
+
+``--compiled``: this tree's PyTorch node ("other") against its compiled float32 node ("this",
+``fitting_compiled``), which a float32 model on the kernels gets; instead of the bits, the
+largest relative difference of the two (float32 roundings) is printed.
 
 The other tree's module is loaded from its file, with the ``fitting_types.py`` and
 ``fitting_sweep.py`` beside it (the rest of mdtrain comes from this tree). Each round times N calls of each (process CPU time and wall time per call), the
@@ -27,6 +32,8 @@ import torch
 
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.accel import fitting_node
+from mdtrain.model.accel.fitting_compiled import CompiledFitting
+from mdtrain.model.accel.kernels import load_kernels
 from mdtrain.model.fitting import EnergyFitting
 
 PACKAGE = "mdtrain.model.accel"
@@ -60,13 +67,18 @@ def _load(path: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", required=True, help="another tree's fitting_node.py")
+    parser.add_argument("--against", help="another tree's fitting_node.py")
+    parser.add_argument("--compiled", action="store_true", help="PyTorch node vs compiled")
     parser.add_argument("--precision", choices=["float64", "float32"], default="float32")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="16-wide nets: the fixed cost")
     args = parser.parse_args()
+    if args.compiled == bool(args.against):
+        parser.error("give one of --against and --compiled")
+    if args.compiled:
+        args.precision = "float32"
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as mdtrain train does
     dtype = getattr(torch, args.precision)
@@ -78,10 +90,16 @@ def main() -> None:
     descriptor.requires_grad_(True)
     weights = torch.randn(1, len(atype), dim, generator=gen, dtype=dtype)
     params = list(fitting.parameters())
-    trees = {"other": _load(args.against), "this": fitting_node}
+    if args.compiled:
+        trees = {"other": fitting_node.fitting_with_grad, "this": CompiledFitting(load_kernels())}
+    else:
+        trees = {
+            "other": _load(args.against).fitting_with_grad,
+            "this": fitting_node.fitting_with_grad,
+        }
 
-    def step(module) -> list[torch.Tensor]:
-        energy, grad = module.fitting_with_grad(fitting, descriptor, atype)
+    def step(node) -> list[torch.Tensor]:
+        energy, grad = node(fitting, descriptor, atype)
         (energy.sum() + (grad * weights).sum()).backward()
         out = [energy.detach(), grad.detach(), descriptor.grad, *(p.grad for p in params)]
         descriptor.grad = None
@@ -89,8 +107,12 @@ def main() -> None:
             p.grad = None
         return out
 
-    same = all(torch.equal(a, b) for a, b in zip(*(step(m) for m in trees.values()), strict=True))
-    print(f"same bits: {same}")
+    pairs = list(zip(*(step(m) for m in trees.values()), strict=True))
+    if args.compiled:
+        worst = max(((a - b).abs().max() / b.abs().max()).item() for a, b in pairs)
+        print(f"compiled vs PyTorch: largest relative difference {worst:.1e}")
+    else:
+        print(f"same bits: {all(torch.equal(a, b) for a, b in pairs)}")
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     for r in range(args.rounds):
         for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:

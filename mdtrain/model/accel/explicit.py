@@ -24,7 +24,7 @@ from mdtrain.model.accel.explicit_descriptor import (
     ExplicitForm,
 )
 from mdtrain.model.accel.explicit_radial import SE_E2_R_FORM
-from mdtrain.model.accel.fitting_node import fitting_with_grad
+from mdtrain.model.accel.fitting_compiled import fitting_node_for
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.accel.pair_vectors import CompiledPairVectors, supported
 from mdtrain.model.conservative import pair_vectors
@@ -57,6 +57,8 @@ class ExplicitEnergyModel(EnergyModel):
         self.form = with_pairs(FORMS[self.descriptor.type_name], pairs)
         # the pair vectors in one compiled pass where the pair kernels are compiled
         self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
+        # the fitting node: compiled for a float32 fitting on the kernels, else PyTorch's
+        self.fitting_node = fitting_node_for(self.fitting, getattr(embedding, "kernels", None))
 
     def train_outputs(self, names) -> None:
         """The outputs a training step's loss reads, said once by the trainer: without
@@ -137,7 +139,7 @@ class ExplicitEnergyModel(EnergyModel):
         plan = env.force.plan
         nf, natoms = plan.nf, plan.natoms
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
-        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
+        atom_energy, grad = self.fitting_node(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
         return atom_energy, self.form.row_gradients(
             self.descriptor, self.embedding, grad, cache, atype

@@ -26,7 +26,7 @@ from mdtrain.model.accel.explicit_descriptor import (
     ExplicitCache,
     ExplicitForm,
 )
-from mdtrain.model.accel.fitting_node import fitting_with_grad
+from mdtrain.model.accel.fitting_compiled import fitting_node_for
 from mdtrain.model.accel.force_node import forces_and_virial
 from mdtrain.model.accel.pair_vectors import CompiledPairVectors
 from mdtrain.model.descriptors.hybrid import DescriptorHybrid
@@ -108,6 +108,7 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         self.backend = embedding.name
         self.form = with_pairs(HYBRID_FORM, pairs)
         self.vectors = None if pairs is None else CompiledPairVectors(pairs.lib)
+        self.fitting_node = fitting_node_for(self.fitting, getattr(embedding, "kernels", None))
 
     def evaluate_environment(
         self,
@@ -121,7 +122,7 @@ class ExplicitHybridModel(ExplicitEnergyModel):
         virial always: ``virial`` is not used)."""
         nf, natoms = nlist.shape[0], nlist.shape[1]
         descriptor, cache = self.form.contract(self.descriptor, self.embedding, env, nf, natoms)
-        atom_energy, grad = fitting_with_grad(self.fitting, descriptor, atype)
+        atom_energy, grad = self.fitting_node(self.fitting, descriptor, atype)
         atom_energy, grad = self.biased(atom_energy, grad, atype)
         rbar = self.form.row_gradients(self.descriptor, self.embedding, grad, cache, atype)
         force, virial = None, None
