@@ -149,6 +149,29 @@ def test_chosen_once(kernels):
     assert isinstance(fitting_node_for(f32, kernels), CompiledFitting)
 
 
+def test_cast_after_choice_falls_back(kernels):
+    """A fitting cast to float64 after its node was chosen runs the PyTorch node (the compiled
+    one reads float32 parameters only), with the same bits as that node."""
+    f64, f32 = _pair(2, 6, [4, 4], True)
+    node = fitting_node_for(f32, kernels)
+    f32.to(torch.float64)
+    f32.dtype = torch.float64
+    atype = torch.tensor([1, 0, 1])
+    d = torch.randn(1, 3, 6, dtype=torch.float64)
+    we, wg = torch.randn(1, 3, dtype=torch.float64), torch.randn(1, 3, 6, dtype=torch.float64)
+    got = _run(node, f32, d, atype, we, wg)
+    ref = _run(fitting_with_grad, f32, d, atype, we, wg)
+    for a, b in zip([*got[:3], *got[3]], [*ref[:3], *ref[3]], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_refuses_other_devices(kernels):
+    _, f32 = _pair(2, 6, [4, 4], True)
+    d = torch.empty(1, 3, 6, device="meta")
+    with pytest.raises(RuntimeError, match="CPU tensors"):
+        CompiledFitting(kernels)(f32, d, torch.tensor([1, 0, 1]))
+
+
 def _model_inputs(model, nmol=6, frames=2):
     from mdtrain.neighbors.layout import layout_of
     from tests.helpers.models import water_like

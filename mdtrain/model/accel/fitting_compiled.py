@@ -121,6 +121,12 @@ class CompiledFitting:
 
     def __call__(self, fitting: EnergyFitting, descriptor: Tensor, atype: Tensor):
         nets = fitting.networks
+        if descriptor.device.type != "cpu":
+            raise RuntimeError(
+                "the compiled kernels take CPU tensors: build the model for its device"
+            )
+        if nets[0].layers[0].weight.dtype != torch.float32:  # cast after it was built
+            return fitting_with_grad(fitting, descriptor, atype)
         nf = descriptor.shape[0]
         rows = kept_per_types(
             "fit rows", (len(nets), nf), atype, lambda: fit_rows(atype, len(nets), nf)
