@@ -134,7 +134,7 @@ def _timed(inner, label: str):
 def _instrument(model) -> None:
     from mdtrain.model.accel import explicit
 
-    _wrapped(explicit, "fitting_with_grad", PARTS[3])
+    model.fitting_node = _timed(model.fitting_node, PARTS[3])  # the node chosen at build
     _wrapped(explicit, "forces_and_virial", PARTS[4])
     # the descriptor's explicit form, which the model looked up when it was built
     form = model.form
