@@ -39,7 +39,6 @@ class Kernels:
             raise RuntimeError(f"{path} is from another version of mdtrain")
         lib.mdt_set_blas.argtypes = [_P, _P, _INT, _P, _P, _P]
         lib.mdt_reserve_blas.argtypes = [_INT]
-        lib.mdt_fit_set_blas.argtypes = [_P, _INT, _P, _P, _P]  # csrc/fitting.cpp's own
         self.lib = lib
         self.blas = ""  # the BLAS the products run on: "openblas" or "torch"
         self.reserved = 0  # threads whose BLAS buffers exist (see ``_threads``)
@@ -78,7 +77,6 @@ class Kernels:
             entry = _torch_blas()
         dgemm, sgemm, ilp64, *threads = entry
         self.lib.mdt_set_blas(_address(dgemm), _address(sgemm), ilp64, *map(_address, threads))
-        self.lib.mdt_fit_set_blas(_address(sgemm), ilp64, *map(_address, threads))
         self.blas = chosen
         self.reserved = 0
         self._threads()

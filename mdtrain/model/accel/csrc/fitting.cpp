@@ -26,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "blas.h"
 #include "status.h"
 #include "tanh.h"
 
@@ -34,64 +35,16 @@ namespace {
 using i64 = std::int64_t;
 using f32 = float;
 
-typedef void (*sgemm_fn)(const char*, const char*, const int*, const int*, const int*,
-                         const float*, const float*, const int*, const float*, const int*,
-                         const float*, float*, const int*);
-typedef void (*sgemm64_fn)(const char*, const char*, const i64*, const i64*, const i64*,
-                           const float*, const float*, const i64*, const float*, const i64*,
-                           const float*, float*, const i64*);
-typedef int (*set_local_threads_fn)(int);
-typedef void (*set_threads_fn)(int);
-typedef int (*get_threads_fn)();
-
-sgemm_fn f_sgemm = nullptr;
-sgemm64_fn f_sgemm64 = nullptr;
-set_local_threads_fn f_set_local_threads = nullptr;
-set_threads_fn f_set_threads = nullptr;
-get_threads_fn f_get_threads = nullptr;
-
-// Row-major C (m×n) = op(A)·op(B) + beta·C through the column-major Fortran BLAS.
-void gemm(bool ta, bool tb, int m, int n, int k, const f32* a, int lda, const f32* b, int ldb,
-          f32 beta, f32* c, int ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // no rows: C = beta·C
+// Row-major C (m×n) = op(A)·op(B) + beta·C (blas.h's gemm, alpha 1), C = beta·C for no rows.
+void product(bool ta, bool tb, int m, int n, int k, const f32* a, int lda, const f32* b,
+             int ldb, f32 beta, f32* c, int ldc) {
+  if (k == 0) {
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : c[i * ldc + j];
     return;
   }
-  const char* opa = ta ? "T" : "N";
-  const char* opb = tb ? "T" : "N";
-  const f32 one = 1.0f;
-  if (f_sgemm64) {
-    const i64 M = m, N = n, K = k, la = lda, lb = ldb, lc = ldc;
-    f_sgemm64(opb, opa, &N, &M, &K, &one, b, &lb, a, &la, &beta, c, &lc);
-  } else {
-    f_sgemm(opb, opa, &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
-  }
+  gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
-
-struct Serial {  // the BLAS on one thread inside the region, its settings back after
-  int global = 0;
-  Serial() {
-    if (f_set_threads) {
-      global = f_get_threads();
-      f_set_threads(1);
-    }
-  }
-  ~Serial() {
-    if (f_set_threads) f_set_threads(global);
-  }
-};
-
-struct LocalSerial {
-  int before = 0;
-  LocalSerial() {
-    if (f_set_local_threads) before = f_set_local_threads(1);
-  }
-  ~LocalSerial() {
-    if (f_set_local_threads) f_set_local_threads(before);
-  }
-};
 
 // The layout, the parameters of each type and the tape's arrays.
 struct Fit {
@@ -227,7 +180,7 @@ void forward_rows(const Fit& F, f32* tape, int c, i64 s, int n, const f32* D, i6
     const f32* xk = F.X(tape, k, c, s);
     f32* tk = tape + F.t[k] + s * no;
     f32* yk = F.X(tape, k + 1, c, s);
-    gemm(false, false, n, no, ni, xk, ni, F.W(c, k), no, 0.0f, tk, no);
+    product(false, false, n, no, ni, xk, ni, F.W(c, k), no, 0.0f, tk, no);
     const f32* b = F.B(c, k);
     const f32* id = F.I(c, k);
     for (int i = 0; i < n; ++i) {
@@ -283,7 +236,7 @@ void forward_rows(const Fit& F, f32* tape, int c, i64 s, int n, const f32* D, i6
         folded = true;
       }
     }
-    gemm(false, true, n, ni, no, pk, no, F.W(c, k), no, folded ? 1.0f : 0.0f, dst, ni);
+    product(false, true, n, ni, no, pk, no, F.W(c, k), no, folded ? 1.0f : 0.0f, dst, ni);
   }
   for (int i = 0; i < n; ++i) {
     const f32* src = gbuf + i64(i) * dim;
@@ -329,7 +282,7 @@ void backward_rows(const Fit& F, f32* tape, const Scratch& S, f32* w, int c, i64
     for (int k = 0; k < L; ++k) {  // p̄ = ḡW, ḡ_(k+1) = unfold(ḡ) + p̄(1 − t²)·idt
       const int ni = F.ni[k], no = F.no[k], sk = F.skip[k];
       const f32* gk = F.GB(tape, k, c, s);
-      gemm(false, false, n, no, ni, gk, ni, F.W(c, k), no, 0.0f, pb, no);
+      product(false, false, n, no, ni, gk, ni, F.W(c, k), no, 0.0f, pb, no);
       const f32* tk = tape + F.t[k] + s * no;
       const f32* up = k + 1 < L ? tape + F.g[k] + s * no : nullptr;
       const f32* id = F.I(c, k);
@@ -388,7 +341,7 @@ void backward_rows(const Fit& F, f32* tape, const Scratch& S, f32* w, int c, i64
     }
     if (k == 0 && !in.d) break;
     const bool folded = fold_into(ya, n, ni, no, sk, yb);
-    gemm(false, true, n, ni, no, ak, no, F.W(c, k), no, folded ? 1.0f : 0.0f, yb, ni);
+    product(false, true, n, ni, no, ak, no, F.W(c, k), no, folded ? 1.0f : 0.0f, yb, ni);
     std::swap(ya, yb);
   }
   if (in.d)
@@ -420,8 +373,8 @@ void weight_grads(const Fit& F, f32* tape, const Scratch& S, const f32* w, bool 
       if (c1 <= c0) continue;
       f32* wb = grads + F.grad_at(c, k, 0);
       const f32* ab = F.AB(tape, k, c, s);
-      gemm(true, false, ni, c1 - c0, has_g ? 2 * n : n, F.X(tape, k, c, s), ni, ab + c0, no, 0.0f,
-           wb + c0, no);
+      product(true, false, ni, c1 - c0, has_g ? 2 * n : n, F.X(tape, k, c, s), ni, ab + c0, no,
+              0.0f, wb + c0, no);
       column_sums(ab, n, no, c0, c1, false, grads + F.grad_at(c, k, 1));
       if (F.idt[k]) column_sums(w + S.q[k] + s * no, n, no, c0, c1, false, grads + F.grad_at(c, k, 2));
     }
@@ -449,15 +402,6 @@ void weight_grads(const Fit& F, f32* tape, const Scratch& S, const f32* w, bool 
 
 extern "C" {
 
-void mdt_fit_set_blas(void* sgemm, int ilp64, void* set_local_threads, void* set_threads,
-                      void* get_threads) {
-  f_sgemm = ilp64 ? nullptr : reinterpret_cast<sgemm_fn>(sgemm);
-  f_sgemm64 = ilp64 ? reinterpret_cast<sgemm64_fn>(sgemm) : nullptr;
-  f_set_local_threads = reinterpret_cast<set_local_threads_fn>(set_local_threads);
-  f_set_threads = reinterpret_cast<set_threads_fn>(set_threads);
-  f_get_threads = reinterpret_cast<get_threads_fn>(get_threads);
-}
-
 // The tape's floats per row for this layout.
 i64 mdt_fit_tape_per_row(int layers, const int* lay) {
   const i64 one = 1, zero = 0;
@@ -475,10 +419,10 @@ int mdt_fit_forward_f32(int layers, const int* lay, int types, const i64* counts
     i64 most = 1;
     for (int v = 0; v < threads; ++v) most = std::max(most, bounds[v + 1] - bounds[v]);
     const std::unique_ptr<f32[]> gbuf(new f32[size_t(threads * most * dim)]);
-    const Serial serial;
+    const SerialBlas serial;
 #pragma omp parallel num_threads(threads)
     {
-      const LocalSerial scope;
+      const ThreadsScope scope;
       const int me = omp_get_thread_num(), team = omp_get_num_threads();
       f32* mine = gbuf.get() + me * most * dim;
       for (int v = me; v < threads; v += team)  // threads parts, whatever the team's size
@@ -510,10 +454,10 @@ int mdt_fit_backward_f32(int layers, const int* lay, int types, const i64* count
     const i64 wide = F.widest();
     const std::unique_ptr<f32[]> work(new f32[size_t(S.size)]);
     const std::unique_ptr<f32[]> rows(new f32[size_t(threads * most * wide * 3)]);
-    const Serial serial;
+    const SerialBlas serial;
 #pragma omp parallel num_threads(threads)
     {
-      const LocalSerial scope;
+      const ThreadsScope scope;
       const int me = omp_get_thread_num(), team = omp_get_num_threads();
       f32* mine = rows.get() + me * most * wide * 3;
       for (int v = me; v < threads; v += team)
