@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from model_step import CONFIG, water_inputs
+from model_step import precision_config, training_step, water_inputs
 
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.accel import kernel_nodes
 from mdtrain.model.backend import build_model
-from mdtrain.train.optimizer import make_adam
 
 
 def other_contract(tree: Path):
@@ -46,23 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    config = {**CONFIG}
-    for part in ("descriptor", "fitting_net"):
-        config[part] = {**config[part], "precision": args.precision}
-    model = build_model(config, backend="kernels")
+    model = build_model(precision_config(args.precision), backend="kernels")
     inputs, _ = water_inputs(model)
-    atoms = len(inputs[1])
-    e_label = torch.tensor([-187.0 * atoms / 6])
-    f_label = torch.zeros(1, atoms, 3, dtype=torch.float64)
-    optimizer = make_adam(list(model.parameters()), 1e-3)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        out = model(*inputs)
-        loss = 0.02 * ((out["energy"] - e_label) ** 2).mean() / atoms
-        loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
-        loss.backward()
-        optimizer.step()
+    step = training_step(model, inputs)
 
     contracts = {
         "other": other_contract(args.against),

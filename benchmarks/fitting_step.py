@@ -14,13 +14,12 @@ import statistics
 import time
 
 import torch
-from model_step import CONFIG, water_inputs
+from model_step import precision_config, training_step, water_inputs
 
 from mdtrain.memory import keep_freed_memory
 from mdtrain.model.accel.fitting_compiled import CompiledFitting
 from mdtrain.model.accel.fitting_node import fitting_with_grad
 from mdtrain.model.backend import build_model
-from mdtrain.train.optimizer import make_adam
 
 
 def main() -> None:
@@ -30,29 +29,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    config = {**CONFIG}
-    for part in ("descriptor", "fitting_net"):
-        config[part] = {**config[part], "precision": "float32"}
-    model = build_model(config, backend="kernels")
+    model = build_model(precision_config("float32"), backend="kernels")
     if not isinstance(model.fitting_node, CompiledFitting):
         raise SystemExit("this model did not get the compiled fitting node")
     inputs, _ = water_inputs(model)
-    atoms = len(inputs[1])
-    e_label = torch.tensor([-187.0 * atoms / 6])
-    f_label = torch.zeros(1, atoms, 3, dtype=torch.float64)
-    optimizer = make_adam(list(model.parameters()), 1e-3)
+    step = training_step(model, inputs)
     nodes = {"pytorch": fitting_with_grad, "compiled": model.fitting_node}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in nodes}
     for r in range(args.steps + 4):
         for name in ("pytorch", "compiled") if r % 2 else ("compiled", "pytorch"):
             model.fitting_node = nodes[name]
             wall, cpu = time.perf_counter(), time.process_time()
-            optimizer.zero_grad(set_to_none=True)
-            out = model(*inputs)
-            loss = 0.02 * ((out["energy"] - e_label) ** 2).mean() / atoms
-            loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
-            loss.backward()
-            optimizer.step()
+            step()
             if r >= 4:  # warm-up
                 times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
     for name, pairs in times.items():

@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -50,6 +51,34 @@ CONFIG = {
     },
     "fitting_net": {"neuron": [240, 240, 240], "resnet_dt": True, "seed": 1},
 }
+
+
+def precision_config(precision: str, config: dict | None = None) -> dict:
+    """``config`` (default: ``CONFIG``) with the descriptor and fitting in ``precision``."""
+    config = {**(config or CONFIG)}
+    for part in ("descriptor", "fitting_net"):
+        config[part] = {**config[part], "precision": precision}
+    return config
+
+
+def training_step(model, inputs: tuple[torch.Tensor, ...]) -> Callable[[], None]:
+    """One training step of ``model`` on the frame ``inputs`` as the Trainer takes it:
+    forward, forces, the energy and force loss (prefactors 0.02 and 1000), backward, Adam."""
+    natoms = len(inputs[1])
+    e_label = torch.tensor([-187.0 * natoms / 6])
+    f_label = torch.zeros(1, natoms, 3, dtype=torch.float64)
+    optimizer = make_adam(list(model.parameters()), 1e-3)  # as the Trainer
+
+    def step() -> None:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(*inputs)
+        loss = 0.02 * ((out["energy"] - e_label) ** 2).mean() / natoms
+        loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
 def water_box(nmol: int = 64, box: float = BOX, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -142,31 +171,19 @@ def main() -> None:
         config = {**CONFIG}
         args.precision = args.precision or "float64"
     if args.precision:
-        config["descriptor"] = {**config["descriptor"], "precision": args.precision}
-        config["fitting_net"] = {**config["fitting_net"], "precision": args.precision}
+        config = precision_config(args.precision, config)
     keep_freed_memory()  # as mdtrain train does
     model = build_model(config, backend=args.backend)
     print(f"backend: {model.backend}")
     inputs, counts = water_inputs(model)
     atype, nlist = inputs[1], inputs[3]
     model.set_out_bias([-93.5, -187.0 / 2])
-    e_label = torch.tensor([-187.0 * 64 / 2 * 3 / 3])
-    f_label = torch.zeros(1, len(atype), 3, dtype=torch.float64)
-    optimizer = make_adam(list(model.parameters()), 1e-3)  # as the Trainer
 
     def eval_step() -> None:
         model.eval()
         model(*inputs)
 
-    def train_step() -> None:
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        out = model(*inputs)
-        natoms = len(atype)
-        loss = 0.02 * ((out["energy"] - e_label) ** 2).mean() / natoms
-        loss = loss + 1000.0 * ((out["force"] - f_label) ** 2).mean()
-        loss.backward()
-        optimizer.step()
+    train_step = training_step(model, inputs)
 
     real = int((nlist >= 0).sum())
     print(
